@@ -1,0 +1,239 @@
+//! The timed driver: a deterministic discrete-event simulation over a [`Model`].
+//!
+//! Every agent has its own clock. The driver repeatedly takes the agent with the earliest clock
+//! (ties broken by agent index, so runs are reproducible), asks the model what that agent does
+//! now ([`Model::timed_action`]), applies it, and advances the agent's clock by the cost the step
+//! charged. Agents that halt wait for an [`Env::wake`]; agents that spin wait for an
+//! [`Env::notify`] — the step that frees them — and resume at the time it finished.
+//!
+//! The run is a pure function of the model's initial state and the seed: no wall-clock, thread
+//! count or hash-map order enters it.
+
+use crate::model::{AgentId, Env, Model, Park, Violation};
+use crate::rng::DetRng;
+use crate::time::Time;
+use crate::trace::{Stamped, TraceEvent};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Why a timed run stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// [`Model::finished`] became true.
+    Finished,
+    /// The simulated-time limit was reached.
+    TimeLimit,
+    /// The step limit was reached.
+    StepLimit,
+    /// No agent can ever run again, yet the workload is not finished.
+    Deadlock,
+    /// A step reported a broken invariant.
+    Violation(Violation),
+}
+
+/// Summary of a timed run.
+#[derive(Clone, Debug)]
+pub struct RunStats {
+    pub stop: Stop,
+    pub steps: u64,
+    /// Simulated time at which the run stopped (the latest agent clock).
+    pub end: Time,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AgentState {
+    Scheduled(Time),
+    Halted,
+    Spinning,
+    Done,
+}
+
+/// Limits for a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_time: Time,
+    pub max_steps: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_time: Time::MAX,
+            max_steps: u64::MAX,
+        }
+    }
+}
+
+/// The discrete-event driver. Holds only scheduling state; the model holds everything else.
+pub struct TimedDriver {
+    clocks: Vec<Time>,
+    state: Vec<AgentState>,
+    queue: BinaryHeap<Reverse<(Time, AgentId)>>,
+    spinners: Vec<AgentId>,
+    rng: DetRng,
+    trace: Option<Vec<Stamped>>,
+    steps: u64,
+}
+
+struct StepEnv<'a> {
+    now: Time,
+    charged: Time,
+    rng: &'a mut DetRng,
+    wakes: &'a mut Vec<(AgentId, Time)>,
+    notified: bool,
+    trace: Option<&'a mut Vec<Stamped>>,
+}
+
+impl Env for StepEnv<'_> {
+    fn timed(&self) -> bool {
+        true
+    }
+    fn now(&self) -> Time {
+        self.now
+    }
+    fn charge(&mut self, t: Time) {
+        self.charged += t;
+    }
+    fn random(&mut self, n: u64) -> u64 {
+        self.rng.below(n)
+    }
+    fn wake(&mut self, agent: AgentId, at: Time) {
+        self.wakes.push((agent, at));
+    }
+    fn notify(&mut self) {
+        self.notified = true;
+    }
+    fn tracing(&self) -> bool {
+        self.trace.is_some()
+    }
+    fn trace(&mut self, ev: TraceEvent) {
+        let at = self.now + self.charged;
+        if let Some(t) = self.trace.as_mut() {
+            t.push(Stamped { at, ev });
+        }
+    }
+}
+
+impl TimedDriver {
+    /// A driver for `agents` agents, all runnable at time zero.
+    pub fn new(agents: usize, seed: u64, stream: u64) -> Self {
+        let mut queue = BinaryHeap::with_capacity(agents * 2);
+        for a in 0..agents {
+            queue.push(Reverse((Time::ZERO, a)));
+        }
+        TimedDriver {
+            clocks: vec![Time::ZERO; agents],
+            state: vec![AgentState::Scheduled(Time::ZERO); agents],
+            queue,
+            spinners: Vec::new(),
+            rng: DetRng::new(seed, stream),
+            trace: None,
+            steps: 0,
+        }
+    }
+
+    /// Record trace events from now on.
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(Vec::new());
+    }
+
+    /// Recorded trace events (empty unless [`TimedDriver::enable_trace`] was called).
+    pub fn take_trace(&mut self) -> Vec<Stamped> {
+        self.trace.take().unwrap_or_default()
+    }
+
+    /// Clock of an agent.
+    pub fn clock(&self, agent: AgentId) -> Time {
+        self.clocks[agent]
+    }
+
+    fn schedule(&mut self, agent: AgentId, at: Time) {
+        match self.state[agent] {
+            AgentState::Scheduled(t) if t <= at => {}
+            AgentState::Done => {}
+            _ => {
+                if self.state[agent] == AgentState::Spinning {
+                    self.spinners.retain(|&s| s != agent);
+                }
+                let at = at.max(self.clocks[agent]);
+                self.state[agent] = AgentState::Scheduled(at);
+                self.queue.push(Reverse((at, agent)));
+            }
+        }
+    }
+
+    /// Run until the model finishes, a limit is hit, or an invariant breaks.
+    pub fn run<M: Model>(&mut self, model: &mut M, limits: Limits) -> RunStats {
+        let mut wakes: Vec<(AgentId, Time)> = Vec::new();
+        let mut latest = Time::ZERO;
+        let stop = loop {
+            if model.finished() {
+                break Stop::Finished;
+            }
+            if self.steps >= limits.max_steps {
+                break Stop::StepLimit;
+            }
+            let Some(Reverse((t, agent))) = self.queue.pop() else {
+                break Stop::Deadlock;
+            };
+            if self.state[agent] != AgentState::Scheduled(t) {
+                continue; // superseded entry
+            }
+            if t > limits.max_time {
+                break Stop::TimeLimit;
+            }
+            let now = t.max(self.clocks[agent]);
+            let action = model.timed_action(agent, now);
+            wakes.clear();
+            let (outcome, charged, notified) = {
+                let mut env = StepEnv {
+                    now,
+                    charged: Time::ZERO,
+                    rng: &mut self.rng,
+                    wakes: &mut wakes,
+                    notified: false,
+                    trace: self.trace.as_mut(),
+                };
+                let o = model.apply(action, &mut env);
+                (o, env.charged, env.notified)
+            };
+            self.steps += 1;
+            let end = now + charged;
+            self.clocks[agent] = end;
+            latest = latest.max(end);
+            if let Some(v) = outcome.violation {
+                break Stop::Violation(v);
+            }
+            self.state[agent] = AgentState::Halted; // placeholder until decided below
+            match outcome.park {
+                Park::Run => self.schedule(agent, end),
+                Park::Halt => {}
+                Park::Spin => {
+                    self.state[agent] = AgentState::Spinning;
+                    self.spinners.push(agent);
+                }
+                Park::Done => self.state[agent] = AgentState::Done,
+            }
+            for i in 0..wakes.len() {
+                let (a, at) = wakes[i];
+                self.schedule(a, at.max(now));
+            }
+            if notified && !self.spinners.is_empty() {
+                let spinners = std::mem::take(&mut self.spinners);
+                for s in spinners {
+                    if s != agent {
+                        self.state[s] = AgentState::Halted;
+                        self.schedule(s, end);
+                    } else {
+                        self.spinners.push(s);
+                    }
+                }
+            }
+        };
+        RunStats {
+            stop,
+            steps: self.steps,
+            end: latest,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The coherence oracle's ground truth, shared by both drivers.
+//!
+//! *Epochs* order every PTE change and every flush start. When a flush of `mm` over a range
+//! **returns**, every translation of that range whose PTE version had already been superseded
+//! before the flush **began** becomes forbidden: a later use of it is a violation of
+//! `INV-STALE` (kernel-model.md N1; bugs/CATALOG.md). Uses during a flush are legal — that is
+//! what the flush is for. The oracle also checks `INV-ASID` (an entry tagged with a PCID that now
+//! belongs to another mm) and, in the walker, `INV-PTFREE`.
+//!
+//! The oracle is part of the model state (it is history the explorer must distinguish), which
+//! is why it lives here and not in the checker crate: both drivers see every use through it.
+
+use crate::pagetable::{Pte, Vpn};
+use shootdown_engine::Violation;
+use std::collections::BTreeMap;
+
+/// Index of an mm (address space) in the model.
+pub type MmIndex = u32;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct MmTruth {
+    /// Begin epoch of the latest returned full flush of this mm.
+    full_from: u64,
+    /// Begin epoch of the latest returned flush covering each page.
+    page_from: BTreeMap<Vpn, u64>,
+}
+
+/// Ground truth for the invariants checked at every translation use.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Oracle {
+    epoch: u64,
+    mms: Vec<MmTruth>,
+}
+
+impl Oracle {
+    pub fn new(nr_mms: usize) -> Self {
+        Oracle {
+            epoch: 1,
+            mms: vec![MmTruth::default(); nr_mms],
+        }
+    }
+
+    pub fn add_mm(&mut self) {
+        self.mms.push(MmTruth::default());
+    }
+
+    /// Record a change of `pte` (call after modifying its fields): bumps its version.
+    pub fn pte_changed(&mut self, pte: &mut Pte) {
+        pte.ended.rotate_right(1);
+        pte.ended[0] = self.epoch;
+        pte.version += 1;
+        self.epoch += 1;
+    }
+
+    /// A flush is starting; returns its begin epoch (keep it in the flush's state).
+    pub fn flush_begin(&mut self) -> u64 {
+        let e = self.epoch;
+        self.epoch += 1;
+        e
+    }
+
+    /// A flush of `mm` that began at `begin` returned. `pages = None` means the whole mm.
+    pub fn flush_returned(&mut self, mm: MmIndex, pages: Option<(Vpn, Vpn)>, begin: u64) {
+        let t = &mut self.mms[mm as usize];
+        match pages {
+            None => t.full_from = t.full_from.max(begin),
+            Some((s, e)) => {
+                for v in s..e {
+                    let slot = t.page_from.entry(v).or_insert(0);
+                    *slot = (*slot).max(begin);
+                }
+            }
+        }
+    }
+
+    /// Check one use, by a task of `cur_mm`, of a TLB entry filled from version `entry_version`
+    /// of the PTE for `vpn` in `entry_mm`; `pte` is the PTE as it is now.
+    pub fn check_use(
+        &self,
+        cur_mm: MmIndex,
+        entry_mm: MmIndex,
+        vpn: Vpn,
+        entry_version: u32,
+        pte: &Pte,
+    ) -> Result<(), Violation> {
+        if entry_mm != cur_mm {
+            return Err(Violation {
+                invariant: "INV-ASID",
+                detail: format!("mm{cur_mm} used a TLB entry for page {vpn:#x} filled for mm{entry_mm} under the same PCID"),
+            });
+        }
+        let Some(over) = pte.superseded_at(entry_version) else {
+            return Ok(());
+        };
+        let t = &self.mms[cur_mm as usize];
+        let from = t.full_from.max(t.page_from.get(&vpn).copied().unwrap_or(0));
+        if over < from {
+            return Err(Violation {
+                invariant: "INV-STALE",
+                detail: format!(
+                    "mm{cur_mm} page {vpn:#x}: used a translation (PTE version {entry_version}, now {}) that was changed before a flush that has returned",
+                    pte.version
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn stale_only_after_a_covering_flush_returns() {
+        let mut o = Oracle::new(1);
+        let mut pte = Pte::NONE;
+        pte.present = true;
+        o.pte_changed(&mut pte); // version 1: mapped
+        let cached = pte.version;
+        pte.present = false;
+        o.pte_changed(&mut pte); // version 2: unmapped
+        assert!(
+            o.check_use(0, 0, 7, cached, &pte).is_ok(),
+            "no flush yet: legal"
+        );
+        let b = o.flush_begin();
+        assert!(
+            o.check_use(0, 0, 7, cached, &pte).is_ok(),
+            "flush in flight: legal"
+        );
+        o.flush_returned(0, Some((8, 9)), b);
+        assert!(
+            o.check_use(0, 0, 7, cached, &pte).is_ok(),
+            "other page flushed"
+        );
+        o.flush_returned(0, Some((7, 8)), b);
+        assert_eq!(
+            o.check_use(0, 0, 7, cached, &pte).unwrap_err().invariant,
+            "INV-STALE"
+        );
+    }
+    #[test]
+    fn change_after_flush_began_is_not_covered() {
+        let mut o = Oracle::new(1);
+        let mut pte = Pte::NONE;
+        o.pte_changed(&mut pte);
+        let cached = pte.version;
+        let b = o.flush_begin();
+        o.pte_changed(&mut pte);
+        o.flush_returned(0, None, b);
+        assert!(o.check_use(0, 0, 1, cached, &pte).is_ok());
+    }
+    #[test]
+    fn foreign_entry_is_asid_violation() {
+        let o = Oracle::new(2);
+        assert_eq!(
+            o.check_use(1, 0, 0, 0, &Pte::NONE).unwrap_err().invariant,
+            "INV-ASID"
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! Page-table memory: what the hardware walker reads.
+//!
+//! Two levels are enough for every mechanism modelled here: leaf PTEs (one per 4 KiB virtual
+//! page), grouped 512 to a *page-table page*, which the upper level (the PMD) points to. A
+//! page-table page can be unlinked (PMD cleared) and later freed; a walk that reaches a freed
+//! page — through a stale PMD or a paging-structure-cache entry — is a use-after-free of the
+//! kind seed 002's lazy-TLB rework exposed (bugs/CATALOG.md N3).
+//!
+//! Every PTE carries a *version* (bumped by each change) and the epochs at which its recent
+//! versions were superseded, so the [`crate::oracle`] can tell whether a cached translation was
+//! already stale before a flush began.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Virtual page number (virtual address >> 12).
+pub type Vpn = u64;
+/// Index of a page-table page within an address space (vpn / 512).
+pub type PtIndex = u64;
+/// Identity of a page-table page in physical memory.
+pub type PtPageId = u32;
+
+pub const PTRS_PER_PT: u64 = 512;
+
+pub fn pt_index(vpn: Vpn) -> PtIndex {
+    vpn / PTRS_PER_PT
+}
+
+/// How many superseded versions a PTE remembers the end epoch of.
+pub const PTE_HISTORY: usize = 4;
+
+/// A leaf page-table entry plus the history the oracle needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Pte {
+    pub pfn: u32,
+    pub present: bool,
+    pub writable: bool,
+    pub dirty: bool,
+    /// Bumped by every change.
+    pub version: u32,
+    /// `ended[j]`: the epoch at which version `version - 1 - j` was superseded.
+    pub ended: [u64; PTE_HISTORY],
+}
+
+impl Pte {
+    pub const NONE: Pte = Pte {
+        pfn: 0,
+        present: false,
+        writable: false,
+        dirty: false,
+        version: 0,
+        ended: [0; PTE_HISTORY],
+    };
+
+    /// Epoch at which `version` was superseded: `Some(exact)` if remembered, `Some(bound)` (an
+    /// upper bound) for older versions, `None` if `version` is current.
+    pub fn superseded_at(&self, version: u32) -> Option<u64> {
+        if version >= self.version {
+            return None;
+        }
+        let j = (self.version - 1 - version) as usize;
+        Some(self.ended[j.min(PTE_HISTORY - 1)])
+    }
+}
+
+/// Result of a hardware walk of one address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    /// No page-table page covers the address (PMD empty).
+    NoTable,
+    /// Reached the leaf through a live page-table page.
+    Leaf { table: PtPageId, pte: Pte },
+    /// The walk went through a page-table page that has been freed.
+    FreedTable(PtPageId),
+}
+
+/// One address space's page tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AddressSpace {
+    /// Leaf entries, including non-present ones that keep their version history.
+    pub ptes: BTreeMap<Vpn, Pte>,
+    /// PMD level: which page-table page covers each 512-page group.
+    pub pmd: BTreeMap<PtIndex, PtPageId>,
+}
+
+impl AddressSpace {
+    pub fn pte(&self, vpn: Vpn) -> Pte {
+        self.ptes.get(&vpn).copied().unwrap_or(Pte::NONE)
+    }
+}
+
+/// Physical page-table pages: allocated, linked, freed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PtPages {
+    alive: Vec<bool>,
+}
+
+impl PtPages {
+    pub fn alloc(&mut self) -> PtPageId {
+        self.alive.push(true);
+        (self.alive.len() - 1) as PtPageId
+    }
+    pub fn free(&mut self, id: PtPageId) {
+        self.alive[id as usize] = false;
+    }
+    pub fn is_alive(&self, id: PtPageId) -> bool {
+        self.alive.get(id as usize).copied().unwrap_or(false)
+    }
+    /// Walk `vpn` in `space` from the top (the PMD), as the hardware does on a TLB miss.
+    pub fn walk(&self, space: &AddressSpace, vpn: Vpn) -> Walk {
+        match space.pmd.get(&pt_index(vpn)) {
+            None => Walk::NoTable,
+            Some(&t) => self.walk_table(space, t, vpn),
+        }
+    }
+    /// Walk the leaf level starting from a known page-table page (a paging-structure-cache hit).
+    pub fn walk_table(&self, space: &AddressSpace, table: PtPageId, vpn: Vpn) -> Walk {
+        if !self.is_alive(table) {
+            Walk::FreedTable(table)
+        } else {
+            Walk::Leaf {
+                table,
+                pte: space.pte(vpn),
+            }
+        }
+    }
+}

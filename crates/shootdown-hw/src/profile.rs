@@ -1,0 +1,191 @@
+//! Cost profiles: what every modelled operation costs on one machine.
+//!
+//! A profile describes a *machine* (e.g. the 2-socket Haswell-X of seed 000), never a table:
+//! every experiment on that machine shares it. Values come from `profiles/*.toml`, where each
+//! one carries its source or is marked `assumed`; this module only defines the keys (once, in
+//! [`cost_keys!`]) so that loaders can reject unknown keys and report missing ones.
+
+use serde::Serialize;
+use shootdown_engine::Time;
+use std::collections::BTreeMap;
+
+macro_rules! cost_keys {
+    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
+        /// Cost of each operation, in simulated time. See `profiles/base.toml` for sources.
+        #[derive(Clone, Debug, PartialEq, Serialize)]
+        pub struct Costs {
+            $( $(#[doc = $doc])* pub $name: Time, )*
+        }
+
+        /// Every cost key with its one-line meaning.
+        pub const COST_KEYS: &[(&str, &str)] = &[ $( (stringify!($name), concat!($($doc),*)) ),* ];
+
+        impl Costs {
+            /// Build from `key → nanoseconds`; every key must be present, none unknown, none
+            /// negative or non-finite. Errors are `(key, reason)`.
+            pub fn from_ns_map(map: &BTreeMap<String, f64>) -> Result<Costs, (String, String)> {
+                for (k, v) in map {
+                    if !COST_KEYS.iter().any(|(n, _)| n == k) {
+                        return Err((k.clone(), "unknown cost key".into()));
+                    }
+                    if !v.is_finite() || *v < 0.0 {
+                        return Err((k.clone(), format!("cost must be a finite, non-negative number of ns (got {v})")));
+                    }
+                }
+                Ok(Costs {
+                    $( $name: Time::from_ns_f64(*map.get(stringify!($name))
+                        .ok_or_else(|| (stringify!($name).to_string(), "missing cost (no value here or in any inherited profile)".to_string()))?), )*
+                })
+            }
+        }
+    };
+}
+
+cost_keys! {
+    /// Access to a shared kernel cache line already held by this CPU.
+    l1_hit,
+    /// Read of a line another CPU holds Shared (or clean in the LLC).
+    line_shared_read,
+    /// Transfer of a line last written by the SMT sibling.
+    line_same_core,
+    /// Transfer of a line last written by another core of the same socket.
+    line_same_socket,
+    /// Transfer of a line last written by a core of the other socket.
+    line_cross_socket,
+    /// Extra cost of a locked read-modify-write (LOCK prefix, drains the store buffer).
+    atomic_rmw,
+    /// One INVLPG (hundreds of cycles: seed 000; ~100 ns: tlb_single_page_flush_ceiling comment).
+    invlpg,
+    /// One INVPCID single-address (the user PCID under PTI).
+    invpcid_single,
+    /// MOV to CR3 that flushes the target PCID (excluding the refills that follow).
+    cr3_write_flush,
+    /// MOV to CR3 with the NOFLUSH bit.
+    cr3_write_noflush,
+    /// One TLB miss: a page walk that refills an entry.
+    tlb_miss_walk,
+    /// Sending an IPI: the ICR write (per call).
+    ipi_send,
+    /// Each additional IPI target of one send.
+    ipi_send_per_target,
+    /// From ICR write to the handler starting on a CPU of the same socket.
+    ipi_latency_same_socket,
+    /// From ICR write to the handler starting on a CPU of the other socket.
+    ipi_latency_cross_socket,
+    /// Interrupt entry plus exit on the receiving CPU (incl. EOI, mitigations on the return).
+    irq_entry_exit,
+    /// Extra latency before a halted (idle, not polling) CPU runs its interrupt handler.
+    idle_wakeup,
+    /// A polling idle CPU (idle=poll) noticing TIF_NEED_RESCHED.
+    poll_idle_notice,
+    /// System call entry plus exit (PTI CR3 switches, Spectre/MDS mitigations when on).
+    syscall_entry_exit,
+    /// Page-fault exception entry plus exit and fault dispatch.
+    page_fault_entry_exit,
+    /// The scheduler's pick-next and register switch (excluding switch_mm).
+    context_switch,
+    /// try_to_wake_up at the waker (enqueue, preemption check).
+    wakeup,
+    /// sched_setaffinity on the current task, including the stopper-thread migration.
+    sched_setaffinity,
+    /// Allocating a page (buddy allocator).
+    page_alloc,
+    /// Zeroing a 4 KiB page.
+    page_zero,
+    /// Freeing a page (or queueing it to a pagevec/RCU batch).
+    page_free,
+    /// Writing one PTE plus its rmap/accounting bookkeeping.
+    pte_update,
+    /// User code touching (writing) one 4 KiB page that is mapped.
+    user_touch_page,
+    /// Per dirty page DAX writeback work in fdatasync besides the TLB flush (radix-tree walk, cache flush of the pfn, pfn_mkclean).
+    dax_writeback_page,
+    /// mmap() VMA work.
+    mmap_syscall,
+    /// munmap()/madvise() VMA and range-walk overhead per call.
+    unmap_base,
+    /// Freeing one page-table page.
+    pgtable_free,
+    /// One iteration of a busy-wait loop (cpu_relax) when nothing changes.
+    spin_poll,
+}
+
+/// Hardware features and capacities of the machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Features {
+    /// CR4.PCIDE: ASIDs tag TLB entries (6 dynamic ASIDs per CPU).
+    pub pcid: bool,
+    /// INVPCID instruction (user-PCID flushes under PTI without deferral).
+    pub invpcid: bool,
+    /// Page-table isolation: a user PCID beside each kernel PCID; every user flush twice.
+    pub pti: bool,
+    /// TLB capacity in entries (per logical CPU; the STLB).
+    pub tlb_entries: usize,
+    /// Paging-structure-cache capacity in entries.
+    pub psc_entries: usize,
+}
+
+/// A machine: features plus costs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CostProfile {
+    pub name: String,
+    pub features: Features,
+    pub costs: Costs,
+}
+
+impl CostProfile {
+    /// A profile where every cost is `ns` nanoseconds: for unit tests and checker scenarios
+    /// (the explorer ignores costs; only the features matter there).
+    pub fn uniform(name: &str, ns: f64, features: Features) -> CostProfile {
+        let map: BTreeMap<String, f64> =
+            COST_KEYS.iter().map(|(k, _)| (k.to_string(), ns)).collect();
+        CostProfile {
+            name: name.into(),
+            features,
+            costs: Costs::from_ns_map(&map).expect("all keys"),
+        }
+    }
+}
+
+impl Features {
+    /// A modern x86 CPU: PCID and INVPCID, no PTI, a 1536-entry STLB.
+    pub fn modern() -> Features {
+        Features {
+            pcid: true,
+            invpcid: true,
+            pti: false,
+            tlb_entries: 1536,
+            psc_entries: 32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn full() -> BTreeMap<String, f64> {
+        COST_KEYS
+            .iter()
+            .map(|(k, _)| (k.to_string(), 1.0))
+            .collect()
+    }
+    #[test]
+    fn all_keys_required() {
+        let mut m = full();
+        assert!(Costs::from_ns_map(&m).is_ok());
+        m.remove("invlpg");
+        assert_eq!(Costs::from_ns_map(&m).unwrap_err().0, "invlpg");
+    }
+    #[test]
+    fn rejects_negative_and_unknown() {
+        let mut m = full();
+        m.insert("invlpg".into(), -3.0);
+        assert!(Costs::from_ns_map(&m)
+            .unwrap_err()
+            .1
+            .contains("non-negative"));
+        let mut m = full();
+        m.insert("warp_drive".into(), 1.0);
+        assert_eq!(Costs::from_ns_map(&m).unwrap_err().0, "warp_drive");
+    }
+}

@@ -1,0 +1,117 @@
+//! CPU topology: `sockets × cores_per_socket × threads_per_core` logical CPUs, numbered like
+//! Linux on most Intel servers: first one thread of every core of every socket, then the SMT
+//! siblings (so CPUs 0..23 on a 2×12×2 machine are distinct cores, socket 0 first).
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a logical CPU (or, inside a guest, of a vCPU).
+pub type CpuId = usize;
+
+/// How far apart two CPUs are; IPI latency and cache-line transfer cost depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Distance {
+    SameCpu,
+    /// SMT siblings share L1/L2.
+    SameCore,
+    SameSocket,
+    CrossSocket,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Topology {
+    pub sockets: usize,
+    pub cores_per_socket: usize,
+    pub threads_per_core: usize,
+}
+
+impl Topology {
+    /// Validate; the error names the offending key.
+    pub fn new(
+        sockets: usize,
+        cores_per_socket: usize,
+        threads_per_core: usize,
+    ) -> Result<Self, (&'static str, String)> {
+        if sockets == 0 {
+            return Err(("sockets", "must be at least 1".into()));
+        }
+        if cores_per_socket == 0 {
+            return Err(("cores_per_socket", "must be at least 1".into()));
+        }
+        if !(1..=8).contains(&threads_per_core) {
+            return Err(("threads_per_core", "must be between 1 and 8".into()));
+        }
+        let t = Topology {
+            sockets,
+            cores_per_socket,
+            threads_per_core,
+        };
+        if t.nr_cpus() > 16384 {
+            return Err((
+                "cores_per_socket",
+                format!(
+                    "{} logical CPUs is more than the 16384 supported",
+                    t.nr_cpus()
+                ),
+            ));
+        }
+        Ok(t)
+    }
+    pub fn nr_cpus(&self) -> usize {
+        self.sockets * self.cores_per_socket * self.threads_per_core
+    }
+    pub fn nr_cores(&self) -> usize {
+        self.sockets * self.cores_per_socket
+    }
+    /// Core index (0..nr_cores) of a CPU.
+    pub fn core_of(&self, cpu: CpuId) -> usize {
+        cpu % self.nr_cores()
+    }
+    pub fn socket_of(&self, cpu: CpuId) -> usize {
+        self.core_of(cpu) / self.cores_per_socket
+    }
+    pub fn distance(&self, a: CpuId, b: CpuId) -> Distance {
+        if a == b {
+            Distance::SameCpu
+        } else if self.core_of(a) == self.core_of(b) {
+            Distance::SameCore
+        } else if self.socket_of(a) == self.socket_of(b) {
+            Distance::SameSocket
+        } else {
+            Distance::CrossSocket
+        }
+    }
+    /// The CPUs of one socket in placement order: all cores' first threads, then siblings
+    /// (what `numactl --cpunodebind` plus the scheduler's spreading gives).
+    pub fn cpus_of_socket(&self, socket: usize) -> Vec<CpuId> {
+        let mut v = Vec::new();
+        for t in 0..self.threads_per_core {
+            for c in 0..self.cores_per_socket {
+                v.push(t * self.nr_cores() + socket * self.cores_per_socket + c);
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn haswell_numbering() {
+        let t = Topology::new(2, 12, 2).unwrap();
+        assert_eq!(t.nr_cpus(), 48);
+        assert_eq!(t.socket_of(0), 0);
+        assert_eq!(t.socket_of(12), 1);
+        assert_eq!(t.socket_of(24), 0);
+        assert_eq!(t.distance(0, 24), Distance::SameCore);
+        assert_eq!(t.distance(0, 1), Distance::SameSocket);
+        assert_eq!(t.distance(0, 12), Distance::CrossSocket);
+        assert_eq!(t.cpus_of_socket(1)[0], 12);
+        assert_eq!(t.cpus_of_socket(0).len(), 24);
+    }
+    #[test]
+    fn rejects_impossible() {
+        assert_eq!(Topology::new(0, 4, 1).unwrap_err().0, "sockets");
+        assert_eq!(Topology::new(1, 4, 9).unwrap_err().0, "threads_per_core");
+    }
+}

@@ -1,0 +1,81 @@
+//! Per-run counters, named like the kernel's (`/proc/vmstat` `nr_tlb_*`, the "TLB shootdowns"
+//! line of `/proc/interrupts`, `tlb:tlb_flush` trace-event reasons).
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($( $(#[doc = $doc:literal])* $var:ident = $name:literal ),* $(,)?) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Counter { $( $(#[doc = $doc])* $var, )* }
+        pub const COUNTER_NAMES: &[&str] = &[ $( $name ),* ];
+    };
+}
+
+counters! {
+    /// vmstat `nr_tlb_remote_flush`: flush requests that had remote targets (initiator side).
+    NrTlbRemoteFlush = "nr_tlb_remote_flush",
+    /// vmstat `nr_tlb_remote_flush_received`.
+    NrTlbRemoteFlushReceived = "nr_tlb_remote_flush_received",
+    /// vmstat `nr_tlb_local_flush_all`.
+    NrTlbLocalFlushAll = "nr_tlb_local_flush_all",
+    /// vmstat `nr_tlb_local_flush_one`.
+    NrTlbLocalFlushOne = "nr_tlb_local_flush_one",
+    /// /proc/interrupts "TLB shootdowns": flush handlers run from an IPI.
+    TlbShootdowns = "tlb_shootdowns",
+    /// CALL_FUNCTION IPIs sent (ICR writes' targets).
+    CallFunctionIpis = "call_function_ipis",
+    /// tlb:tlb_flush reason TLB_FLUSH_ON_TASK_SWITCH (flushing CR3 load in switch_mm).
+    FlushOnTaskSwitch = "tlb_flush.task_switch",
+    /// tlb:tlb_flush reason TLB_REMOTE_SHOOTDOWN.
+    FlushRemoteShootdown = "tlb_flush.remote_shootdown",
+    /// tlb:tlb_flush reason TLB_LOCAL_SHOOTDOWN.
+    FlushLocalShootdown = "tlb_flush.local_shootdown",
+    /// tlb:tlb_flush reason TLB_LOCAL_MM_SHOOTDOWN.
+    FlushLocalMmShootdown = "tlb_flush.local_mm_shootdown",
+    /// tlb:tlb_flush reason TLB_REMOTE_SEND_IPI (pages asked of remote CPUs).
+    FlushRemoteSendIpi = "tlb_flush.remote_send_ipi",
+    /// Flush handler calls that returned early because the CPU was already up to date.
+    FlushSkippedUpToDate = "flush_tlb_func.up_to_date",
+    /// Lazy CPUs switched to init_mm by a flush (`leave_mm` / `switch_mm_irqs_off(NULL, &init_mm)`).
+    LeaveMm = "leave_mm",
+    /// CPUs removed from an mm_cpumask by a flush IPI (mainline trimming).
+    CpumaskTrimmed = "cpumask_trimmed",
+    InvlpgCount = "invlpg",
+    Cr3Writes = "cr3_writes",
+    TlbMisses = "dtlb_misses",
+    PageFaults = "page_faults",
+    ContextSwitches = "context_switches",
+    Migrations = "migrations",
+    MmapSemContended = "mmap_sem_contended",
+    /// Workload events (the metric).
+    Events = "events",
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counters(pub Vec<u64>);
+
+impl Counters {
+    pub fn new() -> Self {
+        Counters(vec![0; COUNTER_NAMES.len()])
+    }
+    #[inline]
+    pub fn inc(&mut self, c: Counter) {
+        self.0[c as usize] += 1;
+    }
+    #[inline]
+    pub fn add(&mut self, c: Counter, n: u64) {
+        self.0[c as usize] += n;
+    }
+    pub fn get(&self, c: Counter) -> u64 {
+        self.0[c as usize]
+    }
+    /// (name, value) pairs.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        COUNTER_NAMES
+            .iter()
+            .copied()
+            .zip(self.0.iter().copied())
+            .collect()
+    }
+}

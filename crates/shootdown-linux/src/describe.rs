@@ -1,0 +1,87 @@
+//! Human-readable descriptions of actions, in kernel terms, for counterexamples: the action is
+//! replayed on a copy of the machine with step labels switched on, and the labels it produced are
+//! joined (falling back to the function name and step).
+
+use crate::machine::{Action, Machine};
+use crate::state::INIT_MM;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Model, Time};
+
+/// An `Env` that charges nothing and always chooses 0: what the explorer runs steps with.
+pub struct NullEnv;
+
+impl Env for NullEnv {
+    fn timed(&self) -> bool {
+        false
+    }
+    fn now(&self) -> Time {
+        Time::ZERO
+    }
+    fn charge(&mut self, _: Time) {}
+    fn random(&mut self, _: u64) -> u64 {
+        0
+    }
+    fn wake(&mut self, _: usize, _: Time) {}
+    fn notify(&mut self) {}
+    fn tracing(&self) -> bool {
+        false
+    }
+    fn trace(&mut self, _: TraceEvent) {}
+}
+
+fn frame_context(m: &Machine, cpu: usize) -> String {
+    let c = &m.cpus[cpu];
+    let top = c
+        .irq_stack
+        .last()
+        .or_else(|| m.tasks[c.curr as usize].stack.last());
+    match top {
+        Some(f) => f.name().to_string(),
+        None if m.is_idle_cpu(cpu) => "idle".to_string(),
+        None => format!("{} (user)", m.tasks[c.curr as usize].name),
+    }
+}
+
+pub fn describe(m: &Machine, a: Action) -> String {
+    match a {
+        Action::Interrupt(_) => {
+            return "take CALL_FUNCTION IPI (enter call_function_interrupt)".into()
+        }
+        Action::Drain(c) => {
+            if let Some((loc, v)) = m.cpus[c as usize].sb.oldest() {
+                return format!(
+                    "store buffer drains {loc:?} = {}",
+                    if *v == u64::MAX {
+                        "LOADED_MM_SWITCHING".into()
+                    } else {
+                        v.to_string()
+                    }
+                );
+            }
+            return "store buffer drains".into();
+        }
+        Action::Fill(c, i) => {
+            let (mm, vpn) = m.spec_pages[i as usize];
+            let lazy =
+                if m.cpus[c as usize].tlbstate.is_lazy || m.cpus[c as usize].tlbstate.legacy_lazy {
+                    " (lazy)"
+                } else {
+                    ""
+                };
+            let _ = INIT_MM;
+            return format!("page walker{lazy}: speculative fill of mm{mm} page {vpn:#x}");
+        }
+        Action::Step(_) => {}
+    }
+    let Action::Step(c) = a else { unreachable!() };
+    let ctx = frame_context(m, c as usize);
+    let mut copy = m.clone();
+    copy.perf.labels_on = true;
+    copy.perf.labels.clear();
+    copy.apply(a, &mut NullEnv);
+    if copy.perf.labels.is_empty() {
+        ctx
+    } else {
+        format!("{ctx}: {}", copy.perf.labels.join("; "))
+    }
+}

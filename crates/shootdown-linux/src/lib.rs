@@ -1,0 +1,32 @@
+//! # shootdown-linux
+//!
+//! The x86 Linux kernel's translation-coherence machinery as an executable model: `mm`
+//! (`ctx_id`, `tlb_gen`, `mm_cpumask`), `cpu_tlbstate`, `switch_mm_irqs_off`, lazy TLB,
+//! `flush_tlb_mm_range` and `flush_tlb_func`, `smp_call_function_many`, the batched unmap flush,
+//! the scheduler and `mmap_sem`, and the mm system calls that cause flushes.
+//!
+//! One file per concept, like the kernel: [`tlb`] is arch/x86/mm/tlb.c, [`smp`] is kernel/smp.c,
+//! [`switch_mm`] the switch and lazy-TLB paths, [`sched`] the scheduler, [`syscalls`] mm/ and the
+//! fault path, [`user`] user mode and the hardware access path. Each kernel function is a
+//! [`frame::Frame`] executed one atomic step at a time, so the timed driver and the explorer run
+//! the same code. Versions (before/after/mainline) and historical bugs are [`options::Options`].
+
+pub mod counters;
+pub mod describe;
+pub mod frame;
+pub mod machine;
+pub mod mem;
+pub mod options;
+pub mod sched;
+pub mod smp;
+pub mod state;
+pub mod switch_mm;
+pub mod syscalls;
+pub mod tlb;
+pub mod user;
+
+pub use counters::{Counter, Counters, COUNTER_NAMES};
+pub use machine::{Action, Machine};
+pub use mem::MemoryModel;
+pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};
+pub use state::{MmId, TaskId, UserOp, INIT_MM};

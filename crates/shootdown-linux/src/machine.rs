@@ -1,0 +1,591 @@
+//! The whole simulated machine: CPUs, tasks, mms, page-table memory, the oracle — and the
+//! [`Model`] implementation through which both drivers run it.
+//!
+//! Actions (what the explorer interleaves; the timed driver picks one per agent turn):
+//! * `Step(cpu)` — the next atomic step of whatever the CPU is running (a kernel frame on its
+//!   interrupt stack or current task's stack, else the task's next user operation, else idle);
+//! * `Interrupt(cpu)` — take a pending IPI (enabled when the CPU has interrupts on);
+//! * `Drain(cpu)` — under TSO, the oldest buffered store reaches memory;
+//! * `Fill(cpu, page)` — the hardware walker speculatively caches a translation of a page
+//!   through whatever CR3 the CPU has loaded (lazy CPUs included).
+
+use crate::counters::{Counter, Counters};
+use crate::frame::{Flow, Frame};
+use crate::mem::MemoryModel;
+use crate::options::{Idle, Options};
+use crate::state::*;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Model, Outcome, Park, StepKind, Time, Unhashed, Violation};
+use shootdown_hw::oracle::Oracle;
+use shootdown_hw::pagetable::{PtPages, Vpn};
+use shootdown_hw::tlb::Tlb;
+use shootdown_hw::{CostProfile, CpuId, Topology};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Performance-only state: never distinguishes two states for the explorer.
+#[derive(Clone, Debug)]
+pub struct Perf {
+    pub profile: Arc<CostProfile>,
+    pub lines: shootdown_hw::cacheline::LineDirectory,
+    pub counters: Counters,
+    /// When each CPU's pending IPI arrives.
+    pub ipi_arrival: Vec<Time>,
+    /// When each CPU's current task started its time slice.
+    pub slice_start: Vec<Time>,
+    pub next_flow_id: u64,
+    /// Workload events at or after `measure_from` count towards the metric.
+    pub measure_from: Time,
+    pub events_measured: u64,
+    pub last_event_at: Time,
+    /// Translation uses the oracle checked.
+    pub uses_checked: u64,
+    /// A violation detected by the current step.
+    pub violation: Option<Violation>,
+    /// Record step descriptions (explorer counterexample replay only).
+    pub labels_on: bool,
+    pub labels: Vec<String>,
+}
+
+/// An explorer/timed-driver action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    Step(u32),
+    Interrupt(u32),
+    Drain(u32),
+    Fill(u32, u32),
+}
+
+/// Where a frame came from, so it goes back to the same stack even if the step switched tasks.
+#[derive(Clone, Copy)]
+enum StackRef {
+    Irq,
+    Task(TaskId),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Machine {
+    pub opts: Options,
+    pub topo: Topology,
+    pub pcid_hw: bool,
+    pub pti: bool,
+    pub invpcid: bool,
+    pub memory_model: MemoryModel,
+    pub cpus: Vec<Cpu>,
+    pub tasks: Vec<Task>,
+    pub mms: Vec<Mm>,
+    pub pt_pages: PtPages,
+    pub oracle: Oracle,
+    /// Locked `call_single_data`s.
+    pub csd_locked: BTreeSet<CsdKey>,
+    /// Each initiator's `flush_tlb_info` (per-CPU since v5.x).
+    pub flush_info: Vec<Option<FlushTlbInfo>>,
+    /// Pages the explorer lets the walker fill speculatively: (mm, vpn).
+    pub spec_pages: Vec<(MmId, Vpn)>,
+    /// The DAX file mapping of each mm (fdatasync writes back its dirty pages).
+    pub dax_file: Vec<Option<(Vpn, u64)>>,
+    /// Last page frame number handed out by the fault path.
+    pub next_pfn: u32,
+    pub perf: Unhashed<Perf>,
+}
+
+impl Machine {
+    /// A machine with every CPU idle in init_mm.
+    pub fn new(
+        topo: Topology,
+        profile: Arc<CostProfile>,
+        opts: Options,
+        memory_model: MemoryModel,
+    ) -> Machine {
+        let n = topo.nr_cpus();
+        let f = &profile.features;
+        let mut m = Machine {
+            pcid_hw: f.pcid,
+            pti: f.pti,
+            invpcid: f.invpcid,
+            opts,
+            memory_model,
+            cpus: Vec::with_capacity(n),
+            tasks: Vec::new(),
+            mms: vec![Mm::new(0, n, "init_mm".into())],
+            pt_pages: PtPages::default(),
+            oracle: Oracle::new(1),
+            csd_locked: BTreeSet::new(),
+            flush_info: vec![None; n],
+            spec_pages: Vec::new(),
+            dax_file: vec![None],
+            next_pfn: 1 << 24,
+            perf: Unhashed(Perf {
+                lines: shootdown_hw::cacheline::LineDirectory::new(n),
+                counters: Counters::new(),
+                ipi_arrival: vec![Time::ZERO; n],
+                slice_start: vec![Time::ZERO; n],
+                next_flow_id: 1,
+                measure_from: Time::ZERO,
+                events_measured: 0,
+                last_event_at: Time::ZERO,
+                uses_checked: 0,
+                violation: None,
+                labels_on: false,
+                labels: Vec::new(),
+                profile: profile.clone(),
+            }),
+            topo,
+        };
+        for c in 0..n {
+            let idle = m.tasks.len() as TaskId;
+            m.tasks.push(Task {
+                name: format!("swapper/{c}"),
+                mm: None,
+                state: TaskState::Running,
+                cpu: c,
+                stack: Vec::new(),
+                program: Vec::new(),
+                pc: 0,
+                loop_left: Vec::new(),
+                op_progress: 0,
+                op_base: None,
+                cpus: Vec::new(),
+                on_cpu: true,
+            });
+            m.cpus.push(Cpu {
+                tlb: Tlb::new(profile.features.tlb_entries, profile.features.psc_entries),
+                cr3_mm: INIT_MM,
+                cr3_pcid: 0,
+                tlbstate: TlbState::default(),
+                irq_stack: Vec::new(),
+                irq_off: 0,
+                ipi_pending: false,
+                call_queue: Vec::new(),
+                curr: idle,
+                idle_task: idle,
+                runqueue: Default::default(),
+                need_resched: false,
+                sb: Default::default(),
+                halted: false,
+            });
+        }
+        m
+    }
+
+    /// Create a process address space (`mm_alloc`); `ctx_id`s are never reused.
+    pub fn add_mm(&mut self, name: &str) -> MmId {
+        let id = self.mms.len() as MmId;
+        self.mms.push(Mm::new(
+            id as u64 + 1,
+            self.topo.nr_cpus(),
+            name.to_string(),
+        ));
+        self.oracle.add_mm();
+        self.dax_file.push(None);
+        id
+    }
+
+    /// Create a user task on `cpu`, runnable.
+    pub fn add_task(&mut self, name: &str, mm: MmId, cpu: CpuId, program: Vec<UserOp>) -> TaskId {
+        let id = self.tasks.len() as TaskId;
+        self.tasks.push(Task {
+            name: name.to_string(),
+            mm: Some(mm),
+            state: TaskState::Runnable,
+            cpu,
+            stack: Vec::new(),
+            program,
+            pc: 0,
+            loop_left: Vec::new(),
+            op_progress: 0,
+            op_base: None,
+            cpus: vec![cpu],
+            on_cpu: false,
+        });
+        self.cpus[cpu].runqueue.push_back(id);
+        self.cpus[cpu].need_resched = true;
+        id
+    }
+
+    /// Populate PTEs directly (pre-faulted memory), creating page-table pages as needed.
+    pub fn map_pages(&mut self, mm: MmId, start: Vpn, npages: u64, writable: bool) {
+        for vpn in start..start + npages {
+            self.ensure_table(mm, vpn);
+            let mut pte = self.mms[mm as usize].space.pte(vpn);
+            pte.present = true;
+            pte.writable = writable;
+            pte.pfn = (vpn & 0xffff_ffff) as u32;
+            self.mms[mm as usize].space.ptes.insert(vpn, pte);
+        }
+    }
+
+    /// Mark `[start, start+npages)` of `mm` as a DAX file mapping (write faults mark pages dirty,
+    /// fdatasync writes them back).
+    pub fn set_dax_file(&mut self, mm: MmId, start: Vpn, npages: u64) {
+        self.dax_file[mm as usize] = Some((start, npages));
+    }
+
+    /// Allocate the page-table page covering `vpn` if the PMD has none.
+    pub(crate) fn ensure_table(&mut self, mm: MmId, vpn: Vpn) {
+        let idx = shootdown_hw::pagetable::pt_index(vpn);
+        if !self.mms[mm as usize].space.pmd.contains_key(&idx) {
+            let t = self.pt_pages.alloc();
+            self.mms[mm as usize].space.pmd.insert(idx, t);
+        }
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.perf.counters
+    }
+
+    /// Describe what the current step does, in kernel terms (kept only while replaying a
+    /// counterexample, so the closure costs nothing in normal runs).
+    #[inline]
+    pub(crate) fn say(&mut self, f: impl FnOnce() -> String) {
+        if self.perf.labels_on {
+            let s = f();
+            self.perf.labels.push(s);
+        }
+    }
+
+    pub(crate) fn violate(&mut self, v: Violation) {
+        if self.perf.violation.is_none() {
+            self.perf.violation = Some(v);
+        }
+    }
+
+    /// Kernel (kPCID) hardware PCID of an ASID slot: `kern_pcid(asid) = asid + 1`; 0 without PCID.
+    pub(crate) fn kern_pcid(&self, asid: u16) -> u16 {
+        if self.pcid_enabled() {
+            asid + 1
+        } else {
+            0
+        }
+    }
+    /// The PCID user mode runs with: `user_pcid() = kern_pcid | 1<<11` under PTI.
+    pub(crate) fn user_pcid(&self, asid: u16) -> u16 {
+        let k = self.kern_pcid(asid);
+        if self.pti {
+            k | (1 << 11)
+        } else {
+            k
+        }
+    }
+    pub(crate) fn pcid_enabled(&self) -> bool {
+        self.pcid_hw && self.opts.pcid
+    }
+
+    /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
+    pub fn irqs_enabled(&self, cpu: CpuId) -> bool {
+        let c = &self.cpus[cpu];
+        if !c.irq_stack.is_empty() || c.irq_off > 0 {
+            return false;
+        }
+        match self.tasks[c.curr as usize].stack.last() {
+            Some(f) => !f.irqs_off(),
+            None => true,
+        }
+    }
+
+    /// Is `cpu` running its idle task?
+    pub fn is_idle_cpu(&self, cpu: CpuId) -> bool {
+        self.is_idle(cpu)
+    }
+
+    pub(crate) fn is_idle(&self, cpu: CpuId) -> bool {
+        self.cpus[cpu].curr == self.cpus[cpu].idle_task
+    }
+
+    /// Would `Step(cpu)` only spin (or halt)? Mirrors the wait conditions in the step code.
+    pub fn step_blocked(&self, cpu: CpuId) -> bool {
+        let c = &self.cpus[cpu];
+        let top = if let Some(f) = c.irq_stack.last() {
+            Some(f)
+        } else {
+            self.tasks[c.curr as usize].stack.last()
+        };
+        match top {
+            Some(f) => self.frame_spins(cpu, f),
+            None => {
+                let t = &self.tasks[c.curr as usize];
+                if c.curr == c.idle_task {
+                    c.runqueue.is_empty()
+                } else {
+                    t.state == TaskState::Dead
+                }
+            }
+        }
+    }
+
+    fn pop_frame(&mut self, cpu: CpuId) -> (StackRef, Option<Frame>) {
+        let c = &mut self.cpus[cpu];
+        if let Some(f) = c.irq_stack.pop() {
+            return (StackRef::Irq, Some(f));
+        }
+        let t = c.curr;
+        (StackRef::Task(t), self.tasks[t as usize].stack.pop())
+    }
+
+    fn push_frame(&mut self, cpu: CpuId, at: StackRef, f: Frame) {
+        match at {
+            StackRef::Irq => self.cpus[cpu].irq_stack.push(f),
+            StackRef::Task(t) => self.tasks[t as usize].stack.push(f),
+        }
+    }
+
+    /// Push a new call on the current stack of `cpu` (used by user-mode code entering the kernel).
+    pub(crate) fn call<E: Env>(&mut self, cpu: CpuId, env: &mut E, f: Frame) {
+        if env.tracing() {
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: f.name(),
+                detail: None,
+            });
+        }
+        let (at, top) = self.pop_frame(cpu);
+        if let Some(t) = top {
+            self.push_frame(cpu, at, t);
+        }
+        self.push_frame(cpu, at, f);
+    }
+
+    fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let (at, frame) = self.pop_frame(cpu);
+        let Some(mut f) = frame else {
+            return if self.is_idle(cpu) {
+                self.idle_step(cpu, env)
+            } else {
+                self.user_step(cpu, env)
+            };
+        };
+        let flow = self.step_frame(cpu, &mut f, env);
+        match flow {
+            Flow::Next => {
+                self.push_frame(cpu, at, f);
+                Park::Run
+            }
+            Flow::Call(callee) => {
+                if env.tracing() {
+                    env.trace(TraceEvent::Begin {
+                        agent: cpu,
+                        name: callee.name(),
+                        detail: None,
+                    });
+                }
+                self.push_frame(cpu, at, f);
+                self.push_frame(cpu, at, callee);
+                Park::Run
+            }
+            Flow::Return => {
+                if env.tracing() {
+                    env.trace(TraceEvent::End { agent: cpu });
+                }
+                Park::Run
+            }
+            Flow::Spin => {
+                self.push_frame(cpu, at, f);
+                self.charge(env, |c| c.spin_poll);
+                Park::Spin
+            }
+        }
+    }
+
+    fn step_frame<E: Env>(&mut self, cpu: CpuId, f: &mut Frame, env: &mut E) -> Flow {
+        match f {
+            Frame::FlushMmRange(s) => self.flush_tlb_mm_range_step(cpu, s, env),
+            Frame::FlushFunc(s) => self.flush_tlb_func_step(cpu, s, env),
+            Frame::SmpCallMany(s) => self.smp_call_function_many_step(cpu, s, env),
+            Frame::CallFunctionIrq(s) => self.call_function_interrupt_step(cpu, s, env),
+            Frame::SwitchMm(s) => self.switch_mm_irqs_off_step(cpu, s, env),
+            Frame::Schedule(s) => self.schedule_step(cpu, s, env),
+            Frame::RwSemDown { pc, mm, write } => self.rwsem_down_step(cpu, pc, *mm, *write, env),
+            Frame::Syscall(s) => self.syscall_step(cpu, s, env),
+        }
+    }
+
+    fn frame_spins(&self, cpu: CpuId, f: &Frame) -> bool {
+        match f {
+            Frame::SmpCallMany(s) => self.smp_call_spins(cpu, s),
+            Frame::Schedule(s) => self.schedule_spins(cpu, s),
+            _ => false,
+        }
+    }
+
+    /// Take the pending CALL_FUNCTION IPI: enter `call_function_interrupt`.
+    fn take_interrupt<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let c = &mut self.cpus[cpu];
+        c.ipi_pending = false;
+        let was_halted = std::mem::replace(&mut c.halted, false);
+        if env.timed() {
+            let costs = &self.perf.profile.costs;
+            let mut t = costs.irq_entry_exit;
+            if was_halted && self.opts.idle == Idle::Halt {
+                t += costs.idle_wakeup;
+            }
+            env.charge(t);
+        }
+        if env.tracing() {
+            env.trace(TraceEvent::FlowIn {
+                agent: cpu,
+                id: cpu as u64,
+                name: "CALL_FUNCTION IPI",
+            });
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: "call_function_interrupt",
+                detail: None,
+            });
+        }
+        self.cpus[cpu]
+            .irq_stack
+            .push(Frame::CallFunctionIrq(crate::frame::CallFunctionIrq {
+                pc: 0,
+                entries: Vec::new(),
+                i: 0,
+            }));
+        Park::Run
+    }
+
+    /// Send the CALL_FUNCTION IPI to `targets` (one ICR write, x2APIC cluster-style: the first
+    /// target costs `ipi_send`, each further one `ipi_send_per_target`).
+    pub(crate) fn send_call_function_ipi<E: Env>(
+        &mut self,
+        src: CpuId,
+        targets: &[CpuId],
+        env: &mut E,
+    ) {
+        if targets.is_empty() {
+            return;
+        }
+        let now = env.now();
+        if env.timed() {
+            let c = &self.perf.profile.costs;
+            let send = c.ipi_send + Time(c.ipi_send_per_target.0 * (targets.len() as u64 - 1));
+            env.charge(send);
+        }
+        for &t in targets {
+            self.perf.counters.inc(Counter::CallFunctionIpis);
+            self.cpus[t].ipi_pending = true;
+            if env.timed() {
+                let c = &self.perf.profile.costs;
+                let lat = match self.topo.distance(src, t) {
+                    shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+                    _ => c.ipi_latency_same_socket,
+                };
+                // The ICR write completes at the end of this step's send cost.
+                let arrival = now + lat;
+                self.perf.ipi_arrival[t] = arrival;
+                env.wake(t, arrival);
+            }
+            if env.tracing() {
+                env.trace(TraceEvent::FlowOut {
+                    agent: src,
+                    id: t as u64,
+                    name: "CALL_FUNCTION IPI",
+                });
+            }
+        }
+    }
+
+    /// Wake a sleeping/halted CPU because work was queued for it (`resched_curr` /
+    /// `wake_up_idle_cpu`).
+    pub(crate) fn kick_cpu<E: Env>(&mut self, from: CpuId, cpu: CpuId, env: &mut E) {
+        self.cpus[cpu].need_resched = true;
+        if !env.timed() || cpu == from {
+            return;
+        }
+        let c = &self.perf.profile.costs;
+        let at = if self.opts.idle == Idle::Poll {
+            env.now() + c.poll_idle_notice
+        } else {
+            let lat = match self.topo.distance(from, cpu) {
+                shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+                _ => c.ipi_latency_same_socket,
+            };
+            env.charge(c.ipi_send);
+            env.now() + lat + c.idle_wakeup + c.irq_entry_exit
+        };
+        env.wake(cpu, at);
+    }
+}
+
+impl Model for Machine {
+    type Action = Action;
+
+    fn agents(&self) -> usize {
+        self.cpus.len()
+    }
+
+    fn enabled(&self, out: &mut Vec<Action>) {
+        for cpu in 0..self.cpus.len() {
+            let c = cpu as u32;
+            if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
+                out.push(Action::Interrupt(c));
+            }
+            if !self.step_blocked(cpu) {
+                out.push(Action::Step(c));
+            }
+            if !self.cpus[cpu].sb.is_empty() {
+                out.push(Action::Drain(c));
+            }
+            let cr3 = self.cpus[cpu].cr3_mm;
+            if cr3 != INIT_MM {
+                for (i, &(mm, vpn)) in self.spec_pages.iter().enumerate() {
+                    if mm == cr3 && self.fill_would_change(cpu, vpn) {
+                        out.push(Action::Fill(c, i as u32));
+                    }
+                }
+            }
+        }
+    }
+
+    fn timed_action(&self, agent: usize, now: Time) -> Action {
+        if self.cpus[agent].ipi_pending
+            && now >= self.perf.ipi_arrival[agent]
+            && self.irqs_enabled(agent)
+        {
+            Action::Interrupt(agent as u32)
+        } else {
+            Action::Step(agent as u32)
+        }
+    }
+
+    fn agent_of(&self, a: Action) -> usize {
+        match a {
+            Action::Step(c) | Action::Interrupt(c) | Action::Drain(c) | Action::Fill(c, _) => {
+                c as usize
+            }
+        }
+    }
+
+    fn apply<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        let (park, kind) = match a {
+            Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
+            Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
+            Action::Drain(c) => {
+                self.drain_one(c as usize);
+                (Park::Run, StepKind::Shared)
+            }
+            Action::Fill(c, i) => {
+                let (_, vpn) = self.spec_pages[i as usize];
+                self.speculative_fill(c as usize, vpn, env);
+                (Park::Run, StepKind::Shared)
+            }
+        };
+        Outcome {
+            park,
+            kind,
+            violation: self.perf.violation.take(),
+        }
+    }
+
+    fn describe(&self, a: Action) -> String {
+        crate::describe::describe(self, a)
+    }
+
+    fn agent_name(&self, agent: usize) -> String {
+        format!("cpu{agent}")
+    }
+
+    fn finished(&self) -> bool {
+        self.tasks
+            .iter()
+            .all(|t| t.mm.is_none() || t.state == TaskState::Dead)
+    }
+}

@@ -1,0 +1,187 @@
+//! Shared kernel memory: the variables other CPUs read, as *locations*.
+//!
+//! Every protocol step that touches shared state goes through [`Machine::load`],
+//! [`Machine::store`] or [`Machine::rmw`]. That is where the two things the drivers care about
+//! happen: the timed driver charges the cache-line transfer the access implies (so false sharing
+//! and needless atomics cost something), and the explorer under x86-TSO routes stores through the
+//! CPU's store buffer (a locked RMW or a fence drains it first).
+//!
+//! Simplification: PTE stores go straight to memory. Every PTE change in the model is followed
+//! by a locked `inc_mm_tlb_gen` (or a lock release) before anything depends on it, which would
+//! drain the store buffer anyway.
+
+use crate::machine::Machine;
+use crate::state::{CsdKey, MmId};
+use shootdown_engine::{Env, Time};
+use shootdown_hw::cacheline::LineId;
+use shootdown_hw::CpuId;
+
+/// A shared kernel variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Loc {
+    /// `mm->context.tlb_gen`.
+    TlbGen(MmId),
+    /// One bit of `mm_cpumask(mm)`.
+    CpumaskBit(MmId, u32),
+    /// `cpu_tlbstate.loaded_mm` of a CPU.
+    LoadedMm(u32),
+    /// `cpu_tlbstate(_shared).is_lazy` of a CPU.
+    IsLazy(u32),
+    /// The lock bit of a `call_single_data`.
+    CsdLock(CsdKey),
+}
+
+/// Whether the model runs with sequential consistency or x86-TSO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryModel {
+    Sc,
+    Tso,
+}
+
+/// Cache-line identities: which variables share a line is the point (kernel-model.md §1.2).
+pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
+    const MM: u64 = 1 << 56;
+    const TLBSTATE: u64 = 2 << 56;
+    const TLBSTATE_SHARED: u64 = 3 << 56;
+    const CSD: u64 = 4 << 56;
+    match loc {
+        Loc::TlbGen(mm) => MM | (mm as u64) << 24,
+        // 512 bits of cpumask per 64-byte line.
+        Loc::CpumaskBit(mm, c) => MM | (mm as u64) << 24 | (1 + c as u64 / 512),
+        Loc::LoadedMm(c) => TLBSTATE | c as u64,
+        Loc::IsLazy(c) => {
+            if m.opts.tlbstate_shared {
+                TLBSTATE_SHARED | c as u64
+            } else {
+                TLBSTATE | c as u64
+            }
+        }
+        Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
+    }
+}
+
+/// The per-CPU `cpu_tlbstate` line, for private writes (ctxs, loaded_mm_asid) that still move
+/// the line when another CPU has been reading `is_lazy` from it.
+pub(crate) fn tlbstate_line(cpu: CpuId) -> LineId {
+    (2u64 << 56) | cpu as u64
+}
+/// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
+pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
+    (5u64 << 56) | cpu as u64
+}
+/// A CPU's `call_single_queue` head.
+pub(crate) fn call_queue_line(cpu: CpuId) -> LineId {
+    (6u64 << 56) | cpu as u64
+}
+
+impl Machine {
+    fn raw_read(&self, loc: Loc) -> u64 {
+        match loc {
+            Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen,
+            Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_test(c as usize) as u64,
+            Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm,
+            Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy as u64,
+            Loc::CsdLock(k) => self.csd_locked.contains(&k) as u64,
+        }
+    }
+
+    fn raw_write(&mut self, loc: Loc, v: u64) {
+        match loc {
+            Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen = v,
+            Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_assign(c as usize, v != 0),
+            Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm = v,
+            Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy = v != 0,
+            Loc::CsdLock(k) => {
+                if v != 0 {
+                    self.csd_locked.insert(k);
+                } else {
+                    self.csd_locked.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Charge the cost of touching a cache line (timed driver only).
+    pub(crate) fn touch_line<E: Env>(
+        &mut self,
+        env: &mut E,
+        cpu: CpuId,
+        line: LineId,
+        write: bool,
+    ) {
+        if env.timed() {
+            let perf = &mut *self.perf;
+            let t = perf
+                .lines
+                .access(&self.topo, &perf.profile.costs, cpu, line, write);
+            env.charge(t);
+        }
+    }
+
+    /// A load by `cpu`: its own buffered store if any, else memory.
+    pub(crate) fn load<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
+        let line = line_of(self, loc);
+        self.touch_line(env, cpu, line, false);
+        if let Some(v) = self.cpus[cpu].sb.forward(loc) {
+            return v;
+        }
+        self.raw_read(loc)
+    }
+
+    /// A store by `cpu`: buffered under TSO, immediate under SC.
+    pub(crate) fn store<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc, v: u64) {
+        let line = line_of(self, loc);
+        self.touch_line(env, cpu, line, true);
+        match self.memory_model {
+            MemoryModel::Sc => self.raw_write(loc, v),
+            MemoryModel::Tso => self.cpus[cpu].sb.push(loc, v),
+        }
+        env.notify();
+    }
+
+    /// A locked read-modify-write: drains the store buffer, then updates memory atomically.
+    /// Returns the old value.
+    pub(crate) fn rmw<E: Env>(
+        &mut self,
+        env: &mut E,
+        cpu: CpuId,
+        loc: Loc,
+        f: impl FnOnce(u64) -> u64,
+    ) -> u64 {
+        self.fence(cpu);
+        let line = line_of(self, loc);
+        self.touch_line(env, cpu, line, true);
+        if env.timed() {
+            env.charge(self.perf.profile.costs.atomic_rmw);
+        }
+        let old = self.raw_read(loc);
+        self.raw_write(loc, f(old));
+        env.notify();
+        old
+    }
+
+    /// MFENCE / serializing instruction / locked op: every buffered store reaches memory now.
+    pub(crate) fn fence(&mut self, cpu: CpuId) {
+        while let Some((loc, v)) = self.cpus[cpu].sb.pop_oldest() {
+            self.raw_write(loc, v);
+        }
+    }
+
+    /// One buffered store of `cpu` reaches memory (an explorer action under TSO).
+    pub(crate) fn drain_one(&mut self, cpu: CpuId) -> Option<Loc> {
+        let (loc, v) = self.cpus[cpu].sb.pop_oldest()?;
+        self.raw_write(loc, v);
+        Some(loc)
+    }
+
+    /// Charge a fixed cost from the profile (timed only).
+    pub(crate) fn charge<E: Env>(
+        &self,
+        env: &mut E,
+        t: impl Fn(&shootdown_hw::profile::Costs) -> Time,
+    ) {
+        if env.timed() {
+            env.charge(t(&self.perf.profile.costs));
+        }
+    }
+}

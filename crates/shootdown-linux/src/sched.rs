@@ -1,0 +1,224 @@
+//! kernel/sched: `__schedule()`/`context_switch()`, the idle loop, `try_to_wake_up()`, and
+//! `mmap_sem` as a blocking reader/writer semaphore.
+//!
+//! Simplifications: one FIFO runqueue per CPU; no load balancing (tasks stay where they were put
+//! or moved by `sched_setaffinity`); preemption only at return to user after the time slice; a
+//! woken task does not preempt a busy CPU (it runs at that CPU's next scheduling point).
+
+use crate::counters::Counter;
+use crate::frame::{Flow, Frame, Schedule, SwitchMm};
+use crate::machine::Machine;
+use crate::state::*;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Park};
+use shootdown_hw::CpuId;
+
+impl Machine {
+    pub(crate) fn schedule_spins(&self, cpu: CpuId, s: &Schedule) -> bool {
+        // A task still switching out on another CPU can't be picked yet (p->on_cpu).
+        s.pc == 0
+            && self.cpus[cpu]
+                .runqueue
+                .front()
+                .map(|&n| self.tasks[n as usize].on_cpu)
+                .unwrap_or(false)
+    }
+
+    pub(crate) fn schedule_frame(&self) -> Frame {
+        Frame::Schedule(Schedule {
+            pc: 0,
+            prev: 0,
+            next: 0,
+        })
+    }
+
+    /// One step of `__schedule()`: pc 0 pick next, pc 1 `switch_mm_irqs_off` or
+    /// `enter_lazy_tlb`, pc 2 `finish_task_switch` (this frame stays on the previous task's stack
+    /// at pc 3 and returns when that task runs again).
+    pub(crate) fn schedule_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &mut Schedule,
+        env: &mut E,
+    ) -> Flow {
+        match s.pc {
+            0 => {
+                if self.schedule_spins(cpu, s) {
+                    return Flow::Spin;
+                }
+                let prev = self.cpus[cpu].curr;
+                let idle = self.cpus[cpu].idle_task;
+                let prev_runnable =
+                    prev != idle && self.tasks[prev as usize].state == TaskState::Running;
+                let next = match self.cpus[cpu].runqueue.pop_front() {
+                    Some(n) => n,
+                    None if prev_runnable => prev,
+                    None => idle,
+                };
+                self.cpus[cpu].need_resched = false;
+                if next == prev {
+                    self.tasks[prev as usize].state = TaskState::Running;
+                    self.perf.slice_start[cpu] = env.now();
+                    self.say(|| "schedule: keep running".into());
+                    return Flow::Return;
+                }
+                if prev_runnable {
+                    self.tasks[prev as usize].state = TaskState::Runnable;
+                    self.cpus[cpu].runqueue.push_back(prev);
+                }
+                self.charge(env, |c| c.context_switch);
+                self.perf.counters.inc(Counter::ContextSwitches);
+                s.prev = prev;
+                s.next = next;
+                let (pn, nn) = (
+                    self.tasks[prev as usize].name.clone(),
+                    self.tasks[next as usize].name.clone(),
+                );
+                self.say(|| format!("schedule: {pn} -> {nn}"));
+                s.pc = 1;
+                Flow::Next
+            }
+            1 => {
+                s.pc = 2;
+                match self.tasks[s.next as usize].mm {
+                    Some(mm) => Flow::Call(Frame::SwitchMm(SwitchMm {
+                        pc: 0,
+                        next: mm,
+                        prev: 0,
+                        was_lazy: false,
+                        gen: 0,
+                        asid: 0,
+                        need_flush: false,
+                    })),
+                    None => {
+                        self.enter_lazy_tlb(cpu, env);
+                        Flow::Next
+                    }
+                }
+            }
+            2 => {
+                let (prev, next) = (s.prev, s.next);
+                let t = &mut self.tasks[next as usize];
+                t.state = TaskState::Running;
+                t.cpu = cpu;
+                t.on_cpu = true;
+                self.cpus[cpu].curr = next;
+                self.tasks[prev as usize].on_cpu = false;
+                self.perf.slice_start[cpu] = env.now();
+                env.notify();
+                if env.tracing() {
+                    let name = self.tasks[next as usize].name.clone();
+                    env.trace(TraceEvent::End { agent: cpu });
+                    env.trace(TraceEvent::Instant {
+                        agent: cpu,
+                        name: "sched_switch",
+                        detail: Some(name),
+                    });
+                }
+                let nn = self.tasks[next as usize].name.clone();
+                self.say(|| format!("finish_task_switch: now running {nn}"));
+                s.pc = 3;
+                Flow::Next
+            }
+            _ => Flow::Return,
+        }
+    }
+
+    /// The idle task with nothing on the stack: schedule if work arrived, else halt (or poll).
+    pub(crate) fn idle_step<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        if !self.cpus[cpu].runqueue.is_empty() {
+            self.cpus[cpu].halted = false;
+            let f = self.schedule_frame();
+            self.call(cpu, env, f);
+            return Park::Run;
+        }
+        self.cpus[cpu].halted = true;
+        Park::Halt
+    }
+
+    /// `try_to_wake_up()`: make `task` runnable on its CPU and poke that CPU if it is idle.
+    pub(crate) fn wake_up_process<E: Env>(&mut self, waker: CpuId, task: TaskId, env: &mut E) {
+        let t = &mut self.tasks[task as usize];
+        if t.state != TaskState::Blocked {
+            return;
+        }
+        t.state = TaskState::Runnable;
+        let target = t.cpu;
+        self.cpus[target].runqueue.push_back(task);
+        self.charge(env, |c| c.wakeup);
+        if self.is_idle(target) {
+            self.kick_cpu(waker, target, env);
+        }
+    }
+
+    /// One step of `down_read()` / `down_write()`: take it, or queue and sleep; the releaser hands
+    /// the semaphore over before waking us.
+    pub(crate) fn rwsem_down_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        pc: &mut u8,
+        mm: MmId,
+        write: bool,
+        env: &mut E,
+    ) -> Flow {
+        if *pc == 1 {
+            return Flow::Return;
+        }
+        self.touch_line(env, cpu, mmap_sem_line(mm), true);
+        self.charge(env, |c| c.atomic_rmw);
+        let me = self.cpus[cpu].curr;
+        let sem = &mut self.mms[mm as usize].mmap_sem;
+        let free = !sem.writer && sem.waiters.is_empty() && (!write || sem.readers == 0);
+        if free {
+            if write {
+                sem.writer = true;
+            } else {
+                sem.readers += 1;
+            }
+            return Flow::Return;
+        }
+        sem.waiters.push_back((me, write));
+        self.tasks[me as usize].state = TaskState::Blocked;
+        self.perf.counters.inc(Counter::MmapSemContended);
+        self.say(|| format!("mmap_sem of mm{mm} contended: sleep"));
+        *pc = 1;
+        Flow::Call(self.schedule_frame())
+    }
+
+    /// `up_read()` / `up_write()`: release and hand over to waiters in FIFO order (a writer, or a
+    /// run of readers).
+    pub(crate) fn rwsem_up<E: Env>(&mut self, cpu: CpuId, mm: MmId, write: bool, env: &mut E) {
+        self.touch_line(env, cpu, mmap_sem_line(mm), true);
+        self.charge(env, |c| c.atomic_rmw);
+        let sem = &mut self.mms[mm as usize].mmap_sem;
+        if write {
+            sem.writer = false;
+        } else {
+            sem.readers -= 1;
+        }
+        let mut woken = Vec::new();
+        while let Some(&(t, w)) = sem.waiters.front() {
+            if w {
+                if sem.readers == 0 && !sem.writer {
+                    sem.writer = true;
+                    sem.waiters.pop_front();
+                    woken.push(t);
+                }
+                break;
+            }
+            if sem.writer {
+                break;
+            }
+            sem.readers += 1;
+            sem.waiters.pop_front();
+            woken.push(t);
+        }
+        for t in woken {
+            self.wake_up_process(cpu, t, env);
+        }
+    }
+}
+
+fn mmap_sem_line(mm: MmId) -> u64 {
+    (7u64 << 56) | mm as u64
+}

@@ -1,0 +1,274 @@
+//! Kernel state: `struct mm_struct` (the parts that matter), `cpu_tlbstate`, tasks, the
+//! cross-call data (`call_single_data`, `flush_tlb_info`), and `mmap_sem`.
+
+use crate::frame::Frame;
+use serde::Serialize;
+use shootdown_hw::pagetable::{AddressSpace, PtPageId, Vpn};
+use shootdown_hw::store_buffer::StoreBuffer;
+use shootdown_hw::tlb::Tlb;
+use shootdown_hw::CpuId;
+use std::collections::{BTreeSet, VecDeque};
+
+/// Index of an mm. `INIT_MM` (0) is `init_mm`: kernel page tables only, never in a cpumask.
+pub type MmId = u32;
+pub const INIT_MM: MmId = 0;
+/// `LOADED_MM_SWITCHING`: the value `cpu_tlbstate.loaded_mm` holds while switch_mm is between
+/// its cpumask update and its CR3 write (mainline).
+pub const LOADED_MM_SWITCHING: u64 = u64::MAX;
+
+pub type TaskId = u32;
+
+/// `TLB_NR_DYN_ASIDS`.
+pub const TLB_NR_DYN_ASIDS: usize = 6;
+/// `TLB_FLUSH_ALL` as an end address.
+pub const TLB_FLUSH_ALL: Vpn = u64::MAX;
+/// `TLB_GENERATION_INVALID`.
+pub const TLB_GENERATION_INVALID: u64 = 0;
+
+/// `struct mm_struct` for our purposes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mm {
+    /// `mm->context.ctx_id`: unique, never reused.
+    pub ctx_id: u64,
+    /// `mm->context.tlb_gen`: bumped by every flush request (`inc_mm_tlb_gen`).
+    pub tlb_gen: u64,
+    /// `mm_cpumask(mm)`, one bit per CPU.
+    pub cpumask: Vec<u64>,
+    pub space: AddressSpace,
+    /// `mmap_sem` (now `mmap_lock`).
+    pub mmap_sem: RwSem,
+    /// Pages written since the last writeback (the DAX mapping's dirty tags).
+    pub dirty: BTreeSet<Vpn>,
+    /// Page-table pages unlinked and waiting to be freed after the flush.
+    pub tables_to_free: Vec<PtPageId>,
+    /// Mainline lazy cpumask trimming: the next time (in ns) a flush may trim.
+    pub next_trim_ns: u64,
+    pub name: String,
+}
+
+impl Mm {
+    pub fn new(ctx_id: u64, nr_cpus: usize, name: String) -> Self {
+        Mm {
+            ctx_id,
+            tlb_gen: 1,
+            cpumask: vec![0; nr_cpus.div_ceil(64).max(1)],
+            space: AddressSpace::default(),
+            mmap_sem: RwSem::default(),
+            dirty: BTreeSet::new(),
+            tables_to_free: Vec::new(),
+            next_trim_ns: 0,
+            name,
+        }
+    }
+    pub fn cpumask_test(&self, cpu: CpuId) -> bool {
+        self.cpumask[cpu / 64] & (1 << (cpu % 64)) != 0
+    }
+    pub fn cpumask_assign(&mut self, cpu: CpuId, on: bool) {
+        if on {
+            self.cpumask[cpu / 64] |= 1 << (cpu % 64);
+        } else {
+            self.cpumask[cpu / 64] &= !(1 << (cpu % 64));
+        }
+    }
+    /// CPUs whose bit is set, ascending.
+    pub fn cpumask_cpus(&self) -> Vec<CpuId> {
+        let mut v = Vec::new();
+        for (i, w) in self.cpumask.iter().enumerate() {
+            let mut bits = *w;
+            while bits != 0 {
+                v.push(i * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+        v
+    }
+}
+
+/// A blocking reader/writer semaphore (`struct rw_semaphore`), FIFO hand-off to waiters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RwSem {
+    pub readers: u32,
+    pub writer: bool,
+    /// Waiting tasks and whether each wants write.
+    pub waiters: VecDeque<(TaskId, bool)>,
+}
+
+/// One ASID slot of `cpu_tlbstate.ctxs[]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TlbContext {
+    pub ctx_id: u64,
+    pub tlb_gen: u64,
+}
+
+/// `cpu_tlbstate` (+ `cpu_tlbstate_shared.is_lazy`). `loaded_mm` and `is_lazy` are read by
+/// other CPUs and live in memory (see `mem.rs`); the rest is CPU-private.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TlbState {
+    pub loaded_mm: u64,
+    pub loaded_mm_asid: u16,
+    pub next_asid: u16,
+    pub ctxs: [TlbContext; TLB_NR_DYN_ASIDS],
+    pub is_lazy: bool,
+    /// v4.12 `cpu_tlbstate.state`: true = TLBSTATE_LAZY.
+    pub legacy_lazy: bool,
+    /// PTI: user PCIDs whose flush is deferred to the next return to user (bit per ASID).
+    pub user_pcid_flush_mask: u16,
+}
+
+impl Default for TlbState {
+    fn default() -> Self {
+        TlbState {
+            loaded_mm: INIT_MM as u64,
+            loaded_mm_asid: 0,
+            next_asid: 1,
+            ctxs: [TlbContext::default(); TLB_NR_DYN_ASIDS],
+            is_lazy: false,
+            legacy_lazy: false,
+            user_pcid_flush_mask: 0,
+        }
+    }
+}
+
+/// `struct flush_tlb_info`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct FlushTlbInfo {
+    /// None: "whatever mm is loaded" (batched unmap flush).
+    pub mm: Option<MmId>,
+    pub start: Vpn,
+    /// `TLB_FLUSH_ALL` for a full flush.
+    pub end: Vpn,
+    pub new_tlb_gen: u64,
+    pub freed_tables: bool,
+    pub trim_cpumask: bool,
+    pub initiator: CpuId,
+}
+
+/// A `call_single_data` of a `cfd` (sender, target): only its lock bit matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CsdKey {
+    pub src: CpuId,
+    pub dst: CpuId,
+}
+
+/// Physical CPU state.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cpu {
+    pub tlb: Tlb,
+    /// mm whose page tables CR3 points to, and the loaded hardware PCID.
+    pub cr3_mm: MmId,
+    pub cr3_pcid: u16,
+    pub tlbstate: TlbState,
+    /// Interrupt stack: frames of the handler being run.
+    pub irq_stack: Vec<Frame>,
+    /// Depth of IRQ-disabled sections (0 = interrupts enabled).
+    pub irq_off: u32,
+    /// CALL_FUNCTION vector pending.
+    pub ipi_pending: bool,
+    /// `call_single_queue`: csds queued for this CPU (llist, newest first).
+    pub call_queue: Vec<CsdKey>,
+    pub curr: TaskId,
+    pub idle_task: TaskId,
+    pub runqueue: VecDeque<TaskId>,
+    pub need_resched: bool,
+    /// TSO store buffer.
+    pub sb: StoreBuffer<crate::mem::Loc>,
+    /// Halted in the idle loop (for the wake-up cost).
+    pub halted: bool,
+}
+
+/// What a user-mode task does next: its program is a list of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum UserOp {
+    /// Access one page.
+    Touch {
+        vpn: Vpn,
+        write: bool,
+    },
+    /// Access `npages` consecutive pages, one step each.
+    TouchRange {
+        start: Vpn,
+        npages: u64,
+        write: bool,
+    },
+    /// Write `npages` consecutive pages at a random block-aligned offset in `[start, start+span)`.
+    TouchRandomBlock {
+        start: Vpn,
+        span: u64,
+        npages: u64,
+    },
+    /// Pure user computation.
+    Compute {
+        ns: u64,
+    },
+    Mmap {
+        start: Vpn,
+        npages: u64,
+    },
+    Munmap {
+        start: Vpn,
+        npages: u64,
+    },
+    MadviseDontneed {
+        start: Vpn,
+        npages: u64,
+    },
+    Mprotect {
+        start: Vpn,
+        npages: u64,
+        writable: bool,
+    },
+    /// `fdatasync()` on the DAX file mapped by this mm: write-protect and flush dirty pages.
+    Fdatasync,
+    /// Reclaim-style batched unmap (`try_to_unmap` + `arch_tlbbatch_flush`) of pages.
+    ReclaimUnmap {
+        start: Vpn,
+        npages: u64,
+    },
+    /// `sched_setaffinity(0, {cpu})`.
+    SetAffinity {
+        cpu: CpuId,
+    },
+    /// Move to the next CPU in the task's `cpus` ring (seed 002's ping-pong).
+    SetAffinityNext,
+    /// Count one workload event (the metric).
+    Event,
+    /// Jump to op `to`; `times` = how many more jumps (None = forever).
+    Loop {
+        to: u16,
+        times: Option<u32>,
+    },
+    Exit,
+}
+
+/// Scheduling state of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    Running,
+    Runnable,
+    Blocked,
+    Dead,
+}
+
+/// A task (thread). Kernel frames of a task live on its own stack, so a task can block in the
+/// middle of a system call and resume there.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Task {
+    pub name: String,
+    /// None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB).
+    pub mm: Option<MmId>,
+    pub state: TaskState,
+    pub cpu: CpuId,
+    pub stack: Vec<Frame>,
+    pub program: Vec<UserOp>,
+    pub pc: u16,
+    /// Remaining iterations of the loop op at each pc (lazily created).
+    pub loop_left: Vec<(u16, u32)>,
+    /// Progress inside a multi-page op.
+    pub op_progress: u64,
+    /// Random block chosen for the current TouchRandomBlock op.
+    pub op_base: Option<Vpn>,
+    /// CPUs for SetAffinityNext.
+    pub cpus: Vec<CpuId>,
+    /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
+    pub on_cpu: bool,
+}

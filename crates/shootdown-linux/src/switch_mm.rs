@@ -1,0 +1,298 @@
+//! `switch_mm_irqs_off()` and `enter_lazy_tlb()` in each version of kernel-model.md §1.5–1.6.
+//!
+//! The ordering every version must keep (and the mutants break): **set our bit in
+//! `mm_cpumask(next)` → read `next->context.tlb_gen` → CR3 write**, pairing with the flusher's
+//! **PTE write → atomic `tlb_gen` increment → read `mm_cpumask`** — a store-buffer pattern in
+//! which at least one side must see the other.
+
+use crate::frame::{Flow, SwitchMm};
+use crate::machine::Machine;
+use crate::mem::{tlbstate_line, Loc};
+use crate::options::LazyTlb;
+use crate::state::*;
+use shootdown_engine::Env;
+use shootdown_hw::CpuId;
+
+impl Machine {
+    fn bit(&mut self, env: &mut impl Env, cpu: CpuId, mm: MmId) -> bool {
+        self.load(env, cpu, Loc::CpumaskBit(mm, cpu as u32)) != 0
+    }
+    fn set_bit(&mut self, env: &mut impl Env, cpu: CpuId, mm: MmId, on: bool) {
+        self.say(|| {
+            format!(
+                "{} cpu{cpu} in mm_cpumask(mm{mm})",
+                if on { "set" } else { "clear" }
+            )
+        });
+        self.rmw(env, cpu, Loc::CpumaskBit(mm, cpu as u32), |_| on as u64);
+    }
+
+    /// The common tail: record the ASID slot, write CR3, publish `loaded_mm`.
+    fn switch_mm_finish<E: Env>(&mut self, cpu: CpuId, s: &SwitchMm, env: &mut E) {
+        let ctx_id = self.mms[s.next as usize].ctx_id;
+        let ts = &mut self.cpus[cpu].tlbstate;
+        if s.need_flush {
+            ts.ctxs[s.asid as usize] = TlbContext {
+                ctx_id,
+                tlb_gen: s.gen,
+            };
+        }
+        ts.loaded_mm_asid = s.asid;
+        self.touch_line(env, cpu, tlbstate_line(cpu), true);
+        self.say(|| {
+            format!(
+                "CR3 <- mm{} asid {} ({}), ctxs[{}].tlb_gen = {}",
+                s.next,
+                s.asid,
+                if s.need_flush { "flush" } else { "NOFLUSH" },
+                s.asid,
+                s.gen
+            )
+        });
+        self.load_new_mm_cr3(cpu, s.next, s.asid, s.need_flush, env);
+        self.store(env, cpu, Loc::LoadedMm(cpu as u32), s.next as u64);
+    }
+
+    /// One step of `switch_mm_irqs_off(prev, next)`.
+    pub(crate) fn switch_mm_irqs_off_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &mut SwitchMm,
+        env: &mut E,
+    ) -> Flow {
+        match self.opts.lazy_tlb {
+            LazyTlb::Legacy => self.switch_mm_v412(cpu, s, env),
+            LazyTlb::TlbGen => self.switch_mm_tlb_gen(cpu, s, env),
+            LazyTlb::IsLazy | LazyTlb::Mainline => self.switch_mm_is_lazy(cpu, s, env),
+        }
+    }
+
+    /// v4.12 (V0): `cpu_tlbstate.state = TLBSTATE_OK`; no PCID; always a flushing CR3 load.
+    fn switch_mm_v412<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
+        let next = s.next;
+        match s.pc {
+            0 => {
+                self.cpus[cpu].tlbstate.legacy_lazy = false;
+                s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+                if s.prev == next as u64 {
+                    if next == INIT_MM || self.bit(env, cpu, next) {
+                        self.say(|| format!("prev == next (mm{next}), bit set: nothing to do"));
+                        return Flow::Return;
+                    }
+                    // We left lazily (bit cleared by leave_mm): rejoin and reload.
+                    self.set_bit(env, cpu, next, true);
+                    s.asid = 0;
+                    s.need_flush = true;
+                    s.gen = self.mms[next as usize].tlb_gen;
+                    self.switch_mm_finish(cpu, s, env);
+                    return Flow::Return;
+                }
+                s.pc = 1;
+                Flow::Next
+            }
+            1 => {
+                s.gen = self.load(env, cpu, Loc::TlbGen(next));
+                self.say(|| format!("loaded_mm = mm{next}; read mm{next}.tlb_gen = {}", s.gen));
+                s.pc = 2;
+                Flow::Next
+            }
+            2 => {
+                if next != INIT_MM {
+                    self.set_bit(env, cpu, next, true);
+                }
+                s.pc = 3;
+                Flow::Next
+            }
+            3 => {
+                s.asid = 0;
+                s.need_flush = true;
+                self.switch_mm_finish(cpu, s, env);
+                s.pc = 4;
+                Flow::Next
+            }
+            _ => {
+                if s.prev != INIT_MM as u64 {
+                    self.set_bit(env, cpu, s.prev as MmId, false);
+                }
+                Flow::Return
+            }
+        }
+    }
+
+    /// Andy Lutomirski's rework, seed 002 (V1): lazy = not in `mm_cpumask`; on re-entry rejoin the
+    /// mask, then compare `tlb_gen` to catch up on missed flushes.
+    fn switch_mm_tlb_gen<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
+        let next = s.next;
+        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        match s.pc {
+            0 => {
+                s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+                if s.prev == next as u64 {
+                    if next == INIT_MM || self.bit(env, cpu, next) {
+                        self.say(|| {
+                            format!("prev == next (mm{next}), in mm_cpumask: nothing to do")
+                        });
+                        return Flow::Return;
+                    }
+                    self.set_bit(env, cpu, next, true);
+                    s.pc = 10;
+                    return Flow::Next;
+                }
+                s.pc = 1;
+                Flow::Next
+            }
+            10 => {
+                let g = self.load(env, cpu, Loc::TlbGen(next));
+                let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+                let local = self.cpus[cpu].tlbstate.ctxs[asid as usize].tlb_gen;
+                self.say(|| format!("read mm{next}.tlb_gen = {g} (have {local})"));
+                if local < g {
+                    s.asid = asid;
+                    s.need_flush = true;
+                    s.gen = g;
+                    self.switch_mm_finish(cpu, s, env);
+                }
+                Flow::Return
+            }
+            1 => {
+                if s.prev != INIT_MM as u64 && self.bit(env, cpu, s.prev as MmId) {
+                    self.set_bit(env, cpu, s.prev as MmId, false);
+                }
+                s.pc = if gen_first { 3 } else { 2 };
+                Flow::Next
+            }
+            2 => {
+                if next != INIT_MM {
+                    self.set_bit(env, cpu, next, true);
+                }
+                s.pc = if gen_first { 4 } else { 3 };
+                Flow::Next
+            }
+            3 => {
+                s.gen = self.load(env, cpu, Loc::TlbGen(next));
+                self.say(|| format!("read mm{next}.tlb_gen = {}", s.gen));
+                s.pc = if gen_first { 2 } else { 4 };
+                Flow::Next
+            }
+            _ => {
+                let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
+                s.asid = asid;
+                s.need_flush = need_flush;
+                self.switch_mm_finish(cpu, s, env);
+                Flow::Return
+            }
+        }
+    }
+
+    /// v4.20–v5.12 "lazier" (V3), Nadav's v5.13 (V4) and mainline (V5).
+    fn switch_mm_is_lazy<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
+        let next = s.next;
+        let mainline = self.opts.lazy_tlb == LazyTlb::Mainline;
+        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        match s.pc {
+            0 => {
+                s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+                s.was_lazy = self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0;
+                if s.was_lazy || !self.opts.is_lazy_write_conditional {
+                    self.store(env, cpu, Loc::IsLazy(cpu as u32), 0);
+                }
+                if s.prev == next as u64 {
+                    if next == INIT_MM || !s.was_lazy {
+                        self.say(|| format!("prev == next (mm{next}), not lazy: nothing to do"));
+                        return Flow::Return;
+                    }
+                    s.pc = 10;
+                    return Flow::Next;
+                }
+                self.say(|| format!("leaving mm{} (was_lazy={})", s.prev, s.was_lazy));
+                s.pc = 1;
+                Flow::Next
+            }
+            10 => {
+                // Leaving lazy mode on the same mm: smp_mb(), then did we miss a flush?
+                self.fence(cpu);
+                let g = self.load(env, cpu, Loc::TlbGen(next));
+                let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+                let local = self.cpus[cpu].tlbstate.ctxs[asid as usize].tlb_gen;
+                self.say(|| format!("smp_mb(); read mm{next}.tlb_gen = {g} (have {local})"));
+                if local == g {
+                    return Flow::Return;
+                }
+                s.asid = asid;
+                s.need_flush = true;
+                s.gen = g;
+                s.pc = 5;
+                Flow::Next
+            }
+            1 => {
+                if mainline {
+                    // Mainline: announce SWITCHING first; the old mm keeps our bit (trimmed lazily).
+                    self.say(|| "loaded_mm = LOADED_MM_SWITCHING".into());
+                    self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
+                } else if s.prev != INIT_MM as u64 {
+                    self.set_bit(env, cpu, s.prev as MmId, false);
+                }
+                s.pc = if gen_first { 3 } else { 2 };
+                Flow::Next
+            }
+            2 => {
+                if next != INIT_MM {
+                    if !mainline || !self.bit(env, cpu, next) {
+                        self.set_bit(env, cpu, next, true);
+                    } else if !self.opts.mutants.switch_mm_no_barrier {
+                        self.say(|| format!("cpu{cpu} already in mm_cpumask(mm{next}): smp_mb()"));
+                        self.fence(cpu);
+                    } else {
+                        self.say(|| {
+                            format!("cpu{cpu} already in mm_cpumask(mm{next}): no barrier")
+                        });
+                    }
+                }
+                s.pc = if gen_first { 5 } else { 3 };
+                Flow::Next
+            }
+            3 => {
+                s.gen = self.load(env, cpu, Loc::TlbGen(next));
+                let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
+                s.asid = asid;
+                s.need_flush = need_flush;
+                self.say(|| format!("read mm{next}.tlb_gen = {}; choose_new_asid -> {asid} (need_flush={need_flush})", s.gen));
+                if !mainline {
+                    self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
+                }
+                s.pc = if gen_first { 2 } else { 5 };
+                Flow::Next
+            }
+            _ => {
+                self.switch_mm_finish(cpu, s, env);
+                Flow::Return
+            }
+        }
+    }
+
+    /// `enter_lazy_tlb()`: the CPU switches to a kernel thread (idle) and keeps the user mm
+    /// loaded.
+    pub(crate) fn enter_lazy_tlb<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+        let loaded = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+        if loaded == INIT_MM as u64 || loaded == LOADED_MM_SWITCHING {
+            return;
+        }
+        let mm = loaded as MmId;
+        match self.opts.lazy_tlb {
+            LazyTlb::Legacy => {
+                self.say(|| "enter_lazy_tlb: cpu_tlbstate.state = TLBSTATE_LAZY".into());
+                self.cpus[cpu].tlbstate.legacy_lazy = true;
+            }
+            LazyTlb::TlbGen => {
+                self.say(|| format!("enter_lazy_tlb: leave mm_cpumask(mm{mm})"));
+                if self.bit(env, cpu, mm) {
+                    self.rmw(env, cpu, Loc::CpumaskBit(mm, cpu as u32), |_| 0);
+                }
+            }
+            LazyTlb::IsLazy | LazyTlb::Mainline => {
+                self.say(|| "enter_lazy_tlb: is_lazy = true".into());
+                self.store(env, cpu, Loc::IsLazy(cpu as u32), 1);
+            }
+        }
+    }
+}

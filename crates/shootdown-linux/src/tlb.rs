@@ -1,0 +1,465 @@
+//! arch/x86/mm/tlb.c: `flush_tlb_mm_range`, `flush_tlb_func`, `choose_new_asid`, and the local
+//! flush primitives. Variants follow kernel-model.md §1.3, §1.7–§1.9.
+
+use crate::counters::Counter;
+use crate::frame::{CallCond, Flow, FlushFunc, FlushMmRange, Frame, SmpCallMany, SwitchMm};
+use crate::machine::Machine;
+use crate::mem::{flush_info_line, tlbstate_line, Loc};
+use crate::options::{LazyTlb, SmpCall};
+use crate::state::*;
+use shootdown_engine::Env;
+use shootdown_hw::pagetable::Vpn;
+use shootdown_hw::CpuId;
+
+impl Machine {
+    /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
+    /// (flushing only if it is behind `gen`), else take the next slot round-robin and flush.
+    /// Simplification: no `invalidate_other` (PTI kernel-mapping flushes), no global ASIDs.
+    pub(crate) fn choose_new_asid(&mut self, cpu: CpuId, next: MmId, gen: u64) -> (u16, bool) {
+        if !self.pcid_enabled() {
+            return (0, true);
+        }
+        let ctx_id = self.mms[next as usize].ctx_id;
+        let ts = &mut self.cpus[cpu].tlbstate;
+        for a in 0..TLB_NR_DYN_ASIDS {
+            if ts.ctxs[a].ctx_id == ctx_id {
+                return (a as u16, ts.ctxs[a].tlb_gen < gen);
+            }
+        }
+        let mut a = ts.next_asid;
+        ts.next_asid += 1;
+        if a as usize >= TLB_NR_DYN_ASIDS {
+            a = 0;
+            ts.next_asid = 1;
+        }
+        (a, true)
+    }
+
+    /// `load_new_mm_cr3()`: a serializing CR3 write, flushing the new kernel PCID unless NOFLUSH
+    /// (and under PTI marking the user PCID for a deferred flush).
+    pub(crate) fn load_new_mm_cr3<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        asid: u16,
+        need_flush: bool,
+        env: &mut E,
+    ) {
+        self.fence(cpu);
+        let kp = self.kern_pcid(asid);
+        let c = &mut self.cpus[cpu];
+        if need_flush {
+            if self.pti {
+                c.tlbstate.user_pcid_flush_mask |= 1 << asid;
+            }
+            c.tlb.flush_pcid(kp);
+            self.perf.counters.inc(Counter::FlushOnTaskSwitch);
+            self.charge(env, |c| c.cr3_write_flush);
+        } else {
+            self.charge(env, |c| c.cr3_write_noflush);
+        }
+        let c = &mut self.cpus[cpu];
+        c.cr3_mm = mm;
+        c.cr3_pcid = kp;
+        self.perf.counters.inc(Counter::Cr3Writes);
+    }
+
+    /// `native_flush_tlb_one_user(addr)`: INVLPG in the kernel PCID, and under PTI either
+    /// INVPCID for the user PCID or a deferred user flush.
+    pub(crate) fn flush_tlb_one_user<E: Env>(&mut self, cpu: CpuId, vpn: Vpn, env: &mut E) {
+        self.fence(cpu);
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        let kp = self.kern_pcid(asid);
+        let up = self.user_pcid(asid);
+        self.cpus[cpu].tlb.invlpg(kp, vpn);
+        self.charge(env, |c| c.invlpg);
+        self.perf.counters.inc(Counter::InvlpgCount);
+        if self.pti {
+            if self.invpcid {
+                self.cpus[cpu].tlb.invlpg(up, vpn);
+                self.charge(env, |c| c.invpcid_single);
+            } else {
+                self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
+            }
+        }
+    }
+
+    /// `native_flush_tlb_local()`: defer the user-PCID flush, rewrite CR3 (flushes the current
+    /// kernel PCID's non-global entries).
+    pub(crate) fn flush_tlb_local<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+        self.fence(cpu);
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        let kp = self.kern_pcid(asid);
+        if self.pti {
+            self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
+        }
+        self.cpus[cpu].tlb.flush_pcid(kp);
+        self.charge(env, |c| c.cr3_write_flush);
+        self.perf.counters.inc(Counter::Cr3Writes);
+    }
+
+    /// Read `mm_cpumask(mm)` (one step, bit by bit through the memory model) minus `cpu`;
+    /// also whether `cpu`'s own bit is set.
+    pub(crate) fn read_cpumask_others<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        env: &mut E,
+    ) -> (Vec<CpuId>, bool) {
+        let mut others = Vec::new();
+        let mut me = false;
+        for c in 0..self.cpus.len() {
+            // Bits set in memory or in our own store buffer.
+            let set = self.mms[mm as usize].cpumask_test(c)
+                || self.cpus[cpu]
+                    .sb
+                    .forward(Loc::CpumaskBit(mm, c as u32))
+                    .is_some();
+            if !set {
+                continue;
+            }
+            if self.load(env, cpu, Loc::CpumaskBit(mm, c as u32)) != 0 {
+                if c == cpu {
+                    me = true;
+                } else {
+                    others.push(c);
+                }
+            }
+        }
+        (others, me)
+    }
+
+    /// Which remote CPUs the native flush path filters with (`native_flush_tlb_multi` /
+    /// `native_flush_tlb_others`).
+    pub(crate) fn flush_cond(&self, info: &FlushTlbInfo) -> CallCond {
+        let freed = info.freed_tables && !self.opts.mutants.lazy_ignores_freed_tables;
+        match self.opts.lazy_tlb {
+            // v4.12 and Andy's rework: every CPU in the mask (lazy ones are not in it in V1).
+            LazyTlb::Legacy | LazyTlb::TlbGen => CallCond::All,
+            LazyTlb::IsLazy if freed => CallCond::All,
+            LazyTlb::IsLazy => CallCond::NotLazy,
+            LazyTlb::Mainline if freed => CallCond::All,
+            LazyTlb::Mainline => CallCond::ShouldFlush,
+        }
+    }
+
+    /// One step of `flush_tlb_mm_range(mm, start, end, stride, freed_tables)`.
+    ///
+    /// Before Nadav (≤v5.12): bump `tlb_gen`, flush locally if `mm` is loaded, then
+    /// `flush_tlb_others()` — IPI and wait. After (v5.13+): bump `tlb_gen`, then if any other CPU is
+    /// in `mm_cpumask`, `flush_tlb_multi()` — IPIs, local flush, wait — else flush locally.
+    /// With `batch_targets` this is `arch_tlbbatch_flush()` (mm = NULL, full flush, gen 0).
+    pub(crate) fn flush_tlb_mm_range_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &mut FlushMmRange,
+        env: &mut E,
+    ) -> Flow {
+        let concurrent = self.opts.smp_call == SmpCall::Concurrent;
+        let o1 = concurrent && self.opts.mutants.inc_tlb_gen_after_ipis;
+        match s.pc {
+            0 => {
+                if s.batch_targets.is_none() {
+                    s.begin = self.oracle.flush_begin();
+                    // get_flush_tlb_info(): above the ceiling, flush everything.
+                    let i = &mut s.info;
+                    if i.end != TLB_FLUSH_ALL
+                        && i.end - i.start > self.opts.tlb_single_page_flush_ceiling
+                    {
+                        i.start = 0;
+                        i.end = TLB_FLUSH_ALL;
+                    }
+                    // inc_mm_tlb_gen(): atomic64_inc_return, a full barrier pairing with switch_mm.
+                    i.new_tlb_gen = if o1 {
+                        self.load(env, cpu, Loc::TlbGen(s.mm)) + 1
+                    } else {
+                        self.rmw(env, cpu, Loc::TlbGen(s.mm), |g| g + 1) + 1
+                    };
+                    if self.opts.lazy_tlb == LazyTlb::Mainline && env.timed() {
+                        // should_trim_cpumask(): at most once a second per mm.
+                        let now_ns = env.now().0 / 1000;
+                        let m = &mut self.mms[s.mm as usize];
+                        if now_ns >= m.next_trim_ns {
+                            m.next_trim_ns = now_ns + 1_000_000_000;
+                            s.info.trim_cpumask = true;
+                        }
+                    }
+                }
+                s.info.initiator = cpu;
+                self.flush_info[cpu] = Some(s.info);
+                self.touch_line(env, cpu, flush_info_line(cpu), true);
+                s.pc = 1;
+                Flow::Next
+            }
+            1 => {
+                if concurrent {
+                    let (others, me) = self.flush_targets(cpu, s, env);
+                    if !others.is_empty() {
+                        self.perf.counters.inc(Counter::NrTlbRemoteFlush);
+                        s.pc = 3;
+                        return Flow::Call(Frame::SmpCallMany(SmpCallMany {
+                            pc: 0,
+                            cond: self.flush_cond(&s.info),
+                            candidates: others,
+                            i: 0,
+                            queued: Vec::new(),
+                            ipi: Vec::new(),
+                            run_local: me,
+                            inc_gen_locally: o1,
+                            info: s.info,
+                        }));
+                    }
+                    s.pc = 2;
+                    Flow::Next
+                } else {
+                    s.pc = 2;
+                    if self.local_flush_wanted(cpu, s, env) {
+                        return Flow::Call(self.local_flush_frame(s));
+                    }
+                    Flow::Next
+                }
+            }
+            2 => {
+                s.pc = 3;
+                if concurrent {
+                    if o1 {
+                        self.rmw(env, cpu, Loc::TlbGen(s.mm), |g| g + 1);
+                    }
+                    if self.local_flush_wanted(cpu, s, env) {
+                        return Flow::Call(self.local_flush_frame(s));
+                    }
+                    Flow::Next
+                } else {
+                    let (others, _) = self.flush_targets(cpu, s, env);
+                    if others.is_empty() {
+                        return Flow::Next;
+                    }
+                    self.perf.counters.inc(Counter::NrTlbRemoteFlush);
+                    Flow::Call(Frame::SmpCallMany(SmpCallMany {
+                        pc: 0,
+                        cond: self.flush_cond(&s.info),
+                        candidates: others,
+                        i: 0,
+                        queued: Vec::new(),
+                        ipi: Vec::new(),
+                        run_local: false,
+                        inc_gen_locally: false,
+                        info: s.info,
+                    }))
+                }
+            }
+            _ => {
+                if s.batch_targets.is_none() {
+                    let range = if s.info.end == TLB_FLUSH_ALL {
+                        None
+                    } else {
+                        Some((s.info.start, s.info.end))
+                    };
+                    self.oracle.flush_returned(s.mm, range, s.begin);
+                }
+                Flow::Return
+            }
+        }
+    }
+
+    fn flush_targets<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &FlushMmRange,
+        env: &mut E,
+    ) -> (Vec<CpuId>, bool) {
+        match &s.batch_targets {
+            Some(t) => (
+                t.iter().copied().filter(|&c| c != cpu).collect(),
+                t.contains(&cpu),
+            ),
+            None => self.read_cpumask_others(cpu, s.mm, env),
+        }
+    }
+
+    fn local_flush_wanted<E: Env>(&mut self, cpu: CpuId, s: &FlushMmRange, env: &mut E) -> bool {
+        let loaded = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+        match &s.batch_targets {
+            Some(t) => t.contains(&cpu),
+            None => loaded == s.mm as u64,
+        }
+    }
+
+    fn local_flush_frame(&self, s: &FlushMmRange) -> Frame {
+        Frame::FlushFunc(FlushFunc {
+            pc: 0,
+            info: s.info,
+            local: true,
+            local_gen: 0,
+            mm_gen: 0,
+            asid: 0,
+            mm: 0,
+        })
+    }
+
+    /// One step of `flush_tlb_func()` (the handler run locally and from the IPI).
+    ///
+    /// pc 0: the guards — request for another mm (mainline: drop our stale cpumask bit), init_mm
+    /// loaded, lazy (V1: bit clear ⇒ skip; V3+: switch to init_mm), mainline's "already at
+    /// new_tlb_gen" shortcut. pc 1: read `mm->context.tlb_gen`. pc 2: partial flush iff the end is
+    /// not ALL, `new_tlb_gen == local_gen + 1` and `new_tlb_gen == mm_gen`; else full; then record
+    /// `mm_gen` in the ASID slot. v4.12 (`Legacy`) has no generations: flush the range or, when
+    /// lazy, `leave_mm()`.
+    pub(crate) fn flush_tlb_func_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &mut FlushFunc,
+        env: &mut E,
+    ) -> Flow {
+        let f = s.info;
+        match s.pc {
+            0 => {
+                if !s.local {
+                    self.perf.counters.inc(Counter::NrTlbRemoteFlushReceived);
+                    self.perf.counters.inc(Counter::TlbShootdowns);
+                    self.touch_line(env, cpu, flush_info_line(f.initiator), false);
+                }
+                let loaded = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+                let lazy_tlb = self.opts.lazy_tlb;
+                if let Some(m) = f.mm {
+                    if m as u64 != loaded {
+                        if lazy_tlb == LazyTlb::Mainline && !s.local {
+                            // Stale cpumask bit: remove ourselves (lazy cpumask trimming).
+                            self.rmw(env, cpu, Loc::CpumaskBit(m, cpu as u32), |_| 0);
+                            self.perf.counters.inc(Counter::CpumaskTrimmed);
+                        }
+                        return Flow::Return;
+                    }
+                }
+                if loaded == INIT_MM as u64 || loaded == LOADED_MM_SWITCHING {
+                    return Flow::Return;
+                }
+                let mm = loaded as MmId;
+                s.mm = mm;
+                match lazy_tlb {
+                    LazyTlb::Legacy => {
+                        if self.cpus[cpu].tlbstate.legacy_lazy {
+                            self.perf.counters.inc(Counter::LeaveMm);
+                            s.pc = 9;
+                            return Flow::Call(leave_mm());
+                        }
+                        s.pc = 5;
+                        return Flow::Next;
+                    }
+                    LazyTlb::TlbGen => {
+                        if self.load(env, cpu, Loc::CpumaskBit(mm, cpu as u32)) == 0 {
+                            return Flow::Return; // lazy: not in mm_cpumask, catch up at switch
+                        }
+                    }
+                    LazyTlb::IsLazy | LazyTlb::Mainline => {
+                        if self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0 {
+                            // Lazy and page tables were freed: stop referencing them at all.
+                            self.perf.counters.inc(Counter::LeaveMm);
+                            s.pc = 9;
+                            return Flow::Call(leave_mm());
+                        }
+                    }
+                }
+                s.asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+                s.local_gen = self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen;
+                if lazy_tlb == LazyTlb::Mainline
+                    && (f.new_tlb_gen != TLB_GENERATION_INVALID
+                        || self.opts.mutants.batch_flush_gen_zero)
+                    && f.new_tlb_gen <= s.local_gen
+                {
+                    self.perf.counters.inc(Counter::FlushSkippedUpToDate);
+                    return Flow::Return;
+                }
+                s.pc = 1;
+                Flow::Next
+            }
+            1 => {
+                s.mm_gen = self.load(env, cpu, Loc::TlbGen(s.mm));
+                if s.local_gen == s.mm_gen {
+                    self.perf.counters.inc(Counter::FlushSkippedUpToDate);
+                    return Flow::Return;
+                }
+                s.pc = 2;
+                Flow::Next
+            }
+            2 => {
+                let next_gen_ok = f.new_tlb_gen == s.local_gen + 1
+                    || self.opts.mutants.partial_flush_when_full_owed;
+                let partial = f.end != TLB_FLUSH_ALL && next_gen_ok && f.new_tlb_gen == s.mm_gen;
+                self.do_flush(
+                    cpu,
+                    s.local,
+                    if partial {
+                        Some((f.start, f.end))
+                    } else {
+                        None
+                    },
+                    env,
+                );
+                self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen = s.mm_gen;
+                self.touch_line(env, cpu, tlbstate_line(cpu), true);
+                Flow::Return
+            }
+            5 => {
+                // v4.12: TLBSTATE_OK ⇒ flush what was asked, no generation bookkeeping.
+                let range = if f.end == TLB_FLUSH_ALL {
+                    None
+                } else {
+                    Some((f.start, f.end))
+                };
+                self.do_flush(cpu, s.local, range, env);
+                Flow::Return
+            }
+            _ => Flow::Return,
+        }
+    }
+
+    /// The flush itself: a partial range of INVLPGs or a full local flush, with counters.
+    fn do_flush<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        local: bool,
+        range: Option<(Vpn, Vpn)>,
+        env: &mut E,
+    ) {
+        match range {
+            Some((start, end)) => {
+                for v in start..end {
+                    self.flush_tlb_one_user(cpu, v, env);
+                }
+                let n = end - start;
+                self.perf.counters.add(Counter::NrTlbLocalFlushOne, n);
+                self.perf.counters.add(
+                    if local {
+                        Counter::FlushLocalMmShootdown
+                    } else {
+                        Counter::FlushRemoteShootdown
+                    },
+                    n,
+                );
+            }
+            None => {
+                self.flush_tlb_local(cpu, env);
+                self.perf.counters.inc(Counter::NrTlbLocalFlushAll);
+                self.perf.counters.inc(if local {
+                    Counter::FlushLocalMmShootdown
+                } else {
+                    Counter::FlushRemoteShootdown
+                });
+            }
+        }
+    }
+}
+
+/// `leave_mm()` / `switch_mm_irqs_off(NULL, &init_mm, NULL)`.
+fn leave_mm() -> Frame {
+    Frame::SwitchMm(SwitchMm {
+        pc: 0,
+        next: INIT_MM,
+        prev: 0,
+        was_lazy: false,
+        gen: 0,
+        asid: 0,
+        need_flush: false,
+    })
+}

@@ -1,0 +1,404 @@
+//! User mode and the hardware's side of a memory access: the task's next operation, the TLB
+//! lookup / page walk / fill on every access (each checked by the oracle), speculative fills by
+//! the page walker, and PTI's deferred user-PCID flush on return to user.
+
+use crate::counters::Counter;
+use crate::frame::{Frame, Syscall};
+use crate::machine::Machine;
+use crate::state::*;
+use shootdown_engine::{Env, Park, Time, Violation};
+use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
+use shootdown_hw::tlb::TlbEntry;
+use shootdown_hw::CpuId;
+
+/// An access that needs the page-fault handler.
+pub(crate) struct Fault;
+
+impl Machine {
+    /// Walk `vpn` for `cpu` under `pcid` in `mm`: paging-structure cache first, then the PMD.
+    /// A walk through a freed page-table page is an `INV-PTFREE` violation.
+    fn walk<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        pcid: u16,
+        vpn: Vpn,
+        env: &mut E,
+    ) -> Option<shootdown_hw::pagetable::Pte> {
+        let space = &self.mms[mm as usize].space;
+        let walk = match self.cpus[cpu].tlb.psc_lookup(pcid, pt_index(vpn)) {
+            Some(table) => self.pt_pages.walk_table(space, table, vpn),
+            None => self.pt_pages.walk(space, vpn),
+        };
+        match walk {
+            Walk::NoTable => None,
+            Walk::FreedTable(t) => {
+                self.violate(Violation {
+                    invariant: "INV-PTFREE",
+                    detail: format!(
+                        "cpu{cpu} walked mm{mm} page {vpn:#x} through freed page-table page #{t}"
+                    ),
+                });
+                None
+            }
+            Walk::Leaf { table, pte } => {
+                self.cpus[cpu].tlb.psc_insert(pcid, pt_index(vpn), table);
+                let _ = env;
+                Some(pte)
+            }
+        }
+    }
+
+    fn access_pcid(&self, cpu: CpuId) -> u16 {
+        self.user_pcid(self.cpus[cpu].tlbstate.loaded_mm_asid)
+    }
+
+    /// One user access by the current task: TLB hit (checked by the oracle) or miss + walk +
+    /// fill; `Err(Fault)` when the page-fault handler must run.
+    pub(crate) fn user_access<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        vpn: Vpn,
+        write: bool,
+        env: &mut E,
+    ) -> Result<(), Fault> {
+        let task = self.cpus[cpu].curr;
+        let mm = self.tasks[task as usize].mm.expect("user task");
+        if self.cpus[cpu].cr3_mm != mm {
+            self.violate(Violation {
+                invariant: "INV-CTX",
+                detail: format!(
+                    "cpu{cpu} ran a task of mm{mm} with CR3 = mm{}",
+                    self.cpus[cpu].cr3_mm
+                ),
+            });
+            return Ok(());
+        }
+        let pcid = self.access_pcid(cpu);
+        if let Some(e) = self.cpus[cpu].tlb.lookup(pcid, vpn) {
+            if write && !e.writable {
+                self.cpus[cpu].tlb.invlpg(pcid, vpn);
+                return Err(Fault);
+            }
+            let pte = self.mms[e.mm as usize].space.pte(vpn);
+            self.perf.uses_checked += 1;
+            if let Err(v) = self.oracle.check_use(mm, e.mm, vpn, e.version, &pte) {
+                self.violate(v);
+            }
+            self.say(|| {
+                format!(
+                    "user access mm{mm} page {vpn:#x}: TLB hit (PTE version {})",
+                    e.version
+                )
+            });
+            return Ok(());
+        }
+        self.charge(env, |c| c.tlb_miss_walk);
+        self.perf.counters.inc(Counter::TlbMisses);
+        let Some(pte) = self.walk(cpu, mm, pcid, vpn, env) else {
+            return Err(Fault);
+        };
+        if !pte.present || (write && !pte.writable) {
+            return Err(Fault);
+        }
+        let victim = env.random(u64::MAX);
+        self.cpus[cpu].tlb.insert(
+            pcid,
+            vpn,
+            TlbEntry {
+                pfn: pte.pfn,
+                writable: pte.writable,
+                global: false,
+                mm,
+                version: pte.version,
+            },
+            victim,
+        );
+        self.perf.uses_checked += 1;
+        self.say(|| {
+            format!(
+                "user access mm{mm} page {vpn:#x}: walk, fill TLB (PTE version {})",
+                pte.version
+            )
+        });
+        Ok(())
+    }
+
+    /// Would a speculative fill of `vpn` through `cpu`'s CR3 change anything?
+    pub(crate) fn fill_would_change(&self, cpu: CpuId, vpn: Vpn) -> bool {
+        let c = &self.cpus[cpu];
+        let pcid = self.fill_pcid(cpu);
+        if c.tlb.lookup(pcid, vpn).is_some() {
+            return false;
+        }
+        let space = &self.mms[c.cr3_mm as usize].space;
+        let walk = match c.tlb.psc_lookup(pcid, pt_index(vpn)) {
+            Some(t) => self.pt_pages.walk_table(space, t, vpn),
+            None => self.pt_pages.walk(space, vpn),
+        };
+        match walk {
+            Walk::NoTable => false,
+            Walk::FreedTable(_) => true,
+            Walk::Leaf { pte, .. } => pte.present,
+        }
+    }
+
+    fn fill_pcid(&self, cpu: CpuId) -> u16 {
+        let c = &self.cpus[cpu];
+        let user_mode = !self.is_idle(cpu)
+            && c.irq_stack.is_empty()
+            && self.tasks[c.curr as usize].stack.is_empty();
+        if user_mode {
+            self.access_pcid(cpu)
+        } else {
+            c.cr3_pcid
+        }
+    }
+
+    /// The page walker caches a translation nobody asked for, through whatever CR3 is loaded —
+    /// including a lazy CPU's (kernel-model.md §1.1: fills are asynchronous and speculative).
+    pub(crate) fn speculative_fill<E: Env>(&mut self, cpu: CpuId, vpn: Vpn, env: &mut E) {
+        let mm = self.cpus[cpu].cr3_mm;
+        let pcid = self.fill_pcid(cpu);
+        self.say(|| format!("page walker: speculative fill of mm{mm} page {vpn:#x} (PCID {pcid})"));
+        if let Some(pte) = self.walk(cpu, mm, pcid, vpn, env) {
+            if pte.present {
+                self.cpus[cpu].tlb.insert(
+                    pcid,
+                    vpn,
+                    TlbEntry {
+                        pfn: pte.pfn,
+                        writable: pte.writable,
+                        global: false,
+                        mm,
+                        version: pte.version,
+                    },
+                    0,
+                );
+            }
+        }
+    }
+
+    /// One step of user mode for the current task.
+    pub(crate) fn user_step<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let t = self.cpus[cpu].curr as usize;
+        if self.tasks[t].state == TaskState::Dead {
+            return Park::Halt;
+        }
+        // Return to user: PTI's deferred user-PCID flush (SWITCH_TO_USER_CR3).
+        if self.pti {
+            let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+            if self.cpus[cpu].tlbstate.user_pcid_flush_mask & (1 << asid) != 0 {
+                self.cpus[cpu].tlbstate.user_pcid_flush_mask &= !(1 << asid);
+                let up = self.user_pcid(asid);
+                self.cpus[cpu].tlb.flush_pcid(up);
+                self.charge(env, |c| c.cr3_write_flush);
+            }
+        }
+        // Time-slice preemption at return to user.
+        if env.timed()
+            && !self.cpus[cpu].runqueue.is_empty()
+            && env.now().saturating_sub(self.perf.slice_start[cpu])
+                >= Time::from_us(self.opts.sched_timeslice_us)
+        {
+            let f = self.schedule_frame();
+            self.call(cpu, env, f);
+            return Park::Run;
+        }
+        let task = &self.tasks[t];
+        let op = task
+            .program
+            .get(task.pc as usize)
+            .copied()
+            .unwrap_or(UserOp::Exit);
+        match op {
+            UserOp::Touch { vpn, write } => {
+                self.user_touch(cpu, vpn, write, true, env);
+            }
+            UserOp::TouchRange {
+                start,
+                npages,
+                write,
+            } => {
+                let v = start + self.tasks[t].op_progress;
+                self.user_touch_multi(cpu, v, write, npages, env);
+            }
+            UserOp::TouchRandomBlock {
+                start,
+                span,
+                npages,
+            } => {
+                let base = match self.tasks[t].op_base {
+                    Some(b) => b,
+                    None => {
+                        let blocks = (span / npages.max(1)).max(1);
+                        let b = start + env.random(blocks) * npages;
+                        self.tasks[t].op_base = Some(b);
+                        b
+                    }
+                };
+                let v = base + self.tasks[t].op_progress;
+                self.user_touch_multi(cpu, v, true, npages, env);
+            }
+            UserOp::Compute { ns } => {
+                env.charge(Time::from_ns(ns));
+                self.tasks[t].pc += 1;
+            }
+            UserOp::Mmap { .. } => self.enter_syscall(cpu, t, Syscall::Mmap { pc: 0 }, env),
+            UserOp::Munmap { start, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Munmap {
+                    pc: 0,
+                    start,
+                    npages,
+                },
+                env,
+            ),
+            UserOp::MadviseDontneed { start, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Madvise {
+                    pc: 0,
+                    start,
+                    npages,
+                },
+                env,
+            ),
+            UserOp::Mprotect {
+                start,
+                npages,
+                writable,
+            } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Mprotect {
+                    pc: 0,
+                    start,
+                    npages,
+                    writable,
+                },
+                env,
+            ),
+            UserOp::Fdatasync => {
+                self.enter_syscall(cpu, t, Syscall::Fdatasync { pc: 0, vpn: 0 }, env)
+            }
+            UserOp::ReclaimUnmap { start, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::ReclaimUnmap {
+                    pc: 0,
+                    start,
+                    npages,
+                    targets: Vec::new(),
+                    begin: 0,
+                },
+                env,
+            ),
+            UserOp::SetAffinity { cpu: target } => {
+                self.enter_syscall(cpu, t, Syscall::SetAffinity { pc: 0, cpu: target }, env)
+            }
+            UserOp::SetAffinityNext => {
+                let ring = &self.tasks[t].cpus;
+                let pos = ring
+                    .iter()
+                    .position(|&c| c == cpu)
+                    .map(|p| (p + 1) % ring.len())
+                    .unwrap_or(0);
+                let target = ring[pos];
+                self.enter_syscall(cpu, t, Syscall::SetAffinity { pc: 0, cpu: target }, env)
+            }
+            UserOp::Event => {
+                self.perf.counters.inc(Counter::Events);
+                if env.now() >= self.perf.measure_from {
+                    self.perf.events_measured += 1;
+                    self.perf.last_event_at = env.now();
+                }
+                self.tasks[t].pc += 1;
+            }
+            UserOp::Loop { to, times } => {
+                let task = &mut self.tasks[t];
+                match times {
+                    None => task.pc = to,
+                    Some(n) => {
+                        let here = task.pc;
+                        let slot = task.loop_left.iter().position(|(p, _)| *p == here);
+                        let left = match slot {
+                            Some(i) => &mut task.loop_left[i].1,
+                            None => {
+                                task.loop_left.push((here, n));
+                                &mut task.loop_left.last_mut().expect("just pushed").1
+                            }
+                        };
+                        if *left > 0 {
+                            *left -= 1;
+                            task.pc = to;
+                        } else {
+                            task.loop_left.retain(|(p, _)| *p != here);
+                            task.pc += 1;
+                        }
+                    }
+                }
+            }
+            UserOp::Exit => {
+                self.tasks[t].state = TaskState::Dead;
+                self.say(|| "exit".into());
+                let f = self.schedule_frame();
+                self.call(cpu, env, f);
+            }
+        }
+        Park::Run
+    }
+
+    fn enter_syscall<E: Env>(&mut self, cpu: CpuId, t: usize, s: Syscall, env: &mut E) {
+        self.tasks[t].pc += 1;
+        self.call(cpu, env, Frame::Syscall(s));
+    }
+
+    /// Touch one page; on a fault, enter the fault handler (the op is retried afterwards).
+    fn user_touch<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        vpn: Vpn,
+        write: bool,
+        advance: bool,
+        env: &mut E,
+    ) -> bool {
+        match self.user_access(cpu, vpn, write, env) {
+            Ok(()) => {
+                self.charge(env, |c| c.user_touch_page);
+                if advance {
+                    self.tasks[self.cpus[cpu].curr as usize].pc += 1;
+                }
+                true
+            }
+            Err(Fault) => {
+                self.call(
+                    cpu,
+                    env,
+                    Frame::Syscall(Syscall::PageFault { pc: 0, vpn, write }),
+                );
+                false
+            }
+        }
+    }
+
+    fn user_touch_multi<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        vpn: Vpn,
+        write: bool,
+        npages: u64,
+        env: &mut E,
+    ) {
+        if self.user_touch(cpu, vpn, write, false, env) {
+            let task = &mut self.tasks[self.cpus[cpu].curr as usize];
+            task.op_progress += 1;
+            if task.op_progress >= npages {
+                task.op_progress = 0;
+                task.op_base = None;
+                task.pc += 1;
+            }
+        }
+    }
+}
