@@ -11,6 +11,7 @@
 //! [`frame::Frame`] executed one atomic step at a time, so the timed driver and the explorer run
 //! the same code. Versions (before/after/mainline) and historical bugs are [`options::Options`].
 
+pub mod checker_support;
 pub mod counters;
 pub mod describe;
 pub mod frame;

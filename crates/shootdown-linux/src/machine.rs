@@ -37,7 +37,12 @@ pub struct Perf {
     /// Workload events at or after `measure_from` count towards the metric.
     pub measure_from: Time,
     pub events_measured: u64,
+    pub first_event_at: Option<Time>,
     pub last_event_at: Time,
+    /// Per task: times of its `Mark` ops.
+    pub marks: Vec<Vec<Time>>,
+    /// Stop (finished) once every user task has this many marks.
+    pub stop_after_marks: Option<usize>,
     /// Translation uses the oracle checked.
     pub uses_checked: u64,
     /// A violation detected by the current step.
@@ -123,7 +128,10 @@ impl Machine {
                 next_flow_id: 1,
                 measure_from: Time::ZERO,
                 events_measured: 0,
+                first_event_at: None,
                 last_event_at: Time::ZERO,
+                marks: Vec::new(),
+                stop_after_marks: None,
                 uses_checked: 0,
                 violation: None,
                 labels_on: false,
@@ -568,6 +576,14 @@ impl Model for Machine {
                 (Park::Run, StepKind::Shared)
             }
         };
+        // An IPI that arrived while this CPU had interrupts off must still be taken: a CPU that
+        // now parks (spins or halts) with interrupts on is woken for it.
+        if matches!(park, Park::Spin | Park::Halt) {
+            let c = self.agent_of(a);
+            if self.cpus[c].ipi_pending && self.irqs_enabled(c) {
+                env.wake(c, self.perf.ipi_arrival[c]);
+            }
+        }
         Outcome {
             park,
             kind,
@@ -584,8 +600,66 @@ impl Model for Machine {
     }
 
     fn finished(&self) -> bool {
+        if let Some(n) = self.perf.stop_after_marks {
+            return self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.mm.is_some() && t.state != TaskState::Dead)
+                .all(|(i, _)| self.perf.marks.get(i).map_or(0, |m| m.len()) >= n);
+        }
         self.tasks
             .iter()
             .all(|t| t.mm.is_none() || t.state == TaskState::Dead)
+    }
+}
+
+impl Machine {
+    /// A human-readable snapshot of every CPU (stacks, pending IPIs, queues): for diagnosing a
+    /// deadlock or a violation.
+    pub fn dump(&self) -> String {
+        let mut s = String::new();
+        for (i, c) in self.cpus.iter().enumerate() {
+            let t = &self.tasks[c.curr as usize];
+            let frames: Vec<String> = t
+                .stack
+                .iter()
+                .map(|f| format!("{}@{}", f.name(), frame_pc(f)))
+                .collect();
+            let irq: Vec<String> = c
+                .irq_stack
+                .iter()
+                .map(|f| format!("{}@{}", f.name(), frame_pc(f)))
+                .collect();
+            s += &format!(
+                "cpu{i}: task={} state={:?} stack={frames:?} irq={irq:?} ipi_pending={} irqs_on={} queue={:?} rq={:?} halted={} loaded_mm={} lazy={}\n",
+                t.name, t.state, c.ipi_pending, self.irqs_enabled(i), c.call_queue, c.runqueue, c.halted, c.tlbstate.loaded_mm, c.tlbstate.is_lazy
+            );
+        }
+        s += &format!("csd_locked={:?}\n", self.csd_locked);
+        s
+    }
+}
+
+fn frame_pc(f: &Frame) -> u8 {
+    use crate::frame::Syscall;
+    match f {
+        Frame::FlushMmRange(s) => s.pc,
+        Frame::FlushFunc(s) => s.pc,
+        Frame::SmpCallMany(s) => s.pc,
+        Frame::CallFunctionIrq(s) => s.pc,
+        Frame::SwitchMm(s) => s.pc,
+        Frame::Schedule(s) => s.pc,
+        Frame::RwSemDown { pc, .. } => *pc,
+        Frame::Syscall(s) => match s {
+            Syscall::PageFault { pc, .. }
+            | Syscall::Madvise { pc, .. }
+            | Syscall::Munmap { pc, .. }
+            | Syscall::Mmap { pc }
+            | Syscall::Mprotect { pc, .. }
+            | Syscall::Fdatasync { pc, .. }
+            | Syscall::ReclaimUnmap { pc, .. }
+            | Syscall::SetAffinity { pc, .. } => *pc,
+        },
     }
 }

@@ -204,16 +204,17 @@ impl Options {
                 }
             }
             "lazy_tlb" => {
-                self.lazy_tlb =
-                    match s(v)? {
-                        "legacy" => LazyTlb::Legacy,
-                        "tlb_gen" => LazyTlb::TlbGen,
-                        "is_lazy" => LazyTlb::IsLazy,
-                        "mainline" => LazyTlb::Mainline,
-                        o => return Err(format!(
+                self.lazy_tlb = match s(v)? {
+                    "legacy" => LazyTlb::Legacy,
+                    "tlb_gen" => LazyTlb::TlbGen,
+                    "is_lazy" => LazyTlb::IsLazy,
+                    "mainline" => LazyTlb::Mainline,
+                    o => {
+                        return Err(format!(
                             "unknown value '{o}' (expected legacy | tlb_gen | is_lazy | mainline)"
-                        )),
+                        ))
                     }
+                }
             }
             "tlbstate_shared" => self.tlbstate_shared = b(v)?,
             "is_lazy_write_conditional" => self.is_lazy_write_conditional = b(v)?,

@@ -232,6 +232,13 @@ pub enum UserOp {
     SetAffinityNext,
     /// Count one workload event (the metric).
     Event,
+    /// Record a timestamp for this task (cycle boundaries for steady-state rates).
+    Mark,
+    /// User-mode copying of `pages` × 4 KiB of data that needs no new translation (the rest of a
+    /// block already mapped by one huge entry).
+    CopyPages {
+        pages: u64,
+    },
     /// Jump to op `to`; `times` = how many more jumps (None = forever).
     Loop {
         to: u16,

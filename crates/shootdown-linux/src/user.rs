@@ -312,7 +312,23 @@ impl Machine {
                 self.perf.counters.inc(Counter::Events);
                 if env.now() >= self.perf.measure_from {
                     self.perf.events_measured += 1;
+                    self.perf.first_event_at.get_or_insert(env.now());
                     self.perf.last_event_at = env.now();
+                }
+                self.tasks[t].pc += 1;
+            }
+            UserOp::Mark => {
+                let now = env.now();
+                let marks = &mut self.perf.marks;
+                if marks.len() <= t {
+                    marks.resize(t + 1, Vec::new());
+                }
+                marks[t].push(now);
+                self.tasks[t].pc += 1;
+            }
+            UserOp::CopyPages { pages } => {
+                if env.timed() {
+                    env.charge(Time(self.perf.profile.costs.user_touch_page.0 * pages));
                 }
                 self.tasks[t].pc += 1;
             }

@@ -1,0 +1,181 @@
+//! Helpers the explorer (`shootdown-checker`) needs and only the model can answer: which steps
+//! are *local* (for partial-order reduction) and how to rename CPUs (for symmetry reduction).
+//! Nothing here changes how a step executes.
+
+use crate::frame::{Frame, Syscall};
+use crate::machine::Machine;
+use crate::mem::Loc;
+use crate::options::LazyTlb;
+use crate::state::*;
+use shootdown_hw::CpuId;
+
+impl Machine {
+    /// Is `Step(cpu)` in this state a *local* step that, on its own, is a persistent set?
+    ///
+    /// True only when all of these hold:
+    /// * interrupts are disabled on `cpu` — so `Interrupt(cpu)`, the one action of another kind
+    ///   that would change what `Step(cpu)` does, cannot become enabled before `Step(cpu)` runs
+    ///   (only `cpu` itself re-enables them);
+    /// * the step reads only locations no other CPU writes (`cpu`'s own `loaded_mm`, `is_lazy`,
+    ///   `ctxs[]`, its own store buffer, its stacks) and writes nothing another CPU reads;
+    /// * it does not touch the TLB, CR3, the page tables or the oracle (so it commutes with
+    ///   `Fill(cpu, …)` and `Drain(cpu)` too, and can never report a violation);
+    /// * it never spins (it stays enabled whatever the other CPUs do).
+    ///
+    /// The recognised steps: `__schedule` calling `switch_mm_irqs_off` (pc 1, next task has an mm)
+    /// and returning (pc 3, without PTI so the walker's PCID does not change with the mode);
+    /// `switch_mm_irqs_off` step 0 when it stores nothing (mainline/is_lazy, not lazy, conditional
+    /// `is_lazy` write); `flush_tlb_func` step 0 unless it trims the cpumask; the CALL_FUNCTION
+    /// handler returning after its last entry.
+    pub fn step_is_local(&self, cpu: CpuId) -> bool {
+        if self.irqs_enabled(cpu) || self.step_blocked(cpu) {
+            return false;
+        }
+        let c = &self.cpus[cpu];
+        let top = match c.irq_stack.last() {
+            Some(f) => f,
+            None => match self.tasks[c.curr as usize].stack.last() {
+                Some(f) => f,
+                None => return false,
+            },
+        };
+        let own = |loc: Loc| -> u64 {
+            if let Some(v) = c.sb.forward(loc) {
+                return v;
+            }
+            match loc {
+                Loc::LoadedMm(x) => self.cpus[x as usize].tlbstate.loaded_mm,
+                Loc::IsLazy(x) => self.cpus[x as usize].tlbstate.is_lazy as u64,
+                _ => unreachable!("only own tlbstate"),
+            }
+        };
+        match top {
+            Frame::Schedule(s) => match s.pc {
+                1 => self.tasks[s.next as usize].mm.is_some(),
+                3 => !self.pti,
+                _ => false,
+            },
+            Frame::SwitchMm(s) => {
+                s.pc == 0
+                    && matches!(self.opts.lazy_tlb, LazyTlb::IsLazy | LazyTlb::Mainline)
+                    && self.opts.is_lazy_write_conditional
+                    && own(Loc::IsLazy(cpu as u32)) == 0
+            }
+            Frame::FlushFunc(s) => {
+                if s.pc != 0 {
+                    return false;
+                }
+                let loaded = own(Loc::LoadedMm(cpu as u32));
+                let trims = s.info.mm.is_some_and(|m| m as u64 != loaded)
+                    && self.opts.lazy_tlb == LazyTlb::Mainline
+                    && !s.local;
+                // TlbGen reads our own cpumask bit, which only we write: still local; Legacy
+                // with a lazy CPU calls leave_mm (a push): local too.
+                !trims
+            }
+            Frame::CallFunctionIrq(s) => s.pc == 1 && s.i >= s.entries.len(),
+            _ => false,
+        }
+    }
+
+    /// A copy of this machine with CPUs renamed: CPU `c` becomes `perm[c]` and task `t` becomes
+    /// `task_perm[t]` (the caller maps idle tasks and the tasks of interchangeable CPUs
+    /// consistently). Task and mm *names* stay where they were (they never affect behaviour), so
+    /// two states that differ only by the renaming compare equal.
+    pub fn permute_cpus(&self, perm: &[usize], task_perm: &[u32]) -> Machine {
+        let pc = |c: CpuId| perm[c];
+        let pt = |t: TaskId| task_perm[t as usize];
+        let key = |k: CsdKey| CsdKey {
+            src: pc(k.src),
+            dst: pc(k.dst),
+        };
+        let info = |i: &FlushTlbInfo| FlushTlbInfo {
+            initiator: pc(i.initiator),
+            ..*i
+        };
+        let loc = |l: Loc| match l {
+            Loc::CpumaskBit(mm, c) => Loc::CpumaskBit(mm, pc(c as usize) as u32),
+            Loc::LoadedMm(c) => Loc::LoadedMm(pc(c as usize) as u32),
+            Loc::IsLazy(c) => Loc::IsLazy(pc(c as usize) as u32),
+            Loc::CsdLock(k) => Loc::CsdLock(key(k)),
+            l @ Loc::TlbGen(_) => l,
+        };
+        let frame = |f: &Frame| -> Frame {
+            let mut f = f.clone();
+            match &mut f {
+                Frame::FlushMmRange(s) => {
+                    s.info = info(&s.info);
+                    if let Some(t) = &mut s.batch_targets {
+                        t.iter_mut().for_each(|c| *c = pc(*c));
+                    }
+                }
+                Frame::FlushFunc(s) => s.info = info(&s.info),
+                Frame::SmpCallMany(s) => {
+                    s.info = info(&s.info);
+                    for v in [&mut s.candidates, &mut s.queued, &mut s.ipi] {
+                        v.iter_mut().for_each(|c| *c = pc(*c));
+                    }
+                }
+                Frame::CallFunctionIrq(s) => {
+                    s.entries.iter_mut().for_each(|k| *k = key(*k));
+                }
+                Frame::Schedule(s) => {
+                    s.prev = pt(s.prev);
+                    s.next = pt(s.next);
+                }
+                Frame::Syscall(Syscall::ReclaimUnmap { targets, .. }) => {
+                    targets.iter_mut().for_each(|c| *c = pc(*c));
+                }
+                Frame::Syscall(Syscall::SetAffinity { cpu, .. }) => *cpu = pc(*cpu),
+                Frame::SwitchMm(_) | Frame::RwSemDown { .. } | Frame::Syscall(_) => {}
+            }
+            f
+        };
+        let mut m = self.clone();
+        for (c, old) in self.cpus.iter().enumerate() {
+            let mut n = old.clone();
+            n.irq_stack = old.irq_stack.iter().map(frame).collect();
+            n.call_queue = old.call_queue.iter().map(|k| key(*k)).collect();
+            n.curr = pt(old.curr);
+            n.idle_task = pt(old.idle_task);
+            n.runqueue = old.runqueue.iter().map(|&t| pt(t)).collect();
+            let mut sb = shootdown_hw::store_buffer::StoreBuffer::default();
+            let mut tmp = old.sb.clone();
+            while let Some((l, v)) = tmp.pop_oldest() {
+                sb.push(loc(l), v);
+            }
+            n.sb = sb;
+            m.cpus[pc(c)] = n;
+        }
+        for (t, old) in self.tasks.iter().enumerate() {
+            let mut n = old.clone();
+            n.name = self.tasks[pt(t as TaskId) as usize].name.clone();
+            n.cpu = pc(old.cpu);
+            n.stack = old.stack.iter().map(frame).collect();
+            for op in n.program.iter_mut() {
+                if let UserOp::SetAffinity { cpu } = op {
+                    *cpu = pc(*cpu);
+                }
+            }
+            n.cpus.iter_mut().for_each(|c| *c = pc(*c));
+            m.tasks[pt(t as TaskId) as usize] = n;
+        }
+        for (i, mm) in self.mms.iter().enumerate() {
+            let nm = &mut m.mms[i];
+            for c in 0..self.cpus.len() {
+                nm.cpumask_assign(pc(c), mm.cpumask_test(c));
+            }
+            nm.mmap_sem.waiters = mm
+                .mmap_sem
+                .waiters
+                .iter()
+                .map(|&(t, w)| (pt(t), w))
+                .collect();
+        }
+        m.csd_locked = self.csd_locked.iter().map(|&k| key(k)).collect();
+        for (c, fi) in self.flush_info.iter().enumerate() {
+            m.flush_info[pc(c)] = fi.as_ref().map(info);
+        }
+        m
+    }
+}
