@@ -30,11 +30,17 @@ pub fn load(path: &Path, sets: &[String]) -> Result<Experiment, ConfigError> {
 /// Directories searched for `profiles/<name>.toml`: `$SHOOTDOWN_PROFILES` if set, then
 /// `profiles/` in each ancestor of the experiment file.
 pub fn profile_dirs(experiment_path: &Path) -> Vec<PathBuf> {
+    profile_dir_list(experiment_path)
+}
+
+pub(crate) fn profile_dir_list(experiment_path: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Ok(p) = std::env::var("SHOOTDOWN_PROFILES") {
         dirs.push(PathBuf::from(p));
     }
-    let mut cur = experiment_path.parent();
+    let abs =
+        std::fs::canonicalize(experiment_path).unwrap_or_else(|_| experiment_path.to_path_buf());
+    let mut cur = abs.parent();
     while let Some(d) = cur {
         dirs.push(d.join("profiles"));
         cur = d.parent();

@@ -1,1 +1,151 @@
+//! # shootdown-workloads
+//!
+//! The seeds' benchmarks (and generic ones) as task programs for the Linux model. A workload
+//! reads its parameters from an experiment's `[workload]` table ([`params::Params`] rejects
+//! unknown keys), builds a [`Machine`] (mms, tasks, placement, pre-mapped memory), and turns the
+//! finished run into its metric.
+//!
+//! | kind | seed | what | metric |
+//! |---|---|---|---|
+//! | `sysbench_fileio` | 000 | random 16 KiB writes to an mmap'd DAX file, fdatasync every N | events per run (10 s) |
+//! | `madv_dontneed_pingpong` | 002 | MADV_DONTNEED + touch + sched_setaffinity to the other CPU | µs per iteration |
+//! | `pthread_mmap` | 002 | threads mmap / touch / munmap in rounds, contending on mmap_sem | seconds |
 
+pub mod madv_pingpong;
+pub mod params;
+pub mod pthread_mmap;
+pub mod sysbench;
+
+use shootdown_engine::timed::RunStats;
+use shootdown_engine::Time;
+use shootdown_hw::{CostProfile, Topology};
+use shootdown_linux::{Machine, MemoryModel, Options};
+use std::sync::Arc;
+
+pub use params::{ParamError, Params};
+
+/// How a finished run becomes the metric.
+#[derive(Clone, Debug)]
+pub enum Measure {
+    /// Events counted after `from`, as a rate over the simulated window, scaled to a run of
+    /// `run_seconds` (sysbench reports totals for a fixed-length run).
+    EventsPerRun { from: Time, run_seconds: f64 },
+    /// Steady-state throughput from per-task cycle marks: each task's rate over its marks after
+    /// the first `warm` ones (`events_per_cycle` events per mark interval), summed over tasks and
+    /// scaled to a run of `run_seconds`. Unlike a fixed window this has no phase noise from
+    /// bursty cycles.
+    CycleRate {
+        warm: usize,
+        events_per_cycle: f64,
+        run_seconds: f64,
+    },
+    /// Time between consecutive measured events, in microseconds.
+    MicrosPerEvent,
+    /// Time until every task finished, in seconds.
+    CompletionSeconds,
+}
+
+/// A machine ready to run, with how long to run it and how to measure it.
+pub struct Built {
+    pub machine: Machine,
+    pub measure: Measure,
+    /// Simulated-time limit of the run.
+    pub max_time: Time,
+}
+
+/// The workload kinds this crate knows.
+pub const KINDS: &[&str] = &["sysbench_fileio", "madv_dontneed_pingpong", "pthread_mmap"];
+
+/// Build the machine for a workload table. Errors are `(key, reason)` within `[workload]`.
+pub fn build(
+    table: &toml::Table,
+    topo: &Topology,
+    profile: Arc<CostProfile>,
+    opts: Options,
+) -> Result<Built, ParamError> {
+    let p = Params::new(table);
+    let kind = match table.get("kind") {
+        Some(toml::Value::String(k)) => k.clone(),
+        Some(_) => return Err(("kind".into(), "expected a string".into())),
+        None => {
+            return Err((
+                "kind".into(),
+                format!("missing (one of: {})", KINDS.join(", ")),
+            ))
+        }
+    };
+    let machine = Machine::new(topo.clone(), profile, opts, MemoryModel::Sc);
+    let built = match kind.as_str() {
+        "sysbench_fileio" => sysbench::build(&p, machine)?,
+        "madv_dontneed_pingpong" => madv_pingpong::build(&p, machine)?,
+        "pthread_mmap" => pthread_mmap::build(&p, machine)?,
+        other => {
+            return Err((
+                "kind".into(),
+                format!("unknown workload '{other}' (one of: {})", KINDS.join(", ")),
+            ))
+        }
+    };
+    p.finish()?;
+    Ok(built)
+}
+
+/// The metric of a finished run.
+pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
+    let perf = &m.perf;
+    match measure {
+        Measure::EventsPerRun { from, run_seconds } => {
+            let window = stats.end.saturating_sub(*from).as_secs_f64();
+            if window <= 0.0 {
+                0.0
+            } else {
+                perf.events_measured as f64 / window * run_seconds
+            }
+        }
+        Measure::CycleRate {
+            warm,
+            events_per_cycle,
+            run_seconds,
+        } => {
+            let mut rate = 0.0;
+            for marks in &perf.marks {
+                if marks.len() > warm + 1 {
+                    let span = marks[marks.len() - 1]
+                        .saturating_sub(marks[*warm])
+                        .as_secs_f64();
+                    if span > 0.0 {
+                        rate += (marks.len() - 1 - warm) as f64 * events_per_cycle / span;
+                    }
+                }
+            }
+            rate * run_seconds
+        }
+        Measure::MicrosPerEvent => match perf.first_event_at {
+            Some(first) if perf.events_measured > 1 => {
+                perf.last_event_at.saturating_sub(first).as_us_f64()
+                    / (perf.events_measured - 1) as f64
+            }
+            _ => f64::NAN,
+        },
+        Measure::CompletionSeconds => stats.end.as_secs_f64(),
+    }
+}
+
+/// Place `n` threads: up to one socket's worth on socket 0 (cores first, then SMT siblings —
+/// `numactl` binding), beyond that spread over every core first, then siblings.
+pub fn place_threads(topo: &Topology, n: usize) -> Result<Vec<usize>, ParamError> {
+    if n > topo.nr_cpus() {
+        return Err((
+            "threads".into(),
+            format!(
+                "{n} threads but the topology has only {} CPUs",
+                topo.nr_cpus()
+            ),
+        ));
+    }
+    let per_socket = topo.cores_per_socket * topo.threads_per_core;
+    if n <= per_socket {
+        return Ok(topo.cpus_of_socket(0)[..n].to_vec());
+    }
+    Ok((0..n).collect())
+}

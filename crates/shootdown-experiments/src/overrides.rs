@@ -1,0 +1,74 @@
+//! `--set KEY=VALUE`: override any key of an experiment file before it is validated. KEY is a
+//! dotted path (`workload.threads`, `variants.after.options.smp_call`); VALUE is a TOML value,
+//! or a bare string when it does not parse as one.
+
+use crate::ConfigError;
+use std::path::Path;
+
+pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
+    for s in sets {
+        let Some((key, raw)) = s.split_once('=') else {
+            return Err(ConfigError::new(
+                path,
+                s.as_str(),
+                "--set expects KEY=VALUE",
+            ));
+        };
+        let key = key.trim();
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(ConfigError::new(
+                path,
+                key,
+                "--set: empty key or path segment",
+            ));
+        }
+        let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+            Ok(mut t) => t.remove("v").expect("parsed"),
+            Err(_) => toml::Value::String(raw.trim().to_string()),
+        };
+        let segs: Vec<&str> = key.split('.').collect();
+        let mut cur = &mut *doc;
+        for seg in &segs[..segs.len() - 1] {
+            let entry = cur
+                .entry(seg.to_string())
+                .or_insert_with(|| toml::Value::Table(Default::default()));
+            cur = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::new(
+                        path,
+                        key,
+                        format!("'{seg}' is not a table"),
+                    ))
+                }
+            };
+        }
+        cur.insert(segs[segs.len() - 1].to_string(), value);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sets_nested_values_with_types() {
+        let mut t: toml::Table = toml::from_str("[workload]\nthreads = 1").unwrap();
+        apply(
+            Path::new("x.toml"),
+            &mut t,
+            &[
+                "workload.threads=8".into(),
+                "variants.a.options.smp_call=concurrent".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(t["workload"]["threads"].as_integer(), Some(8));
+        assert_eq!(
+            t["variants"]["a"]["options"]["smp_call"].as_str(),
+            Some("concurrent")
+        );
+        let e = apply(Path::new("x.toml"), &mut t, &["nokey".into()]).unwrap_err();
+        assert!(e.to_string().contains("KEY=VALUE"));
+    }
+}

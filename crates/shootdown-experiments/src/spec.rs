@@ -1,0 +1,499 @@
+//! Experiment files: parsing, validation, and expansion into points.
+
+use crate::{overrides, profile_dir_list, ConfigError};
+use serde::Serialize;
+use shootdown_engine::rng::mix_seed;
+use shootdown_hw::{CostProfile, Topology};
+use shootdown_linux::{OptValue, Options};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One variant (before/after/mainline) and its kernel options.
+#[derive(Clone, Debug, Serialize)]
+pub struct VariantSpec {
+    pub name: String,
+    pub label: String,
+    #[serde(skip)]
+    pub options: Options,
+}
+
+/// A published number to print beside the simulated one.
+#[derive(Clone, Debug, Serialize)]
+pub struct PublishedCell {
+    pub row: serde_json::Value,
+    pub variant: String,
+    pub value: f64,
+    pub stdev: Option<f64>,
+}
+
+/// One run: (row, variant, repetition) with its seed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    pub index: usize,
+    pub row: serde_json::Value,
+    #[serde(skip)]
+    pub row_index: usize,
+    pub variant: String,
+    pub rep: usize,
+    pub seed: u64,
+}
+
+/// A validated experiment.
+#[derive(Clone, Debug)]
+pub struct Experiment {
+    pub path: PathBuf,
+    pub name: String,
+    pub seed_doc: Option<String>,
+    pub title: String,
+    pub profile: Arc<CostProfile>,
+    pub metric: String,
+    pub unit: String,
+    pub repetitions: usize,
+    pub quick_repetitions: usize,
+    pub row_key: Option<String>,
+    pub rows: Vec<toml::Value>,
+    pub quick_rows: Vec<toml::Value>,
+    pub higher_is_better: bool,
+    pub rng_seed: u64,
+    pub topology: Topology,
+    pub workload: toml::Table,
+    pub quick_workload: toml::Table,
+    pub variants: Vec<VariantSpec>,
+    pub published: Vec<PublishedCell>,
+}
+
+pub(crate) fn to_json(v: &toml::Value) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+fn check_keys(
+    path: &Path,
+    prefix: &str,
+    t: &toml::Table,
+    allowed: &[&str],
+) -> Result<(), ConfigError> {
+    for k in t.keys() {
+        if !allowed.contains(&k.as_str()) {
+            let full = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            return Err(ConfigError::new(
+                path,
+                full,
+                format!("unknown key (expected one of: {})", allowed.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn table<'a>(path: &Path, doc: &'a toml::Table, key: &str) -> Result<&'a toml::Table, ConfigError> {
+    match doc.get(key) {
+        Some(toml::Value::Table(t)) => Ok(t),
+        Some(_) => Err(ConfigError::new(path, key, "expected a table")),
+        None => Err(ConfigError::new(path, key, "missing section")),
+    }
+}
+
+fn string(path: &Path, t: &toml::Table, sect: &str, key: &str) -> Result<String, ConfigError> {
+    match t.get(key) {
+        Some(toml::Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(ConfigError::new(
+            path,
+            format!("{sect}.{key}"),
+            "expected a string",
+        )),
+        None => Err(ConfigError::new(path, format!("{sect}.{key}"), "missing")),
+    }
+}
+
+fn uint(
+    path: &Path,
+    t: &toml::Table,
+    sect: &str,
+    key: &str,
+    default: Option<i64>,
+    min: i64,
+) -> Result<i64, ConfigError> {
+    match t.get(key) {
+        Some(toml::Value::Integer(i)) if *i >= min => Ok(*i),
+        Some(toml::Value::Integer(i)) => Err(ConfigError::new(
+            path,
+            format!("{sect}.{key}"),
+            format!("must be at least {min} (got {i})"),
+        )),
+        Some(_) => Err(ConfigError::new(
+            path,
+            format!("{sect}.{key}"),
+            "expected an integer",
+        )),
+        None => default.ok_or_else(|| ConfigError::new(path, format!("{sect}.{key}"), "missing")),
+    }
+}
+
+pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(path, "", format!("cannot read experiment file: {e}")))?;
+    let mut doc: toml::Table = toml::from_str(&text).map_err(|e| {
+        ConfigError::new(path, "", format!("malformed TOML: {}", e.message().trim()))
+    })?;
+    overrides::apply(path, &mut doc, sets)?;
+    check_keys(
+        path,
+        "",
+        &doc,
+        &[
+            "experiment",
+            "topology",
+            "workload",
+            "quick",
+            "variants",
+            "published",
+        ],
+    )?;
+
+    let e = table(path, &doc, "experiment")?;
+    check_keys(
+        path,
+        "experiment",
+        e,
+        &[
+            "name",
+            "seed",
+            "title",
+            "profile",
+            "metric",
+            "unit",
+            "repetitions",
+            "quick_repetitions",
+            "row_key",
+            "rows",
+            "quick_rows",
+            "higher_is_better",
+            "rng_seed",
+        ],
+    )?;
+    let name = string(path, e, "experiment", "name")?;
+    let seed_doc = match e.get("seed") {
+        None => None,
+        Some(toml::Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.seed",
+                "expected a seed id string like \"000\"",
+            ))
+        }
+    };
+    let title = e
+        .get("title")
+        .and_then(|v| v.as_str())
+        .unwrap_or(&name)
+        .to_string();
+    let profile_name = string(path, e, "experiment", "profile")?;
+    let metric = string(path, e, "experiment", "metric")?;
+    let unit = string(path, e, "experiment", "unit")?;
+    let repetitions = uint(path, e, "experiment", "repetitions", Some(1), 1)? as usize;
+    let quick_repetitions = uint(
+        path,
+        e,
+        "experiment",
+        "quick_repetitions",
+        Some(repetitions.min(2) as i64),
+        1,
+    )? as usize;
+    let rng_seed = uint(path, e, "experiment", "rng_seed", Some(1), 0)? as u64;
+    let row_key = match e.get("row_key") {
+        None => None,
+        Some(toml::Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.row_key",
+                "expected a workload key name",
+            ))
+        }
+    };
+    let rows = match e.get("rows") {
+        Some(toml::Value::Array(a)) if !a.is_empty() => a.clone(),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.rows",
+                "expected a non-empty array",
+            ))
+        }
+        None => vec![toml::Value::String("-".into())],
+    };
+    let quick_rows = match e.get("quick_rows") {
+        Some(toml::Value::Array(a)) if !a.is_empty() => a.clone(),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.quick_rows",
+                "expected a non-empty array",
+            ))
+        }
+        None => rows.clone(),
+    };
+    let higher_is_better = match e.get("higher_is_better") {
+        None => true,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.higher_is_better",
+                "expected true or false",
+            ))
+        }
+    };
+
+    let t = table(path, &doc, "topology")?;
+    check_keys(
+        path,
+        "topology",
+        t,
+        &["sockets", "cores_per_socket", "threads_per_core"],
+    )?;
+    let topology = Topology::new(
+        uint(path, t, "topology", "sockets", None, 0)? as usize,
+        uint(path, t, "topology", "cores_per_socket", None, 0)? as usize,
+        uint(path, t, "topology", "threads_per_core", Some(1), 0)? as usize,
+    )
+    .map_err(|(k, r)| ConfigError::new(path, format!("topology.{k}"), r))?;
+
+    let workload = table(path, &doc, "workload")?.clone();
+    let quick_workload = match doc.get("quick") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(q)) => {
+            check_keys(path, "quick", q, &["workload"])?;
+            match q.get("workload") {
+                Some(toml::Value::Table(w)) => w.clone(),
+                None => toml::Table::new(),
+                Some(_) => {
+                    return Err(ConfigError::new(path, "quick.workload", "expected a table"))
+                }
+            }
+        }
+        Some(_) => return Err(ConfigError::new(path, "quick", "expected a table")),
+    };
+
+    let vt = table(path, &doc, "variants")?;
+    if vt.is_empty() {
+        return Err(ConfigError::new(
+            path,
+            "variants",
+            "at least one variant is needed",
+        ));
+    }
+    let mut variants = Vec::new();
+    for (vname, v) in vt {
+        let sect = format!("variants.{vname}");
+        let v = v
+            .as_table()
+            .ok_or_else(|| ConfigError::new(path, sect.as_str(), "expected a table"))?;
+        check_keys(path, &sect, v, &["label", "options"])?;
+        let label = v
+            .get("label")
+            .and_then(|l| l.as_str())
+            .unwrap_or(vname)
+            .to_string();
+        let mut options = Options::default();
+        if let Some(o) = v.get("options") {
+            let o = o.as_table().ok_or_else(|| {
+                ConfigError::new(path, format!("{sect}.options"), "expected a table")
+            })?;
+            for (k, val) in o {
+                let ov = match val {
+                    toml::Value::String(s) => OptValue::Str(s.clone()),
+                    toml::Value::Boolean(b) => OptValue::Bool(*b),
+                    toml::Value::Integer(i) => OptValue::Int(*i),
+                    other => {
+                        return Err(ConfigError::new(
+                            path,
+                            format!("{sect}.options.{k}"),
+                            format!("unsupported value {other}"),
+                        ))
+                    }
+                };
+                options
+                    .set(k, &ov)
+                    .map_err(|r| ConfigError::new(path, format!("{sect}.options.{k}"), r))?;
+            }
+        }
+        variants.push(VariantSpec {
+            name: vname.clone(),
+            label,
+            options,
+        });
+    }
+    // toml::Table is ordered by key; keep the file's "before" first when present.
+    if let Some(pos) = variants.iter().position(|v| v.name == "before") {
+        let b = variants.remove(pos);
+        variants.insert(0, b);
+    }
+
+    let mut published = Vec::new();
+    if let Some(p) = doc.get("published") {
+        let arr = p.as_array().ok_or_else(|| {
+            ConfigError::new(
+                path,
+                "published",
+                "expected an array of tables ([[published]])",
+            )
+        })?;
+        for (i, cell) in arr.iter().enumerate() {
+            let sect = format!("published[{i}]");
+            let c = cell
+                .as_table()
+                .ok_or_else(|| ConfigError::new(path, sect.as_str(), "expected a table"))?;
+            check_keys(path, &sect, c, &["row", "variant", "value", "stdev"])?;
+            let row = c
+                .get("row")
+                .cloned()
+                .ok_or_else(|| ConfigError::new(path, format!("{sect}.row"), "missing"))?;
+            let variant = string(path, c, &sect, "variant")?;
+            if !variants.iter().any(|v| v.name == variant) {
+                return Err(ConfigError::new(
+                    path,
+                    format!("{sect}.variant"),
+                    format!("no variant named '{variant}'"),
+                ));
+            }
+            let num = |k: &str| -> Result<Option<f64>, ConfigError> {
+                match c.get(k) {
+                    None => Ok(None),
+                    Some(toml::Value::Integer(i)) => Ok(Some(*i as f64)),
+                    Some(toml::Value::Float(f)) => Ok(Some(*f)),
+                    Some(_) => Err(ConfigError::new(
+                        path,
+                        format!("{sect}.{k}"),
+                        "expected a number",
+                    )),
+                }
+            };
+            let value = num("value")?
+                .ok_or_else(|| ConfigError::new(path, format!("{sect}.value"), "missing"))?;
+            published.push(PublishedCell {
+                row: to_json(&row),
+                variant,
+                value,
+                stdev: num("stdev")?,
+            });
+        }
+    }
+
+    let dirs = profile_dir_list(path);
+    let profile = Arc::new(crate::load_profile(&profile_name, &dirs, path)?);
+    let exp = Experiment {
+        path: path.to_path_buf(),
+        name,
+        seed_doc,
+        title,
+        profile,
+        metric,
+        unit,
+        repetitions,
+        quick_repetitions,
+        row_key,
+        rows,
+        quick_rows,
+        higher_is_better,
+        rng_seed,
+        topology,
+        workload,
+        quick_workload,
+        variants,
+        published,
+    };
+    // Validate the workload parameters of every row now, before anything runs.
+    for quick in [false, true] {
+        for r in 0..exp.rows_for(quick).len() {
+            exp.workload_table(quick, r)
+                .and_then(|w| crate::run::validate_workload(&exp, &w))?;
+        }
+    }
+    Ok(exp)
+}
+
+impl Experiment {
+    pub fn rows_for(&self, quick: bool) -> &[toml::Value] {
+        if quick {
+            &self.quick_rows
+        } else {
+            &self.rows
+        }
+    }
+
+    /// The `[workload]` table for a row (with `--quick` overrides and the row key applied).
+    pub fn workload_table(
+        &self,
+        quick: bool,
+        row_index: usize,
+    ) -> Result<toml::Table, ConfigError> {
+        let mut w = self.workload.clone();
+        if quick {
+            for (k, v) in &self.quick_workload {
+                w.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(k) = &self.row_key {
+            w.insert(k.clone(), self.rows_for(quick)[row_index].clone());
+        }
+        Ok(w)
+    }
+
+    /// Every (row, variant, repetition) to run. Repetition `k` uses the same seed for every
+    /// variant (common random numbers: the variants see the same random write offsets).
+    pub fn points(&self, quick: bool) -> Vec<Point> {
+        let reps = if quick {
+            self.quick_repetitions
+        } else {
+            self.repetitions
+        };
+        let mut v = Vec::new();
+        for (ri, row) in self.rows_for(quick).iter().enumerate() {
+            for var in &self.variants {
+                for rep in 0..reps {
+                    v.push(Point {
+                        index: v.len(),
+                        row: to_json(row),
+                        row_index: ri,
+                        variant: var.name.clone(),
+                        rep,
+                        seed: mix_seed(mix_seed(self.rng_seed, ri as u64), rep as u64),
+                    });
+                }
+            }
+        }
+        v
+    }
+
+    pub fn variant(&self, name: &str) -> Option<&VariantSpec> {
+        self.variants.iter().find(|v| v.name == name)
+    }
+
+    /// The plan the Python layer reads (see python/shootdown/api.py).
+    pub fn plan_json(&self, quick: bool) -> serde_json::Value {
+        serde_json::json!({
+            "experiment": {
+                "name": self.name,
+                "seed": self.seed_doc,
+                "title": self.title,
+                "profile": self.profile.name,
+                "metric": self.metric,
+                "unit": self.unit,
+                "row_key": self.row_key.clone().unwrap_or_default(),
+                "higher_is_better": self.higher_is_better,
+                "repetitions": if quick { self.quick_repetitions } else { self.repetitions },
+                "path": self.path.display().to_string(),
+            },
+            "variants": self.variants.iter().map(|v| serde_json::json!({"name": v.name, "label": v.label})).collect::<Vec<_>>(),
+            "rows": self.rows_for(quick).iter().map(to_json).collect::<Vec<_>>(),
+            "published": self.published,
+            "points": self.points(quick),
+        })
+    }
+}

@@ -1,0 +1,76 @@
+//! Seed 002's "nearly worst-case" microbenchmark: one thread loops `madvise(MADV_DONTNEED)` on a
+//! page, touches it, and `sched_setaffinity`s itself to the other CPU. The CPU it left runs
+//! idle with the mm still loaded (lazy): before Andy's rework it stays in `mm_cpumask`, so the
+//! next DONTNEED IPIs it; after, it does not. Metric: µs per iteration.
+
+use crate::{Built, Measure, ParamError, Params};
+use shootdown_engine::Time;
+use shootdown_linux::{Machine, UserOp};
+
+pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
+    let iterations = p.int("iterations", 2000, 1)? as u32;
+    let warmup = p.int("warmup_iterations", 50, 0)? as u32;
+    let cpu_a = p.int("cpu_a", 0, 0)? as usize;
+    let cpu_b = p.int("cpu_b", 1, 0)? as usize;
+    for (k, c) in [("cpu_a", cpu_a), ("cpu_b", cpu_b)] {
+        if c >= m.topo.nr_cpus() {
+            return Err((
+                k.into(),
+                format!(
+                    "CPU {c} does not exist (the topology has {})",
+                    m.topo.nr_cpus()
+                ),
+            ));
+        }
+    }
+    if cpu_a == cpu_b {
+        return Err(("cpu_b".into(), "must differ from cpu_a".into()));
+    }
+    let mm = m.add_mm("madv");
+    let page = 0x1000;
+    m.map_pages(mm, page, 1, true);
+    // Warm-up iterations run first without counting; measured ones count an event each.
+    let mut prog = Vec::new();
+    if warmup > 0 {
+        prog.extend([
+            UserOp::MadviseDontneed {
+                start: page,
+                npages: 1,
+            },
+            UserOp::Touch {
+                vpn: page,
+                write: true,
+            },
+            UserOp::SetAffinityNext,
+            UserOp::Loop {
+                to: 0,
+                times: Some(warmup - 1),
+            },
+        ]);
+    }
+    let top = prog.len() as u16;
+    prog.extend([
+        UserOp::MadviseDontneed {
+            start: page,
+            npages: 1,
+        },
+        UserOp::Touch {
+            vpn: page,
+            write: true,
+        },
+        UserOp::SetAffinityNext,
+        UserOp::Event,
+        UserOp::Loop {
+            to: top,
+            times: Some(iterations - 1),
+        },
+        UserOp::Exit,
+    ]);
+    let t = m.add_task("madv", mm, cpu_a, prog);
+    m.tasks[t as usize].cpus = vec![cpu_a, cpu_b];
+    Ok(Built {
+        machine: m,
+        measure: Measure::MicrosPerEvent,
+        max_time: Time::from_ms(60_000),
+    })
+}

@@ -1,0 +1,62 @@
+//! Vitaly Kuznetsov's `pthread_mmap` microbenchmark (seed 002): `threads` threads, each round
+//! mapping its share of `data_mb`, writing every page, and unmapping it. Faults take `mmap_sem`
+//! for read, mmap/munmap for write, so threads block and their CPUs go idle (lazy); munmap
+//! frees page tables. Metric: seconds until all threads finish `nrounds`.
+//!
+//! Assumption (the benchmark source was not available): `data_mb` is split evenly between the
+//! threads; threads are placed round-robin on `cpus` CPUs and not migrated.
+
+use crate::{Built, Measure, ParamError, Params};
+use shootdown_engine::Time;
+use shootdown_linux::{Machine, UserOp};
+
+pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
+    let threads = p.int("threads", 8, 1)? as u64;
+    let cpus = p.int("cpus", 4, 1)? as usize;
+    let nrounds = p.int("nrounds", 100, 1)? as u32;
+    let data_mb = p.int("data_mb", 256, 1)? as u64;
+    if cpus > m.topo.nr_cpus() {
+        return Err((
+            "cpus".into(),
+            format!("{cpus} CPUs but the topology has only {}", m.topo.nr_cpus()),
+        ));
+    }
+    let pages = data_mb * 256 / threads;
+    if pages == 0 {
+        return Err(("data_mb".into(), "less than one page per thread".into()));
+    }
+    let mm = m.add_mm("pthread_mmap");
+    for i in 0..threads {
+        // 2 MiB-aligned, disjoint regions so each munmap frees whole page-table pages.
+        let start = 0x40_0000 + i * pages.div_ceil(512) * 512 + i * 512;
+        let prog = vec![
+            UserOp::Mmap {
+                start,
+                npages: pages,
+            },
+            UserOp::TouchRange {
+                start,
+                npages: pages,
+                write: true,
+            },
+            UserOp::Munmap {
+                start,
+                npages: pages,
+            },
+            UserOp::Event,
+            UserOp::Loop {
+                to: 0,
+                times: Some(nrounds - 1),
+            },
+            UserOp::Exit,
+        ];
+        let cpu = (i as usize) % cpus;
+        let t = m.add_task(&format!("pthread_mmap/{i}"), mm, cpu, prog);
+        m.tasks[t as usize].cpus = vec![cpu];
+    }
+    Ok(Built {
+        machine: m,
+        measure: Measure::CompletionSeconds,
+        max_time: Time::from_ms(600_000),
+    })
+}
