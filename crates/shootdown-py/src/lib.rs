@@ -1,0 +1,156 @@
+//! `shootdown._native`: the thin PyO3 layer. Every function takes plain arguments, returns JSON
+//! text (decoded by `python/shootdown/_bridge.py`), releases the GIL while the model runs, and
+//! turns every user error into `ConfigError` (a `ValueError`) whose message is one line,
+//! `FILE: KEY: REASON`.
+
+#![allow(unexpected_cfgs)] // pyo3 0.22's create_exception! tests a feature this crate lacks
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+create_exception!(
+    _native,
+    ConfigError,
+    PyValueError,
+    "A bad experiment, profile, scenario or option (FILE: KEY: REASON)."
+);
+
+fn cfg_err(e: impl std::fmt::Display) -> PyErr {
+    ConfigError::new_err(e.to_string())
+}
+
+fn json(v: &impl serde::Serialize) -> PyResult<String> {
+    serde_json::to_string(v).map_err(|e| cfg_err(format!("-: -: cannot encode result: {e}")))
+}
+
+/// Expand an experiment file into its plan: experiment metadata, variants, rows, published
+/// numbers and the points to run.
+#[pyfunction]
+fn plan(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> PyResult<String> {
+    let exp = py
+        .allow_threads(|| shootdown_experiments::load(&path, &sets))
+        .map_err(cfg_err)?;
+    json(&exp.plan_json(quick))
+}
+
+/// Run the points with these indices (in parallel on `threads` threads; 0 = all cores).
+#[pyfunction]
+fn run_points(
+    py: Python<'_>,
+    path: PathBuf,
+    sets: Vec<String>,
+    quick: bool,
+    indices: Vec<usize>,
+    threads: usize,
+) -> PyResult<String> {
+    let res = py
+        .allow_threads(|| {
+            let exp = shootdown_experiments::load(&path, &sets)?;
+            shootdown_experiments::run_points(&exp, quick, &indices, threads)
+        })
+        .map_err(cfg_err)?;
+    json(&res)
+}
+
+/// Run one point with tracing and write a Chrome/Perfetto trace JSON to `out_path`.
+#[pyfunction]
+#[pyo3(signature = (path, sets, quick, row_index, variant, out_path, max_ms=2.0))]
+fn trace(
+    py: Python<'_>,
+    path: PathBuf,
+    sets: Vec<String>,
+    quick: bool,
+    row_index: usize,
+    variant: String,
+    out_path: PathBuf,
+    max_ms: f64,
+) -> PyResult<String> {
+    let r = py
+        .allow_threads(|| {
+            let exp = shootdown_experiments::load(&path, &sets)?;
+            shootdown_experiments::trace_point(&exp, quick, row_index, &variant, max_ms, &out_path)
+        })
+        .map_err(cfg_err)?;
+    json(&r)
+}
+
+/// Time one run of the first point: steps/s and simulated seconds per wall second.
+#[pyfunction]
+#[pyo3(name = "bench")]
+fn bench_run(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> PyResult<String> {
+    let r = py
+        .allow_threads(|| {
+            let exp = shootdown_experiments::load(&path, &sets)?;
+            let p = exp
+                .points(quick)
+                .into_iter()
+                .next()
+                .expect("an experiment has at least one point");
+            shootdown_experiments::run_point(&exp, &p, quick)
+        })
+        .map_err(cfg_err)?;
+    let v = serde_json::json!({
+        "steps": r.steps,
+        "wall_s": r.wall_s,
+        "sim_ns": r.sim_ns,
+        "steps_per_s": r.steps as f64 / r.wall_s.max(1e-9),
+        "sim_s_per_wall_s": r.sim_ns / 1e9 / r.wall_s.max(1e-9),
+        "row": r.row,
+        "variant": r.variant,
+    });
+    json(&v)
+}
+
+/// Explore (or sample) a checker scenario.
+#[pyfunction]
+#[pyo3(signature = (scenario, mutant, memory_model, max_states, sample, seed, strategy))]
+#[allow(clippy::too_many_arguments)]
+fn check(
+    py: Python<'_>,
+    scenario: PathBuf,
+    mutant: Option<String>,
+    memory_model: String,
+    max_states: u64,
+    sample: Option<u64>,
+    seed: u64,
+    strategy: String,
+) -> PyResult<String> {
+    let r = py
+        .allow_threads(|| {
+            shootdown_checker::check(
+                &scenario,
+                mutant.as_deref(),
+                &memory_model,
+                max_states,
+                sample,
+                seed,
+                &strategy,
+            )
+        })
+        .map_err(cfg_err)?;
+    json(&r)
+}
+
+/// The scenarios in a directory with their mutants.
+#[pyfunction]
+fn check_list(py: Python<'_>, scenarios_dir: PathBuf) -> PyResult<String> {
+    let r = py
+        .allow_threads(|| shootdown_checker::list(&scenarios_dir))
+        .map_err(cfg_err)?;
+    json(&r)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ConfigError", m.py().get_type_bound::<ConfigError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(run_points, m)?)?;
+    m.add_function(wrap_pyfunction!(trace, m)?)?;
+    m.add_function(wrap_pyfunction!(bench_run, m)?)?;
+    m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(check_list, m)?)?;
+    Ok(())
+}

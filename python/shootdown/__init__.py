@@ -1,0 +1,60 @@
+"""shootdown — a simulator of x86 Linux TLB shootdowns (Python front end).
+
+Quick tour::
+
+    import shootdown
+    points = shootdown.run("experiments/seeds/000-sysbench.toml", quick=True)
+    summary = shootdown.summarize(points)            # avg (stdev) per row × variant, change %
+    records = shootdown.reproduce(["000"], quick=True)
+    print(shootdown.report.format_table(records))     # tables like the seeds' cover letters
+    shootdown.check("lazy-tlb", mutant="...")         # model-check a scenario
+
+The simulator and checker are Rust (``shootdown._native``); this package plans, runs in
+parallel, summarizes, compares with published numbers, caches sweeps and prints reports.
+"""
+
+from __future__ import annotations
+
+from . import paths, plot, records, report, schema
+from ._bridge import ConfigError, NativeUnavailableError
+from ._version import __version__
+from .api import (
+    bench,
+    check,
+    check_list,
+    default_threads,
+    plan,
+    reproduce,
+    run,
+    seed_experiments,
+    to_records,
+    trace,
+)
+from .paths import data_root
+from .records import summarize
+from .sweep import summarize_sweep, sweep
+
+__all__ = [
+    "__version__",
+    "ConfigError",
+    "NativeUnavailableError",
+    "bench",
+    "check",
+    "check_list",
+    "data_root",
+    "default_threads",
+    "paths",
+    "plan",
+    "plot",
+    "records",
+    "report",
+    "reproduce",
+    "run",
+    "schema",
+    "seed_experiments",
+    "summarize",
+    "summarize_sweep",
+    "sweep",
+    "to_records",
+    "trace",
+]

@@ -1,0 +1,349 @@
+"""The user-facing Python API: plan, run, summarize, reproduce, check, trace, bench.
+
+Every function is a thin layer over ``shootdown._native`` (Rust). Simulation results are
+deterministic: they depend on the experiment file, its ``--set`` overrides, the profile, the
+point's seed and the package version — never on ``threads``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+import pandas as pd
+
+from . import paths
+from ._bridge import ConfigError, call
+from .records import (
+    build_records,
+    concat_records,
+    empty_records,
+    points_frame,
+    row_key,
+    summarize,
+)
+from .schema import BenchResult, CheckResult, Plan, PointResult, ScenarioInfo
+
+__all__ = [
+    "PathLike",
+    "ProgressCallback",
+    "default_threads",
+    "plan",
+    "run",
+    "run_plan",
+    "to_records",
+    "summarize",
+    "seed_experiments",
+    "reproduce",
+    "check",
+    "check_list",
+    "trace",
+    "bench",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: ``progress(done, total)``: called with the number of points finished so far and the total,
+#: once before the first chunk and after every chunk.
+ProgressCallback = Callable[[int, int], None]
+
+#: Default state bound of :func:`check`.
+DEFAULT_MAX_STATES = 1_000_000
+
+
+def default_threads() -> int:
+    """Worker threads used when ``threads=None``: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _existing_file(path: PathLike) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"{path}: -: no such file")
+    return str(p)
+
+
+def _sets(sets: Iterable[str]) -> List[str]:
+    if isinstance(sets, str):
+        return [sets]
+    return [str(s) for s in sets]
+
+
+def plan(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> Plan:
+    """Load an experiment and expand it into points, without running anything.
+
+    Args:
+        path: the experiment file (``experiments/**/*.toml``).
+        sets: ``KEY=VALUE`` overrides (dotted key, TOML value), e.g. ``"workload.threads=8"``.
+        quick: use the experiment's ``quick_*`` rows, repetitions and ``[quick.*]`` overrides.
+
+    Returns:
+        The plan (see :class:`shootdown.schema.Plan`); ``variants[0]`` is the baseline.
+
+    Raises:
+        ConfigError: the file, a key or a value is invalid (message ``FILE: KEY: REASON``).
+    """
+    return call("plan", _existing_file(path), _sets(sets), bool(quick))
+
+
+def _run_indices(
+    path: str,
+    sets: List[str],
+    quick: bool,
+    indices: Sequence[int],
+    threads: int,
+    advance: Callable[[int], None],
+) -> List[PointResult]:
+    """Run points in chunks of about ``2 × threads`` so progress can advance between chunks."""
+    chunk = max(1, 2 * threads)
+    results: List[PointResult] = []
+    for start in range(0, len(indices), chunk):
+        part = [int(i) for i in indices[start : start + chunk]]
+        results.extend(call("run_points", path, sets, quick, part, threads))
+        advance(len(part))
+    return results
+
+
+class _Progress:
+    """Counts finished points across several experiments and reports to a callback."""
+
+    def __init__(self, total: int, callback: Optional[ProgressCallback]) -> None:
+        self.total, self.done, self.callback = total, 0, callback
+        if callback is not None:
+            callback(0, total)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+
+
+def run_plan(
+    path: PathLike,
+    the_plan: Plan,
+    sets: Sequence[str] = (),
+    quick: bool = False,
+    threads: Optional[int] = None,
+    progress: Optional[ProgressCallback] = None,
+    indices: Optional[Sequence[int]] = None,
+) -> pd.DataFrame:
+    """Run (some of) the points of an already computed plan; see :func:`run`."""
+    threads = threads or default_threads()
+    wanted = [p["index"] for p in the_plan["points"]] if indices is None else list(indices)
+    tracker = _Progress(len(wanted), progress)
+    results = _run_indices(
+        _existing_file(path), _sets(sets), bool(quick), wanted, threads, tracker.advance
+    )
+    frame = points_frame(the_plan, results)
+    frame.attrs["path"] = str(path)
+    return frame
+
+
+def run(
+    path: PathLike,
+    sets: Sequence[str] = (),
+    quick: bool = False,
+    threads: Optional[int] = None,
+    progress: Optional[ProgressCallback] = None,
+) -> pd.DataFrame:
+    """Run every point of an experiment and return one row per point.
+
+    Args:
+        path: the experiment file.
+        sets: ``KEY=VALUE`` overrides (see :func:`plan`).
+        quick: the experiment's quick configuration.
+        threads: worker threads inside Rust (default: the available CPUs). Results do not
+            depend on it.
+        progress: ``progress(done, total)`` called between chunks of about ``2 × threads``
+            points.
+
+    Returns:
+        A frame with columns ``index, row, variant, label, rep, rng_seed, value, sim_ns, steps,
+        wall_s``, ``c.<counter>`` for every counter and ``violations`` (list of str).
+        ``frame.attrs["plan"]`` holds the plan, so :func:`summarize` and :func:`to_records`
+        need only the frame.
+    """
+    the_plan = plan(path, sets, quick)
+    return run_plan(path, the_plan, sets, quick, threads, progress)
+
+
+def to_records(points: pd.DataFrame, the_plan: Optional[Plan] = None) -> pd.DataFrame:
+    """Comparison records (see :mod:`shootdown.records`) of a frame returned by :func:`run`."""
+    the_plan = the_plan if the_plan is not None else points.attrs.get("plan")
+    if the_plan is None:
+        raise ValueError("to_records() needs the plan (pass it, or use a frame from shootdown.run)")
+    return build_records(the_plan, summarize(points, the_plan))
+
+
+def _matches(the_plan: Plan, file: Path, ident: str) -> bool:
+    exp = the_plan["experiment"]
+    return ident in (exp.get("seed"), exp.get("name"), file.stem)
+
+
+def seed_experiments(
+    ids: Optional[Sequence[str]] = None, quick: bool = False
+) -> List[Tuple[Path, Plan]]:
+    """The experiments under ``<data_root>/experiments/seeds/*.toml`` (sorted by file name),
+    with their plans, optionally filtered.
+
+    Args:
+        ids: keep experiments whose ``seed`` (e.g. ``"000"``), ``name`` or file stem equals one
+            of these. ``None`` or empty keeps all.
+        quick: plan the quick configuration.
+
+    Raises:
+        ConfigError: an id matches no experiment, or an experiment file is invalid.
+    """
+    directory = paths.seeds_dir()
+    files = sorted(directory.glob("*.toml"))
+    planned = [(f, plan(f, (), quick)) for f in files]
+    if not ids:
+        return planned
+    for ident in ids:
+        if not any(_matches(p, f, ident) for f, p in planned):
+            raise ConfigError(f"{directory}: {ident}: no seed experiment has this seed or name")
+    return [(f, p) for f, p in planned if any(_matches(p, f, i) for i in ids)]
+
+
+def reproduce(
+    ids: Optional[Sequence[str]] = None,
+    quick: bool = False,
+    threads: Optional[int] = None,
+    progress: Optional[ProgressCallback] = None,
+) -> pd.DataFrame:
+    """Run the seed experiments and compare them with the published numbers.
+
+    Args:
+        ids: seed ids (``"000"``) or experiment names to run; default all.
+        quick: quick configuration (fewer rows and repetitions, shorter runs).
+        threads: worker threads (default: available CPUs).
+        progress: ``progress(done, total)`` over the points of all selected experiments.
+
+    Returns:
+        A records frame (columns :data:`shootdown.records.RECORD_COLUMNS`), one row per
+        (experiment, row, variant), experiments in file-name order. Directions follow the rule
+        documented in :mod:`shootdown.records`.
+    """
+    selected = seed_experiments(ids, quick)
+    total = sum(len(p["points"]) for _, p in selected)
+    tracker = _Progress(total, progress)
+    threads = threads or default_threads()
+    frames = []
+    for file, the_plan in selected:
+        indices = [p["index"] for p in the_plan["points"]]
+        results = _run_indices(str(file), [], bool(quick), indices, threads, tracker.advance)
+        points = points_frame(the_plan, results)
+        frames.append(build_records(the_plan, summarize(points, the_plan)))
+    return concat_records(frames) if frames else empty_records()
+
+
+def check(
+    scenario: PathLike,
+    mutant: Optional[str] = None,
+    memory_model: str = "sc",
+    max_states: int = DEFAULT_MAX_STATES,
+    sample: Optional[int] = None,
+    seed: int = 0,
+    strategy: Optional[str] = None,
+) -> CheckResult:
+    """Model-check a scenario with the explorer.
+
+    Args:
+        scenario: a scenario file, or a name in ``<data_root>/scenarios/`` (``NAME`` or
+            ``NAME.toml``).
+        mutant: run a named mutant (a historical bug) instead of the fixed protocol.
+        memory_model: ``"sc"`` or ``"tso"``.
+        max_states: state bound of the exhaustive search.
+        sample: sample this many schedules instead of exploring all of them.
+        seed: RNG seed of the sampling strategies.
+        strategy: ``"bfs"``, ``"random"`` or ``"pct"``; default ``"random"`` when ``sample``
+            is given, else ``"bfs"``.
+
+    Returns:
+        ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
+        "bound-reached"), "invariant", "states", "transitions", "seconds", "counterexample":
+        [{"step", "actor", "text"}, ...]}``.
+    """
+    resolved = paths.resolve_scenario(str(scenario))
+    if resolved is None:
+        raise ConfigError(f"{scenario}: scenario: no such scenario file or name")
+    if strategy is None:
+        strategy = "random" if sample is not None else "bfs"
+    return call(
+        "check",
+        str(resolved),
+        mutant,
+        memory_model,
+        int(max_states),
+        None if sample is None else int(sample),
+        int(seed),
+        strategy,
+    )
+
+
+def check_list(scenarios_dir: Optional[PathLike] = None) -> List[ScenarioInfo]:
+    """The scenarios and their mutants (default directory ``<data_root>/scenarios``)."""
+    directory = Path(scenarios_dir) if scenarios_dir is not None else paths.scenarios_dir()
+    return call("check_list", str(directory))
+
+
+def _row_index(the_plan: Plan, path: PathLike, row: Any) -> int:
+    rows = the_plan["rows"]
+    if row is None:
+        return 0
+    for i, r in enumerate(rows):
+        if row_key(r) == row_key(row) or str(r) == str(row):
+            return i
+    shown = ", ".join(str(r) for r in rows)
+    raise ConfigError(f"{path}: row: no row {row} (rows: {shown})")
+
+
+def _variant_name(the_plan: Plan, path: PathLike, variant: Optional[str]) -> str:
+    variants = the_plan["variants"]
+    if variant is None:
+        return variants[0]["name"]
+    for v in variants:
+        if variant in (v["name"], v["label"]):
+            return v["name"]
+    shown = ", ".join(v["name"] for v in variants)
+    raise ConfigError(f"{path}: variant: no variant {variant} (variants: {shown})")
+
+
+def trace(
+    path: PathLike,
+    out: PathLike,
+    row: Any = None,
+    variant: Optional[str] = None,
+    sets: Sequence[str] = (),
+    quick: bool = False,
+) -> Path:
+    """Write a Chrome/Perfetto trace (JSON) of one run of an experiment.
+
+    Args:
+        path: the experiment file.
+        out: where to write the trace (open it in https://ui.perfetto.dev or chrome://tracing).
+        row: the row *value* (e.g. ``8`` threads); default the first row.
+        variant: variant name or label; default the baseline.
+        sets, quick: as for :func:`run`.
+
+    Returns:
+        ``Path(out)``.
+    """
+    the_plan = plan(path, sets, quick)
+    index = _row_index(the_plan, path, row)
+    name = _variant_name(the_plan, path, variant)
+    call("trace", _existing_file(path), _sets(sets), bool(quick), index, name, str(out))
+    return Path(out)
+
+
+def bench(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> BenchResult:
+    """Time one run of the experiment's first point.
+
+    Returns:
+        ``{"steps", "wall_s", "sim_ns", "steps_per_s", "sim_s_per_wall_s"}``.
+    """
+    return call("bench", _existing_file(path), _sets(sets), bool(quick))

@@ -1,0 +1,429 @@
+"""The ``shootdown`` command: a thin typer + rich layer over :mod:`shootdown.api`.
+
+Conventions:
+
+* results go to stdout (or ``--out FILE``); progress bars and notes go to stderr. A progress
+  bar appears only when stderr is a terminal, the output format is not JSON and the work
+  spans more than one chunk of points;
+* bad input — an unknown option, a missing file, an invalid experiment (``ConfigError``) —
+  prints ONE line ``shootdown: error: ...`` on stderr and exits with status 2, never a
+  traceback;
+* ``check`` exits 0 when verified, 1 on a violation, 3 when the state bound was reached.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator, List, NoReturn, Optional, Sequence
+
+import typer
+from typer.core import TyperGroup
+
+try:  # recent typer releases ship their own copy of click; older ones use the click package
+    from typer._click import exceptions as click_exc  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc  # type: ignore[no-redef]
+
+from . import api, paths, records, report
+from ._bridge import ConfigError, NativeUnavailableError
+from ._version import __version__
+
+__all__ = ["app", "main", "EXIT_OK", "EXIT_VIOLATION", "EXIT_USAGE", "EXIT_BOUND"]
+
+EXIT_OK = 0
+EXIT_VIOLATION = 1
+EXIT_USAGE = 2
+EXIT_BOUND = 3
+
+_PROG = "shootdown"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split()) or "unknown error"
+
+
+def _note(message: str) -> None:
+    """A line on stderr (notes, warnings): never mixed into the results on stdout."""
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def _fail(message: str) -> NoReturn:
+    _note(f"{_PROG}: error: {_one_line(message)}")
+    sys.exit(EXIT_USAGE)
+
+
+class _OneLineErrors(TyperGroup):
+    """Runs the command group and turns every input error into one stderr line + exit 2."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Optional[Sequence[str]] = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        no_args_error = getattr(click_exc, "NoArgsIsHelpError", None)
+        try:
+            rv = super().main(
+                args=args,
+                prog_name=prog_name or _PROG,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+        except click_exc.UsageError as exc:
+            if no_args_error is not None and isinstance(exc, no_args_error) and exc.ctx is not None:
+                typer.echo(exc.ctx.get_help())
+                sys.exit(EXIT_OK)
+            _fail(exc.format_message())
+        except click_exc.ClickException as exc:
+            _fail(exc.format_message())
+        except typer.Abort:
+            _note(f"{_PROG}: aborted")
+            sys.exit(130)
+        except (ConfigError, NativeUnavailableError, paths.DataNotFoundError) as exc:
+            _fail(str(exc))
+        except ImportError as exc:  # an optional dependency (pyarrow, matplotlib, ray)
+            _fail(str(exc))
+        except OSError as exc:
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            _fail(f"{where}{exc.strerror or exc}")
+        code = rv if isinstance(rv, int) else EXIT_OK
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    name=_PROG,
+    help="Simulate and model-check x86 Linux TLB shootdowns.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class OutFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+class TextFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class MemoryModel(str, Enum):
+    sc = "sc"
+    tso = "tso"
+
+
+class Strategy(str, Enum):
+    bfs = "bfs"
+    random = "random"
+    pct = "pct"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _LazyBar:
+    """A rich progress bar on stderr, started only when the work spans more than one chunk."""
+
+    def __init__(self, chunk: int, description: str) -> None:
+        self.chunk, self.description = chunk, description
+        self.progress: Any = None
+        self.task: Any = None
+        self.decided = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.decided:
+            self.decided = True
+            if total > self.chunk:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
+
+                self.progress = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("points"),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=Console(stderr=True),
+                    transient=True,
+                )
+                self.progress.start()
+                self.task = self.progress.add_task(self.description, total=total)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+@contextmanager
+def _progress(
+    enabled: bool, threads: Optional[int], description: str
+) -> Iterator[Optional[_LazyBar]]:
+    if not (enabled and sys.stderr.isatty()):
+        yield None
+        return
+    bar = _LazyBar(2 * (threads or api.default_threads()), description)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _emit(text: str, out: Optional[Path]) -> None:
+    if not text.endswith("\n"):
+        text += "\n"
+    if out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        out.write_text(text, encoding="utf-8")
+        _note(f"wrote {out}")
+
+
+def _render(frame: Any, fmt: OutFormat, table: str) -> str:
+    if fmt is OutFormat.json:
+        return records.to_json(frame)
+    if fmt is OutFormat.csv:
+        return report.to_csv(frame) or ""
+    return table
+
+
+def _warn_violations(frame: Any) -> None:
+    if "violations" not in frame or not len(frame):
+        return
+    col = frame["violations"]
+    total = int(sum(len(v) if isinstance(v, list) else int(v or 0) for v in col))
+    if total:
+        _note(f"{_PROG}: warning: {total} invariant violation(s) in simulated runs")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"shootdown {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Simulate and model-check x86 Linux TLB shootdowns."""
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@app.command()
+def reproduce(
+    ids: Optional[List[str]] = typer.Argument(
+        None, metavar="[ID]...", help="Seed ids (000) or experiment names; default all."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration (fewer rows/reps)."),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-j", min=1, help="Worker threads."),
+) -> None:
+    """Run the seed experiments and compare with the published numbers.
+
+    Exit status is 0 even when directions mismatch: the table marks them.
+    """
+    with _progress(fmt is not OutFormat.json, threads, "reproduce") as bar:
+        frame = api.reproduce(ids or None, quick=quick, threads=threads, progress=bar)
+    _emit(_render(frame, fmt, report.format_table(frame)), out)
+    _warn_violations(frame)
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", "-s", metavar="KEY=VALUE", help="Override a key (TOML value); repeatable."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-j", min=1, help="Worker threads."),
+    points: bool = typer.Option(
+        False,
+        "--points",
+        help="Output one row per simulated run (with counters) instead of records.",
+    ),
+    trace_out: Optional[Path] = typer.Option(
+        None,
+        "--trace",
+        metavar="OUT.json",
+        help="Also write a Perfetto trace of the first row, baseline variant.",
+    ),
+    parquet: Optional[Path] = typer.Option(
+        None, "--parquet", metavar="OUT", help="Also write the per-run points as Parquet."
+    ),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", metavar="OUT.png", help="Also plot simulated vs published values."
+    ),
+) -> None:
+    """Run one experiment file and print its table (or JSON/CSV)."""
+    set_list = list(sets or [])
+    with _progress(fmt is not OutFormat.json, threads, file.name) as bar:
+        pts = api.run(file, set_list, quick=quick, threads=threads, progress=bar)
+    recs = api.to_records(pts)
+    if points:
+        frame = pts
+        table = pts.to_string(index=False)
+    else:
+        frame = recs
+        table = report.format_table(recs)
+    _emit(_render(frame, fmt, table), out)
+    if parquet is not None:
+        report.to_parquet(pts, parquet)
+        _note(f"wrote {parquet}")
+    if plot is not None:
+        from .plot import plot_experiment
+
+        plot_experiment(recs, plot)
+        _note(f"wrote {plot}")
+    if trace_out is not None:
+        api.trace(file, trace_out, sets=set_list, quick=quick)
+        _note(f"wrote {trace_out}")
+    _warn_violations(recs)
+
+
+@app.command()
+def check(
+    scenario: Optional[str] = typer.Argument(
+        None, help="Scenario file, or a name in <data>/scenarios/."
+    ),
+    list_: bool = typer.Option(False, "--list", help="List scenarios and mutants."),
+    mutant: Optional[str] = typer.Option(
+        None, "--mutant", help="Check a named mutant (historical bug)."
+    ),
+    memory_model: MemoryModel = typer.Option(
+        MemoryModel.sc, "--memory-model", help="Memory model."
+    ),
+    max_states: int = typer.Option(
+        api.DEFAULT_MAX_STATES, "--max-states", min=1, help="State bound."
+    ),
+    sample: Optional[int] = typer.Option(
+        None, "--sample", min=1, help="Sample N schedules instead of exploring all."
+    ),
+    seed: int = typer.Option(0, "--seed", help="RNG seed for sampling."),
+    strategy: Optional[Strategy] = typer.Option(
+        None, "--strategy", help="bfs, random or pct (default: random with --sample, else bfs)."
+    ),
+    fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
+) -> None:
+    """Model-check a scenario (exit 0 verified, 1 violation, 3 bound reached)."""
+    if list_:
+        listing = api.check_list()
+        text = (
+            json.dumps(listing, indent=2, ensure_ascii=False)
+            if fmt is TextFormat.json
+            else report.format_check_list(listing)
+        )
+        _emit(text, None)
+        return
+    if scenario is None:
+        raise click_exc.UsageError("missing argument SCENARIO (or use --list)")
+    result = api.check(
+        scenario,
+        mutant=mutant,
+        memory_model=memory_model.value,
+        max_states=max_states,
+        sample=sample,
+        seed=seed,
+        strategy=None if strategy is None else strategy.value,
+    )
+    text = (
+        json.dumps(result, indent=2, ensure_ascii=False)
+        if fmt is TextFormat.json
+        else report.format_check(result)
+    )
+    _emit(text, None)
+    verdict = result.get("verdict")
+    if verdict == "violation":
+        raise typer.Exit(EXIT_VIOLATION)
+    if verdict == "bound-reached":
+        raise typer.Exit(EXIT_BOUND)
+
+
+@app.command()
+def bench(
+    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", "-s", metavar="KEY=VALUE", help="Override a key."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
+) -> None:
+    """Time one run of the experiment's first point: steps/s and simulated s per wall s."""
+    result = api.bench(file, list(sets or []), quick=quick)
+    _emit(json.dumps(result) if fmt is TextFormat.json else report.format_bench(result), None)
+
+
+@app.command()
+def trace(
+    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    out: Path = typer.Option(..., "--out", "-o", metavar="OUT.json", help="Trace file to write."),
+    row: Optional[str] = typer.Option(None, "--row", help="Row value (default: first row)."),
+    variant: Optional[str] = typer.Option(
+        None, "--variant", help="Variant name or label (default: baseline)."
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", "-s", metavar="KEY=VALUE", help="Override a key."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+) -> None:
+    """Write a Chrome/Perfetto trace (JSON) of one run."""
+    written = api.trace(file, out, row=row, variant=variant, sets=list(sets or []), quick=quick)
+    _note(f"wrote {written} (open in https://ui.perfetto.dev)")
+
+
+@app.command()
+def info() -> None:
+    """Print the version, the data directory and whether the native module loads."""
+    try:
+        root: str = str(paths.data_root())
+    except paths.DataNotFoundError as exc:
+        root = f"not found ({exc})"
+    try:
+        from ._bridge import native
+
+        native()
+        native_state = "loaded"
+    except NativeUnavailableError as exc:
+        native_state = f"unavailable ({exc})"
+    typer.echo(f"shootdown {__version__}\ndata: {root}\nnative: {native_state}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console-script entry point (``shootdown``)."""
+    app(args=list(argv) if argv is not None else None, prog_name=_PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

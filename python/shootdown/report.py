@@ -1,0 +1,296 @@
+"""Human-readable and file outputs: seed-style tables, CSV, Parquet, checker and bench text.
+
+:func:`format_table` prints records the way the seeds' cover letters print their results::
+
+    seed 000 · sysbench fileio rndwr, mmap on DAX · events/10s
+
+    threads  tip-jun28 avg (stdev)  +patch-set avg (stdev)  change  pub tip-jun28 ...  dir
+    -------  ---------------------  ----------------------  ------  ------------- ...  ---
+    1        1267765 (14146)        1299253 (5715)          +2.5%   1267765 (14146)   ✓
+
+Numbers use one precision for the simulated and one for the published columns of an experiment,
+chosen from the largest value shown (:func:`choose_decimals`): integers from 1000 up
+(``1267765 (14146)``), one decimal from 10 (``13.4``), two from 1, three significant digits
+below.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Union
+
+import pandas as pd
+
+from .records import is_missing, row_key, to_dicts
+from .schema import BenchResult, CheckResult, ScenarioInfo
+
+__all__ = [
+    "choose_decimals",
+    "format_number",
+    "format_change",
+    "format_table",
+    "to_csv",
+    "to_parquet",
+    "format_check",
+    "format_check_list",
+    "format_bench",
+    "OK_MARK",
+    "MISMATCH_MARK",
+]
+
+OK_MARK = "✓"
+MISMATCH_MARK = "✗ MISMATCH"
+_MISSING = "–"
+_SEP = "  "
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def choose_decimals(values: Iterable[Any]) -> int:
+    """Decimals for a group of values, from the largest magnitude: none from 1000 up
+    (``1267765``), 1 from 10 (``13.4``), 2 from 1 (``1.10``), and three significant digits
+    below 1 (at most 6 decimals)."""
+    finite = [abs(float(v)) for v in values if not is_missing(v) and math.isfinite(float(v))]
+    largest = max(finite, default=0.0)
+    if largest == 0.0 or largest >= 1000:
+        return 0
+    if largest >= 10:
+        return 1
+    if largest >= 1:
+        return 2
+    return min(6, 2 - math.floor(math.log10(largest)))
+
+
+def format_number(value: Any, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals, ``–`` when missing."""
+    if is_missing(value):
+        return _MISSING
+    return f"{float(value):.{decimals}f}"
+
+
+def format_change(value: Any) -> str:
+    """A change in percent with its sign, e.g. ``+2.4%``; ``–`` when missing."""
+    if is_missing(value):
+        return _MISSING
+    return f"{float(value):+.1f}%"
+
+
+def _avg_stdev(avg: Any, stdev: Any, decimals: int) -> str:
+    if is_missing(avg):
+        return _MISSING
+    if is_missing(stdev):
+        return format_number(avg, decimals)
+    return f"{format_number(avg, decimals)} ({format_number(stdev, decimals)})"
+
+
+def _dir_mark(ok: Any) -> str:
+    if ok is None or is_missing(ok):
+        return ""
+    return OK_MARK if bool(ok) else MISMATCH_MARK
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _render(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        return _SEP.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return [line(header), line(["-" * len(h) for h in header])] + [line(r) for r in rows]
+
+
+def _unique(values: Iterable[Any], key: Any = lambda v: v) -> List[Any]:
+    seen: Dict[Hashable, None] = {}
+    out = []
+    for v in values:
+        k = key(v)
+        if k not in seen:
+            seen[k] = None
+            out.append(v)
+    return out
+
+
+def _format_experiment(recs: List[Dict[str, Any]]) -> str:
+    first = recs[0]
+    ident = f"seed {first['seed']}" if first.get("seed") else str(first["experiment"])
+    title = " · ".join(x for x in (ident, first.get("title") or "", first.get("unit") or "") if x)
+
+    variants = _unique(
+        ((r["variant"], r["label"], bool(r["baseline"])) for r in recs), key=lambda v: v[0]
+    )
+    others = [v for v in variants if not v[2]]
+    rows = _unique((r["row"] for r in recs), key=row_key)
+    cell = {(row_key(r["row"]), r["variant"]): r for r in recs}
+    has_pub = any(not is_missing(r["published"]) for r in recs)
+    sim_dec = choose_decimals(r["simulated"] for r in recs)
+    pub_dec = choose_decimals(r["published"] for r in recs)
+
+    def change_header(prefix: str, label: str) -> str:
+        name = f"{prefix}change" if len(others) <= 1 else f"{prefix}change {label}"
+        return name.strip()
+
+    header = [str(first.get("row_key") or "row")]
+    header += [f"{label} avg (stdev)" for _, label, _ in variants]
+    header += [change_header("", label) for _, label, _ in others]
+    if has_pub:
+        header += [f"pub {label} avg (stdev)" for _, label, _ in variants]
+        header += [change_header("pub ", label) for _, label, _ in others]
+        header += ["dir" if len(others) <= 1 else f"dir {label}" for _, label, _ in others]
+
+    body: List[List[str]] = []
+    for row in rows:
+        rk = row_key(row)
+
+        def get(name: str, rk: Hashable = rk) -> Dict[str, Any]:
+            return cell.get((rk, name), {})
+
+        line = [str(row)]
+        line += [
+            _avg_stdev(get(n).get("simulated"), get(n).get("stdev"), sim_dec)
+            for n, _, _ in variants
+        ]
+        line += [format_change(get(n).get("change_pct")) for n, _, _ in others]
+        if has_pub:
+            line += [
+                _avg_stdev(get(n).get("published"), get(n).get("published_stdev"), pub_dec)
+                for n, _, _ in variants
+            ]
+            line += [format_change(get(n).get("published_change_pct")) for n, _, _ in others]
+            line += [_dir_mark(get(n).get("direction_ok")) for n, _, _ in others]
+        body.append(line)
+
+    lines = [title, ""] + _render(header, body)
+    judged = [r["direction_ok"] for r in recs if r.get("direction_ok") is not None]
+    if judged:
+        bad = sum(1 for ok in judged if not ok)
+        summary = f"directions: {len(judged) - bad} of {len(judged)} match"
+        lines += ["", summary + (f", {bad} MISMATCH" if bad else "")]
+    violations = sum(int(r.get("violations") or 0) for r in recs)
+    if violations:
+        lines.append(
+            f"invariant violations in simulated runs: {violations} "
+            "(shootdown run FILE --points --format json lists them)"
+        )
+    return "\n".join(lines)
+
+
+def format_table(records: pd.DataFrame) -> str:
+    """Seed-style text tables, one per experiment in ``records`` (see the module docstring).
+
+    Columns: the row key, ``<label> avg (stdev)`` per variant, ``change`` per non-baseline
+    variant, the same for the published numbers (``pub …``) when there are any, and ``dir``:
+    ``✓`` when the simulated direction (up/down/flat) matches the published one, ``✗ MISMATCH``
+    when it does not, blank when it cannot be judged.
+    """
+    recs = to_dicts(records)
+    if not recs:
+        return "no records\n"
+    names = _unique(r["experiment"] for r in recs)
+    blocks = [_format_experiment([r for r in recs if r["experiment"] == n]) for n in names]
+    return "\n\n".join(blocks) + "\n"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def to_csv(frame: pd.DataFrame, path: Optional[Union[str, Path]] = None) -> Optional[str]:
+    """Write ``frame`` as CSV to ``path`` (missing values empty); return the text if no path."""
+    flat = _flatten_lists(frame)
+    if path is None:
+        buf = io.StringIO()
+        flat.to_csv(buf, index=False)
+        return buf.getvalue()
+    flat.to_csv(path, index=False)
+    return None
+
+
+def _flatten_lists(frame: pd.DataFrame) -> pd.DataFrame:
+    """List-valued columns (``violations`` of a points frame) joined with `` | ``."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object and out[col].map(lambda v: isinstance(v, list)).any():
+            out[col] = out[col].map(lambda v: " | ".join(map(str, v)) if isinstance(v, list) else v)
+    return out
+
+
+def to_parquet(frame: pd.DataFrame, path: Union[str, Path]) -> None:
+    """Write ``frame`` as Parquet (needs ``pyarrow``: ``pip install 'shootdown[parquet]'``).
+
+    A ``row`` column mixing numbers and strings is written as strings.
+    """
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "writing Parquet needs pyarrow: pip install 'shootdown[parquet]'"
+        ) from exc
+    out = frame.copy()
+    out.attrs = {}
+    if "row" in out.columns:
+        kinds = {type(v).__name__ for v in out["row"] if v is not None}
+        if len(kinds) > 1 or kinds == {"str"}:
+            out["row"] = out["row"].map(lambda v: None if v is None else str(v))
+    out.to_parquet(path, index=False)
+
+
+# --------------------------------------------------------------------------- checker / bench
+
+
+def format_check(result: CheckResult) -> str:
+    """Text report of a :func:`shootdown.check` result: verdict, size, counterexample."""
+    verdict = result["verdict"]
+    head = f"verdict: {verdict}"
+    if result.get("invariant"):
+        head += f" ({result['invariant']})"
+    what = [f"scenario {result['scenario']}"]
+    if result.get("mutant"):
+        what.append(f"mutant {result['mutant']}")
+    what.append(f"memory model {result['memory_model']}")
+    lines = [
+        head,
+        " · ".join(what),
+        f"states: {result['states']}  transitions: {result['transitions']}  "
+        f"seconds: {float(result['seconds']):.2f}",
+    ]
+    steps = result.get("counterexample") or []
+    if steps:
+        lines.append("counterexample:")
+        num_w = len(str(max(int(s["step"]) for s in steps)))
+        actor_w = max(len(str(s["actor"])) for s in steps)
+        for s in steps:
+            lines.append(
+                f"  {str(s['step']).rjust(num_w)}. {str(s['actor']).ljust(actor_w)}  {s['text']}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def format_check_list(scenarios: Sequence[ScenarioInfo]) -> str:
+    """Text listing of scenarios and their mutants."""
+    if not scenarios:
+        return "no scenarios\n"
+    lines: List[str] = []
+    for sc in scenarios:
+        lines.append(f"{sc['scenario']}  {sc.get('description', '')}".rstrip())
+        mutants = sc.get("mutants") or []
+        width = max((len(m["name"]) for m in mutants), default=0)
+        for m in mutants:
+            bug = f"[{m['bug']}] " if m.get("bug") else ""
+            lines.append(f"  - {m['name'].ljust(width)}  {bug}{m.get('description', '')}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def format_bench(result: BenchResult) -> str:
+    """Text report of a :func:`shootdown.bench` result."""
+    return (
+        f"steps/s: {float(result['steps_per_s']):,.0f}\n"
+        f"simulated s per wall s: {float(result['sim_s_per_wall_s']):.4g}\n"
+        f"({int(result['steps'])} steps, {float(result['sim_ns']) / 1e9:.4g} simulated s "
+        f"in {float(result['wall_s']):.3f} wall s)\n"
+    )

@@ -1,0 +1,119 @@
+"""Typed shapes of the JSON that ``shootdown._native`` returns (the native contract).
+
+These are ``TypedDict``\\ s: at run time they are plain ``dict``\\ s.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, TypedDict, Union
+
+__all__ = [
+    "RowValue",
+    "ExperimentInfo",
+    "VariantInfo",
+    "PublishedCell",
+    "PlannedPoint",
+    "Plan",
+    "PointResult",
+    "CheckStep",
+    "CheckResult",
+    "MutantInfo",
+    "ScenarioInfo",
+    "BenchResult",
+]
+
+#: A row of an experiment: the value of its ``row_key`` (e.g. a thread count, a VM count).
+RowValue = Union[int, float, str]
+
+
+class ExperimentInfo(TypedDict):
+    name: str
+    seed: Optional[str]
+    title: str
+    profile: str
+    metric: str
+    unit: str
+    row_key: str
+    higher_is_better: bool
+    repetitions: int
+
+
+class VariantInfo(TypedDict):
+    name: str
+    label: str
+
+
+class PublishedCell(TypedDict):
+    row: RowValue
+    variant: str
+    value: float
+    stdev: Optional[float]
+
+
+class PlannedPoint(TypedDict):
+    index: int
+    row: RowValue
+    variant: str
+    rep: int
+    seed: int
+
+
+class Plan(TypedDict):
+    """What ``plan()`` returns. ``variants[0]`` is the baseline."""
+
+    experiment: ExperimentInfo
+    variants: List[VariantInfo]
+    rows: List[RowValue]
+    published: List[PublishedCell]
+    points: List[PlannedPoint]
+
+
+class PointResult(TypedDict):
+    index: int
+    row: RowValue
+    variant: str
+    rep: int
+    value: float
+    sim_ns: float
+    steps: int
+    wall_s: float
+    counters: Dict[str, float]
+    violations: List[str]
+
+
+class CheckStep(TypedDict):
+    step: int
+    actor: str
+    text: str
+
+
+class CheckResult(TypedDict):
+    scenario: str
+    mutant: Optional[str]
+    memory_model: str
+    verdict: str  # "violation" | "verified" | "bound-reached"
+    invariant: Optional[str]
+    states: int
+    transitions: int
+    seconds: float
+    counterexample: List[CheckStep]
+
+
+class MutantInfo(TypedDict):
+    name: str
+    bug: Optional[str]
+    description: str
+
+
+class ScenarioInfo(TypedDict):
+    scenario: str
+    description: str
+    mutants: List[MutantInfo]
+
+
+class BenchResult(TypedDict):
+    steps: int
+    wall_s: float
+    sim_ns: float
+    steps_per_s: float
+    sim_s_per_wall_s: float

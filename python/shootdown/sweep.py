@@ -1,0 +1,351 @@
+"""Parameter sweeps with a resumable on-disk cache, run locally or on a Ray cluster.
+
+:func:`sweep` expands a grid of ``--set`` values into combinations, plans each combination and
+runs its points. Every finished point is stored at once as one JSON file under ``cache_dir``,
+named by the SHA-256 of its provenance key:
+
+* the experiment file's bytes (as a SHA-256),
+* the profile's name and the bytes of its profile file and of every profile it ``inherits``,
+* the ``--set`` overrides (in order) and the ``quick`` flag,
+* the point's index in the plan,
+* the package version (and the native module's ``__version__`` when it has one).
+
+A run is a pure function of that key, so re-running a sweep — after an interruption, or with
+a larger grid — loads finished points from the cache and computes only the missing ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from . import api
+from ._bridge import native
+from ._version import __version__
+from .records import points_frame, summarize
+from .schema import Plan, PointResult
+
+__all__ = ["Raw", "toml_literal", "expand_grid", "point_key", "sweep", "summarize_sweep"]
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_INHERITS = re.compile(r'^\s*inherits\s*=\s*"([^"]+)"', re.MULTILINE)
+
+
+class Raw(str):
+    """A grid value given as literal TOML text (``Raw("{ a = 1 }")``), passed through as is."""
+
+
+def toml_literal(value: Any) -> str:
+    """The TOML spelling of a Python value for ``--set KEY=VALUE``.
+
+    ``bool``, ``int``, ``float``, ``str`` (quoted), lists/tuples (arrays), dicts (inline
+    tables) and :class:`Raw` (verbatim).
+    """
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = []
+        for k, v in value.items():
+            key = k if _BARE_KEY.match(str(k)) else json.dumps(str(k))
+            items.append(f"{key} = {toml_literal(v)}")
+        return "{ " + ", ".join(items) + " }" if items else "{}"
+    if hasattr(value, "item"):  # numpy scalar
+        return toml_literal(value.item())
+    raise TypeError(f"cannot write {value!r} as a TOML value")
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
+    """All combinations of a grid ``{key: [values...]}`` (last key varies fastest)."""
+    keys = list(grid)
+    for k in keys:
+        if isinstance(grid[k], (str, bytes)) or not hasattr(grid[k], "__iter__"):
+            raise TypeError(f"grid[{k!r}] must be a list of values")
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(list(grid[k]) for k in keys))]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _profile_dirs(experiment: Path) -> List[Path]:
+    """Where the Rust core looks for profiles: $SHOOTDOWN_PROFILES, then ``profiles/`` in
+    each ancestor of the experiment file."""
+    dirs = []
+    if os.environ.get("SHOOTDOWN_PROFILES"):
+        dirs.append(Path(os.environ["SHOOTDOWN_PROFILES"]))
+    dirs.extend(p / "profiles" for p in experiment.resolve().parents)
+    return dirs
+
+
+def _profile_hashes(experiment: Path, profile: str) -> List[str]:
+    """SHA-256 of the profile file and of each profile it inherits (best effort)."""
+    hashes: List[str] = []
+    seen: set = set()
+    name: Optional[str] = profile
+    dirs = _profile_dirs(experiment)
+    while name and name not in seen and len(seen) < 32:
+        seen.add(name)
+        found = next((d / f"{name}.toml" for d in dirs if (d / f"{name}.toml").is_file()), None)
+        if found is None:
+            hashes.append(f"missing:{name}")
+            break
+        data = found.read_bytes()
+        hashes.append(_sha256(data))
+        match = _INHERITS.search(data.decode("utf-8", "replace"))
+        name = match.group(1) if match else None
+    return hashes
+
+
+def _versions() -> str:
+    native_version = None
+    try:
+        native_version = getattr(native(), "__version__", None)
+    except ImportError:
+        pass
+    return __version__ if native_version is None else f"{__version__}+native.{native_version}"
+
+
+def point_key(provenance: Mapping[str, Any]) -> str:
+    """The cache key of one point: SHA-256 of its canonical provenance JSON."""
+    return _sha256(json.dumps(provenance, sort_keys=True, separators=(",", ":")).encode())
+
+
+@dataclass
+class _Combo:
+    number: int
+    values: Dict[str, Any]
+    sets: List[str]
+    plan: Plan
+    keys: Dict[int, str] = field(default_factory=dict)
+    provenance: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+    results: Dict[int, PointResult] = field(default_factory=dict)
+    cached: Dict[int, bool] = field(default_factory=dict)
+
+    def missing(self) -> List[int]:
+        return [p["index"] for p in self.plan["points"] if p["index"] not in self.results]
+
+
+class _Cache:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.json"
+
+    def load(self, key: str) -> Optional[PointResult]:
+        try:
+            with open(self.path(key), encoding="utf-8") as fh:
+                entry = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        if entry.get("key") != key or "result" not in entry:
+            return None
+        return entry["result"]
+
+    def store(self, key: str, provenance: Mapping[str, Any], result: PointResult) -> None:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"key": key, "provenance": dict(provenance), "result": result}
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(entry, fh)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _run_chunk(
+    path: str, sets: List[str], quick: bool, indices: List[int], threads: int
+) -> List[Any]:
+    """Run a chunk of points (module-level so Ray can ship it to workers)."""
+    return json.loads(native().run_points(path, sets, quick, indices, threads))
+
+
+def _import_ray() -> Any:
+    try:
+        import ray  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ImportError(
+            "backend='ray' needs Ray: pip install 'shootdown[dist]' (or use backend='local')"
+        ) from exc
+    return ray
+
+
+def sweep(
+    path: api.PathLike,
+    grid: Mapping[str, Sequence[Any]],
+    backend: str = "local",
+    cache_dir: api.PathLike = ".shootdown-cache",
+    sets: Sequence[str] = (),
+    quick: bool = False,
+    threads: Optional[int] = None,
+    progress: Optional[api.ProgressCallback] = None,
+    chunk_size: Optional[int] = None,
+) -> pd.DataFrame:
+    """Run an experiment over every combination of ``grid``, resuming from ``cache_dir``.
+
+    Args:
+        path: the experiment file.
+        grid: ``{"dotted.key": [values...]}``, e.g. ``{"workload.threads": [1, 2, 4],
+            "variants.after.options.smp_call": ["concurrent"]}``. Python values are written as
+            TOML (strings quoted); use :class:`Raw` for literal TOML.
+        backend: ``"local"`` (threads inside Rust) or ``"ray"`` (one Ray task per chunk of
+            points; connects with ``ray.init()`` unless Ray is already initialised, so
+            ``RAY_ADDRESS`` selects a cluster).
+        cache_dir: directory of the point cache (created as needed).
+        sets: overrides applied before the grid's.
+        quick: the experiment's quick configuration.
+        threads: local: worker threads (default: available CPUs); ray: threads (and CPUs
+            reserved) per task (default 1).
+        progress: ``progress(done, total)`` over all points; cached points count as done.
+        chunk_size: points per native call / Ray task (default ``2 × threads``).
+
+    Returns:
+        A points frame (as :func:`shootdown.run`) over all combinations, with ``combo`` (the
+        combination's number), one column per grid key holding its value, and ``cached``
+        (True if the point came from the cache). ``attrs["plans"]`` maps combo → plan; see
+        :func:`summarize_sweep`.
+    """
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend must be 'local' or 'ray', not {backend!r}")
+    experiment = Path(api._existing_file(path))
+    exp_sha = _sha256(experiment.read_bytes())
+    version = _versions()
+    cache = _Cache(Path(cache_dir))
+
+    combos: List[_Combo] = []
+    for number, values in enumerate(expand_grid(grid) if grid else [{}]):
+        combo_sets = list(api._sets(sets)) + [f"{k}={toml_literal(v)}" for k, v in values.items()]
+        the_plan = api.plan(experiment, combo_sets, quick)
+        combo = _Combo(number, values, combo_sets, the_plan)
+        profile = the_plan["experiment"].get("profile", "")
+        profile_hashes = _profile_hashes(experiment, profile)
+        for point in the_plan["points"]:
+            prov = {
+                "experiment_sha256": exp_sha,
+                "profile": profile,
+                "profile_sha256": profile_hashes,
+                "sets": combo_sets,
+                "quick": bool(quick),
+                "index": int(point["index"]),
+                "version": version,
+            }
+            key = point_key(prov)
+            combo.keys[point["index"]] = key
+            combo.provenance[point["index"]] = prov
+            hit = cache.load(key)
+            if hit is not None:
+                combo.results[point["index"]] = hit
+                combo.cached[point["index"]] = True
+        combos.append(combo)
+
+    total = sum(len(c.plan["points"]) for c in combos)
+    done = sum(len(c.results) for c in combos)
+    if progress is not None:
+        progress(done, total)
+
+    def finish(combo: _Combo, results: List[PointResult]) -> None:
+        nonlocal done
+        for r in results:
+            idx = int(r["index"])
+            cache.store(combo.keys[idx], combo.provenance[idx], r)
+            combo.results[idx] = r
+            combo.cached[idx] = False
+        done += len(results)
+        if progress is not None:
+            progress(done, total)
+
+    if backend == "local":
+        threads = threads or api.default_threads()
+        size = chunk_size or max(1, 2 * threads)
+        for combo in combos:
+            missing = combo.missing()
+            for start in range(0, len(missing), size):
+                part = missing[start : start + size]
+                finish(combo, _run_chunk(str(experiment), combo.sets, bool(quick), part, threads))
+    else:
+        _sweep_ray(experiment, combos, bool(quick), threads or 1, chunk_size, finish)
+
+    frames = []
+    for combo in combos:
+        results = [combo.results[p["index"]] for p in combo.plan["points"]]
+        frame = points_frame(combo.plan, results)
+        frame.insert(0, "combo", combo.number)
+        for pos, (k, v) in enumerate(combo.values.items(), start=1):
+            frame.insert(pos, k, pd.Series([v] * len(frame), dtype=object, index=frame.index))
+        frame["cached"] = [combo.cached.get(int(i), False) for i in frame["index"]]
+        frames.append(frame)
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    out.attrs = {
+        "plans": {c.number: c.plan for c in combos},
+        "grid": {k: list(v) for k, v in grid.items()},
+    }
+    return out
+
+
+def _sweep_ray(
+    experiment: Path,
+    combos: List[_Combo],
+    quick: bool,
+    threads: int,
+    chunk_size: Optional[int],
+    finish: Callable[[_Combo, List[PointResult]], None],
+) -> None:
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(ignore_reinit_error=True)
+    remote = ray.remote(num_cpus=threads)(_run_chunk)
+    size = chunk_size or max(1, 2 * threads)
+    pending: Dict[Any, _Combo] = {}
+    for combo in combos:
+        missing = combo.missing()
+        for start in range(0, len(missing), size):
+            part = missing[start : start + size]
+            ref = remote.remote(str(experiment), combo.sets, quick, part, threads)
+            pending[ref] = combo
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            finish(pending.pop(ref), ray.get(ref))
+
+
+def summarize_sweep(frame: pd.DataFrame) -> pd.DataFrame:
+    """:func:`shootdown.summarize` of every combination of a :func:`sweep` frame, with the
+    ``combo`` and grid columns in front."""
+    plans: Dict[int, Plan] = frame.attrs.get("plans", {})
+    grid_keys: Tuple[str, ...] = tuple(frame.attrs.get("grid", {}))
+    parts = []
+    for number, group in frame.groupby("combo", sort=True):
+        combo = int(number)  # type: ignore[call-overload,arg-type]
+        summary = summarize(group, plans[combo])
+        summary.insert(0, "combo", combo)
+        for pos, key in enumerate(grid_keys, start=1):
+            summary.insert(pos, key, pd.Series([group[key].iloc[0]] * len(summary), dtype=object))
+        parts.append(summary)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

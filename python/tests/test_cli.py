@@ -1,0 +1,236 @@
+"""The ``shootdown`` command line, with the fake native module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shootdown.cli import app
+from shootdown.records import RECORD_COLUMNS
+
+
+def invoke(runner, *args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("shootdown: error: ")
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    return lines[0]
+
+
+def test_reproduce_json_is_exactly_one_array(runner, fake_native, data_home) -> None:
+    result = invoke(runner, "reproduce", "--quick", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)  # the whole of stdout is one JSON document
+    assert isinstance(data, list) and len(data) == 2 * 2 + 1 * 2
+    assert all(list(r) == list(RECORD_COLUMNS) for r in data)
+    assert {r["seed"] for r in data} == {"000", "002"}
+    assert result.stdout.lstrip().startswith("[") and result.stdout.rstrip().endswith("]")
+    assert "NaN" not in result.stdout
+
+
+def test_reproduce_ids_and_table_default(runner, fake_native, data_home) -> None:
+    result = invoke(runner, "reproduce", "000", "--quick")
+    assert result.exit_code == 0  # even with a direction MISMATCH in the table
+    assert result.stdout.startswith("seed 000 · ")
+    assert "✗ MISMATCH" in result.stdout and "seed 002" not in result.stdout
+
+
+def test_reproduce_csv_to_file(runner, fake_native, data_home, tmp_path) -> None:
+    out = tmp_path / "r.csv"
+    result = invoke(runner, "reproduce", "002", "--quick", "--format", "csv", "--out", out)
+    assert result.exit_code == 0 and result.stdout == ""
+    assert out.read_text().splitlines()[0] == ",".join(RECORD_COLUMNS)
+    assert f"wrote {out}" in result.stderr
+
+
+def test_unknown_option(runner, fake_native) -> None:
+    line = one_error_line(invoke(runner, "reproduce", "--bogus"))
+    assert "--bogus" in line
+
+
+def test_bad_choice(runner, fake_native) -> None:
+    line = one_error_line(invoke(runner, "reproduce", "--format", "xml"))
+    assert "--format" in line
+
+
+def test_missing_file(runner, fake_native, tmp_path) -> None:
+    line = one_error_line(invoke(runner, "run", tmp_path / "missing.toml"))
+    assert line == f"shootdown: error: {tmp_path / 'missing.toml'}: -: no such file"
+
+
+def test_config_error_line(runner, fake_native, seed000) -> None:
+    line = one_error_line(invoke(runner, "run", seed000, "--set", "nosuch.key=1"))
+    assert line == f"shootdown: error: {seed000}: nosuch.key: unknown key"
+
+
+def test_unknown_seed_id(runner, fake_native, data_home) -> None:
+    line = one_error_line(invoke(runner, "reproduce", "123"))
+    assert line.endswith(": 123: no seed experiment has this seed or name")
+
+
+def test_run_formats_and_side_outputs(runner, fake_native, seed000, tmp_path) -> None:
+    res = invoke(runner, "run", seed000, "--quick", "--set", "workload.fake_noise=0.0")
+    assert res.exit_code == 0 and res.stdout.startswith("seed 000 · ")
+    assert fake_native.calls[0][1][1] == ["workload.fake_noise=0.0"]
+
+    res = invoke(runner, "run", seed000, "--quick", "--format", "json")
+    assert len(json.loads(res.stdout)) == 4
+
+    res = invoke(runner, "run", seed000, "--quick", "--format", "json", "--points")
+    pts = json.loads(res.stdout)
+    assert len(pts) == 8 and "c.nr_tlb_remote_flush" in pts[0] and pts[0]["violations"] == []
+
+    trace = tmp_path / "t.json"
+    res = invoke(runner, "run", seed000, "--quick", "--format", "csv", "--trace", trace)
+    assert res.exit_code == 0 and trace.exists()
+    assert res.stdout.splitlines()[0] == ",".join(RECORD_COLUMNS)
+
+
+def test_run_plot(runner, fake_native, seed000, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    res = invoke(runner, "run", seed000, "--quick", "--plot", png)
+    assert res.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_warns_about_violations(runner, fake_native, seed000) -> None:
+    res = invoke(
+        runner, "run", seed000, "--quick", "--set", "variants.after.options.fake_violation=true"
+    )
+    assert res.exit_code == 0
+    assert "warning: 4 invariant violation(s)" in res.stderr
+
+
+def test_check_exit_codes_and_text(runner, fake_native, data_home) -> None:
+    ok = invoke(runner, "check", "lazy-switch")
+    assert ok.exit_code == 0 and ok.stdout.startswith("verdict: verified")
+
+    bad = invoke(
+        runner, "check", "lazy-switch", "--mutant", "no-tlb-gen-check", "--memory-model", "tso"
+    )
+    assert bad.exit_code == 1
+    lines = bad.stdout.splitlines()
+    assert lines[0] == "verdict: violation (INV-STALE)"
+    assert lines[2].startswith("states: 42  transitions: 99  seconds:")
+    assert lines[4] == "   1. cpu1  switch_mm_irqs_off: set bit in mm_cpumask(mm1)"
+    assert lines[6] == "  10. cpu1  use stale translation of VA 0x1000"
+    assert fake_native.calls[-1][1][2] == "tso"
+
+    bound = invoke(runner, "check", "lazy-switch", "--max-states", "5")
+    assert bound.exit_code == 3
+
+    js = invoke(
+        runner,
+        "check",
+        str(data_home / "scenarios" / "pv-flush.toml"),
+        "--mutant",
+        "m",
+        "--format",
+        "json",
+    )
+    assert js.exit_code == 1 and json.loads(js.stdout)["verdict"] == "violation"
+
+    sampled = invoke(
+        runner, "check", "pv-flush", "--sample", "100", "--seed", "7", "--strategy", "pct"
+    )
+    assert sampled.exit_code == 0 and fake_native.calls[-1][1][4:] == (100, 7, "pct")
+
+
+def test_check_errors(runner, fake_native, data_home) -> None:
+    assert "no such scenario" in one_error_line(invoke(runner, "check", "nope"))
+    assert "unknown mutant" in one_error_line(
+        invoke(runner, "check", "pv-flush", "--mutant", "bogus")
+    )
+    assert "SCENARIO" in one_error_line(invoke(runner, "check"))
+    one_error_line(invoke(runner, "check", "pv-flush", "--memory-model", "arm"))
+
+
+def test_check_list(runner, fake_native, data_home) -> None:
+    text = invoke(runner, "check", "--list")
+    assert text.exit_code == 0 and text.stdout.splitlines()[0].startswith("lazy-switch")
+    js = invoke(runner, "check", "--list", "--format", "json")
+    assert [s["scenario"] for s in json.loads(js.stdout)] == ["lazy-switch", "pv-flush"]
+
+
+def test_bench_and_trace(runner, fake_native, seed000, tmp_path) -> None:
+    res = invoke(runner, "bench", seed000)
+    assert res.exit_code == 0 and res.stdout.splitlines()[0] == "steps/s: 246,912"
+    res = invoke(runner, "bench", seed000, "--format", "json")
+    assert json.loads(res.stdout)["steps"] == 123456
+
+    out = tmp_path / "trace.json"
+    res = invoke(runner, "trace", seed000, "--row", "8", "--variant", "after", "--out", out)
+    assert res.exit_code == 0 and out.exists()
+    assert fake_native.calls[-1][1][3:5] == (3, "after")
+    assert "no row 5" in one_error_line(
+        invoke(runner, "trace", seed000, "--row", "5", "--out", out)
+    )
+    assert "--out" in one_error_line(invoke(runner, "trace", seed000))
+
+
+def test_version_info_and_help(runner, fake_native, data_home) -> None:
+    assert invoke(runner, "--version").stdout.startswith("shootdown ")
+    info = invoke(runner, "info")
+    assert info.exit_code == 0 and f"data: {data_home}" in info.stdout
+    assert invoke(runner, "--help").exit_code == 0
+    bare = invoke(runner)
+    assert bare.exit_code == 0 and "reproduce" in bare.stdout
+
+
+def test_native_missing_is_one_line(runner, monkeypatch, seed000) -> None:
+    from shootdown import _bridge
+
+    def boom():
+        raise _bridge.NativeUnavailableError(
+            "the Rust extension shootdown._native is not available"
+        )
+
+    monkeypatch.setattr("shootdown._bridge.native", boom)
+    line = one_error_line(invoke(runner, "run", seed000))
+    assert "shootdown._native" in line
+
+
+def test_console_script_entry_point(fake_native, data_home, capsys) -> None:
+    from shootdown.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "002", "--quick", "--format", "json"])
+    assert exc.value.code == 0
+    assert json.loads(capsys.readouterr().out)[0]["seed"] == "002"
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(Path("/nonexistent/x.toml"))])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == "shootdown: error: /nonexistent/x.toml: -: no such file\n"
+
+
+def test_progress_bar_only_on_a_tty_and_for_several_chunks(monkeypatch) -> None:
+    import io
+
+    from shootdown import cli
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(cli.sys, "stderr", io.StringIO())
+    with cli._progress(True, 2, "x") as bar:
+        assert bar is None  # not a terminal
+    monkeypatch.setattr(cli.sys, "stderr", Tty())
+    with cli._progress(False, 2, "x") as bar:
+        assert bar is None  # e.g. --format json
+    with cli._progress(True, 2, "x") as bar:
+        assert bar is not None
+        bar(0, 4)  # a single chunk (2 × threads): no bar
+        assert bar.progress is None
+    with cli._progress(True, 2, "x") as bar:
+        bar(0, 40)
+        assert bar.progress is not None
+        bar(4, 40)
+        assert bar.progress.tasks[0].completed == 4

@@ -1,0 +1,190 @@
+"""Table, CSV, Parquet, checker and bench formatting."""
+
+from __future__ import annotations
+
+import builtins
+import io
+
+import pandas as pd
+import pytest
+
+import shootdown
+from shootdown import report
+from shootdown.records import RECORD_COLUMNS
+
+
+def test_choose_decimals_follows_the_seed_conventions() -> None:
+    assert report.choose_decimals([1267765.0, 14146.0]) == 0
+    assert report.choose_decimals([1000.0]) == 0
+    assert report.choose_decimals([21.6, 13.4]) == 1
+    assert report.choose_decimals([89.117, 84.768]) == 1
+    assert report.choose_decimals([1.1, 1.9]) == 2
+    assert report.choose_decimals([0.0123]) == 4
+    assert report.choose_decimals([None, float("nan")]) == 0
+    assert report.format_number(1267765.4, 0) == "1267765"
+    assert report.format_number(13.42, 1) == "13.4"
+    assert report.format_number(None, 1) == "–"
+    assert report.format_change(2.44) == "+2.4%"
+    assert report.format_change(-0.26) == "-0.3%"
+
+
+def test_format_table_like_the_cover_letters(fake_native, data_home) -> None:
+    records = shootdown.reproduce(quick=True, threads=2)
+    text = report.format_table(records)
+    blocks = text.strip().split("\n\n")
+    assert blocks[0] == "seed 000 · sysbench fileio rndwr (fake) · events/10s"
+    header, dashes, *rows = blocks[1].splitlines()
+    assert header.split("  ")[0] == "threads"
+    for col in (
+        "tip-jun28 avg (stdev)",
+        "+patch-set avg (stdev)",
+        "change",
+        "pub tip-jun28 avg (stdev)",
+        "pub +patch-set avg (stdev)",
+        "pub change",
+        "dir",
+    ):
+        assert col in header
+    assert set(dashes.replace(" ", "")) == {"-"}
+    assert rows[0].startswith("1 ") and "1267765 (14146)" in rows[0] and "1299253 (5715)" in rows[0]
+    assert rows[0].rstrip().endswith("✓")  # +5 % simulated, +2.5 % published
+    assert rows[1].startswith("8 ") and rows[1].rstrip().endswith("✗ MISMATCH")  # up vs down
+    assert "+5.2%" in rows[0] and "+2.5%" in rows[0] and "-4.1%" in rows[1]
+    assert blocks[2] == "directions: 1 of 2 match, 1 MISMATCH"
+    # seed 002: small published values keep one decimal like the cover letter
+    assert blocks[3] == "seed 002 · MADV_DONTNEED + migrate (fake) · µs"
+    row = blocks[4].splitlines()[2]
+    assert "21.6" in row and "13.4" in row and row.startswith("dontneed")
+
+
+def test_format_table_without_published_numbers(fake_native, seed000) -> None:
+    pts = shootdown.run(seed000, sets=['experiment.seed=""'], quick=True)
+    recs = shootdown.to_records(pts)
+    recs["published"] = float("nan")
+    recs["direction_ok"] = None
+    text = report.format_table(recs)
+    assert text.startswith("seed000-test · sysbench")  # no seed id: the experiment name
+    assert "pub " not in text and "dir" not in text and "directions" not in text
+
+
+def test_format_table_reports_violations(fake_native, seed000) -> None:
+    pts = shootdown.run(seed000, sets=["variants.after.options.fake_violation=true"], quick=True)
+    assert any(pts["violations"].map(len))
+    text = report.format_table(shootdown.to_records(pts))
+    assert "invariant violations in simulated runs: 4" in text
+
+
+def test_empty_table() -> None:
+    assert report.format_table(pd.DataFrame(columns=list(RECORD_COLUMNS))) == "no records\n"
+
+
+def test_csv_roundtrip(fake_native, data_home, tmp_path) -> None:
+    records = shootdown.reproduce(["000"], quick=True)
+    text = report.to_csv(records)
+    back = pd.read_csv(io.StringIO(text), dtype={"seed": str})
+    assert list(back.columns) == list(RECORD_COLUMNS)
+    assert back["seed"].tolist() == ["000"] * 4
+    out = tmp_path / "r.csv"
+    assert report.to_csv(records, out) is None and out.read_text() == text
+
+
+def test_points_csv_flattens_violation_lists(fake_native, seed000) -> None:
+    pts = shootdown.run(seed000, sets=["variants.after.options.fake_violation=true"], quick=True)
+    text = report.to_csv(pts)
+    assert "INV-STALE: fake violation" in text and "[" not in text.splitlines()[-1]
+
+
+def test_parquet_needs_pyarrow(monkeypatch, tmp_path) -> None:
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *args, **kwargs):
+        if name == "pyarrow":
+            raise ImportError("no pyarrow")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    with pytest.raises(ImportError, match=r"shootdown\[parquet\]"):
+        report.to_parquet(pd.DataFrame({"a": [1]}), tmp_path / "x.parquet")
+
+
+def test_parquet_roundtrip(fake_native, data_home, tmp_path) -> None:
+    pytest.importorskip("pyarrow")
+    records = shootdown.reproduce(quick=True)  # rows mix ints (000) and strings (002)
+    out = tmp_path / "r.parquet"
+    report.to_parquet(records, out)
+    back = pd.read_parquet(out)
+    assert len(back) == len(records) and back["row"].tolist()[0] == "1"
+
+
+CHECK = {
+    "scenario": "lazy-switch",
+    "mutant": "no-tlb-gen-check",
+    "memory_model": "tso",
+    "verdict": "violation",
+    "invariant": "INV-STALE",
+    "states": 1234,
+    "transitions": 5678,
+    "seconds": 0.125,
+    "counterexample": [
+        {"step": 1, "actor": "cpu1", "text": "switch_mm_irqs_off: set bit in mm_cpumask(mm1)"},
+        {"step": 10, "actor": "cpu0", "text": "flush_tlb_mm_range: done"},
+    ],
+}
+
+
+def test_format_check() -> None:
+    lines = report.format_check(CHECK).splitlines()
+    assert lines[0] == "verdict: violation (INV-STALE)"
+    assert lines[1] == "scenario lazy-switch · mutant no-tlb-gen-check · memory model tso"
+    assert lines[2] == "states: 1234  transitions: 5678  seconds: 0.12"
+    assert lines[3] == "counterexample:"
+    assert lines[4] == "   1. cpu1  switch_mm_irqs_off: set bit in mm_cpumask(mm1)"
+    assert lines[5] == "  10. cpu0  flush_tlb_mm_range: done"
+
+
+def test_format_check_list_and_bench() -> None:
+    text = report.format_check_list(
+        [
+            {
+                "scenario": "s",
+                "description": "d",
+                "mutants": [{"name": "m", "bug": "N3", "description": "x"}],
+            }
+        ]
+    )
+    assert text == "s  d\n  - m  [N3] x\n"
+    bench = report.format_bench(
+        {
+            "steps": 10,
+            "wall_s": 0.5,
+            "sim_ns": 2e9,
+            "steps_per_s": 1234567.0,
+            "sim_s_per_wall_s": 4.0,
+        }
+    )
+    assert bench.splitlines()[0] == "steps/s: 1,234,567"
+    assert bench.splitlines()[1] == "simulated s per wall s: 4"
+
+
+def test_plot_needs_matplotlib(monkeypatch, tmp_path) -> None:
+    from shootdown import plot
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    with pytest.raises(ImportError, match=r"shootdown\[plot\]"):
+        plot.plot_experiment(pd.DataFrame(columns=list(RECORD_COLUMNS)), tmp_path / "x.png")
+
+
+def test_plot_svg(fake_native, data_home, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    records = shootdown.reproduce(quick=True)
+    out = shootdown.plot.plot_experiment(records, tmp_path / "r.svg")
+    assert out.read_text().lstrip().startswith("<?xml")
+    with pytest.raises(ValueError):
+        shootdown.plot.plot_experiment(records, tmp_path / "none.svg", experiment="nope")
