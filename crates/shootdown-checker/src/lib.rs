@@ -1,1 +1,252 @@
+//! # shootdown-checker
+//!
+//! The explorer: it runs the very step code the timed driver runs (`shootdown_linux::Machine`
+//! through the engine's [`Model`] trait) but chooses itself which enabled action happens next,
+//! covering every interleaving of a small scenario breadth-first (so a counterexample is a
+//! shortest one), or sampling schedules of a larger one (random walk, PCT). The coherence oracle
+//! inside the model reports violations (`INV-STALE`, `INV-PTFREE`, `INV-ASID`, `INV-CTX`); the
+//! explorer adds deadlock (`X4-DEADLOCK`).
+//!
+//! * [`scenario`] — scenario files (`scenarios/*.toml`);
+//! * [`explore`] — generic breadth-first exploration with state hashing, POR and symmetry hooks;
+//! * [`reduce`] — the reductions for `Machine` (local-step POR, CPU symmetry);
+//! * [`sample`] — random-walk and PCT sampling;
+//! * [`report`] — results, text/JSON output, scenario listing.
+//!
+//! See `docs/checker.md`.
 
+pub mod describe;
+pub mod error;
+pub mod explore;
+pub mod reduce;
+pub mod report;
+pub mod sample;
+pub mod scenario;
+
+pub use error::CheckError;
+pub use explore::{explore, Exploration, Limits, Verdict};
+pub use report::{list, list_json, CheckResult, MutantInfo, ScenarioInfo, Step};
+pub use scenario::Scenario;
+
+use shootdown_engine::{Model, Violation};
+use shootdown_linux::describe::NullEnv;
+use shootdown_linux::{Action, Machine, MemoryModel};
+use std::path::Path;
+
+/// Default state bound of `shootdown check`.
+pub const DEFAULT_MAX_STATES: u64 = 5_000_000;
+
+/// Knobs of one check beyond the public [`check`] arguments (used by tests and the bench).
+#[derive(Clone, Copy, Debug)]
+pub struct CheckOptions {
+    pub max_states: u64,
+    pub por: bool,
+    /// CPU symmetry reduction over the scenario's `symmetric` groups. Off by default: the model
+    /// is not CPU-rename-invariant (see `reduce.rs`), so it under-approximates.
+    pub symmetry: bool,
+    /// When POR found a violation, re-run without it (bounded by the depth found) so the
+    /// counterexample is a globally shortest one.
+    pub shortest: bool,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            max_states: DEFAULT_MAX_STATES,
+            por: true,
+            symmetry: false,
+            shortest: true,
+        }
+    }
+}
+
+/// Replay `path` from `init`, describing each action in kernel terms.
+pub fn replay(init: &Machine, path: &[Action], violation: Option<&Violation>) -> Vec<Step> {
+    let mut m = init.clone();
+    let mut steps = Vec::with_capacity(path.len());
+    for (i, &a) in path.iter().enumerate() {
+        let actor = m.agent_name(m.agent_of(a));
+        let mut text = describe::describe(&m, a);
+        let out = m.apply(a, &mut NullEnv);
+        if i + 1 == path.len() {
+            if let Some(v) = out.violation.as_ref().or(violation) {
+                text = format!("{text}  ⇒ {v}");
+            }
+        }
+        steps.push(Step {
+            step: i + 1,
+            actor,
+            text,
+        });
+    }
+    steps
+}
+
+fn mm_name(m: MemoryModel) -> &'static str {
+    match m {
+        MemoryModel::Sc => "sc",
+        MemoryModel::Tso => "tso",
+    }
+}
+
+/// Exhaustively explore a loaded scenario.
+pub fn check_scenario(
+    sc: &Scenario,
+    mutant: Option<&str>,
+    mem: MemoryModel,
+    opts: CheckOptions,
+) -> Result<CheckResult, CheckError> {
+    let init = sc.build(mutant, mem)?;
+    let red = reduce::MachineReduction::new(sc, opts.symmetry);
+    let limits = Limits {
+        max_states: opts.max_states,
+        max_depth: None,
+        por: opts.por,
+    };
+    let mut ex = explore(&init, &red, limits);
+    let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
+    if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 {
+        let again = explore(
+            &init,
+            &red,
+            Limits {
+                max_states: opts.max_states,
+                max_depth: Some(ex.path.len() as u32),
+                por: false,
+            },
+        );
+        states += again.states;
+        transitions += again.transitions;
+        seconds += again.seconds;
+        if again.verdict == Verdict::Violation {
+            ex = again;
+        }
+    }
+    let mut reductions = Vec::new();
+    if opts.por {
+        reductions.push("por".to_string());
+    }
+    if opts.symmetry && !sc.symmetric_groups().is_empty() {
+        reductions.push("symmetry".to_string());
+    }
+    Ok(CheckResult {
+        scenario: sc.name.clone(),
+        mutant: mutant.map(str::to_string),
+        memory_model: mm_name(mem).into(),
+        verdict: ex.verdict.as_str().into(),
+        invariant: ex.violation.as_ref().map(|v| v.invariant.to_string()),
+        detail: ex.violation.as_ref().map(|v| v.detail.clone()),
+        states,
+        transitions,
+        seconds,
+        counterexample: if ex.verdict == Verdict::Violation {
+            replay(&init, &ex.path, ex.violation.as_ref())
+        } else {
+            vec![]
+        },
+        strategy: "bfs".into(),
+        reductions,
+    })
+}
+
+/// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
+/// [--sample N --seed S --strategy random|pct]`.
+///
+/// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `random` or `pct`.
+pub fn check(
+    scenario_path: &Path,
+    mutant: Option<&str>,
+    memory_model: &str,
+    max_states: u64,
+    sample: Option<u64>,
+    seed: u64,
+    strategy: &str,
+) -> Result<CheckResult, CheckError> {
+    let file = scenario_path.display().to_string();
+    let sc = Scenario::load(scenario_path)?;
+    let mem = scenario::parse_memory_model(memory_model).ok_or_else(|| {
+        CheckError::new(
+            &file,
+            "memory_model",
+            format!("expected sc or tso, got '{memory_model}'"),
+        )
+    })?;
+    if let Some(m) = mutant {
+        if !shootdown_linux::options::MUTANT_NAMES
+            .iter()
+            .any(|(n, _)| *n == m)
+        {
+            let names: Vec<_> = shootdown_linux::options::MUTANT_NAMES
+                .iter()
+                .map(|m| m.0)
+                .collect();
+            return Err(CheckError::new(
+                &file,
+                "mutant",
+                format!("unknown mutant '{m}' (known: {})", names.join(", ")),
+            ));
+        }
+    }
+    if max_states == 0 {
+        return Err(CheckError::new(&file, "max_states", "must be at least 1"));
+    }
+    match (strategy, sample) {
+        ("bfs", None) | ("", None) => check_scenario(
+            &sc,
+            mutant,
+            mem,
+            CheckOptions {
+                max_states,
+                ..CheckOptions::default()
+            },
+        ),
+        ("bfs", Some(_)) => Err(CheckError::new(
+            &file,
+            "strategy",
+            "--sample needs --strategy random or pct",
+        )),
+        ("random" | "pct", _) => {
+            let n = sample.unwrap_or(1000);
+            if n == 0 {
+                return Err(CheckError::new(&file, "sample", "must be at least 1"));
+            }
+            let strat = if strategy == "pct" {
+                sample::Strategy::Pct { depth: 3 }
+            } else {
+                sample::Strategy::Random
+            };
+            let init = sc.build(mutant, mem)?;
+            let r = sample::sample(&init, strat, n, seed, max_states);
+            Ok(CheckResult {
+                scenario: sc.name.clone(),
+                mutant: mutant.map(str::to_string),
+                memory_model: mm_name(mem).into(),
+                verdict: if r.violation.is_some() {
+                    "violation".into()
+                } else if r.exhausted_budget {
+                    "bound-reached".into()
+                } else {
+                    // Sampling never proves anything: no violation in the schedules tried.
+                    "bound-reached".into()
+                },
+                invariant: r.violation.as_ref().map(|v| v.invariant.to_string()),
+                detail: r.violation.as_ref().map(|v| v.detail.clone()),
+                states: r.states,
+                transitions: r.transitions,
+                seconds: r.seconds,
+                counterexample: if r.violation.is_some() {
+                    replay(&init, &r.path, r.violation.as_ref())
+                } else {
+                    vec![]
+                },
+                strategy: strategy.into(),
+                reductions: vec![],
+            })
+        }
+        (other, _) => Err(CheckError::new(
+            &file,
+            "strategy",
+            format!("expected bfs, random or pct, got '{other}'"),
+        )),
+    }
+}

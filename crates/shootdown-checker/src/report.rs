@@ -1,0 +1,162 @@
+//! What a check returns (serializable to the JSON the Python layer and `--format json` print),
+//! its text rendering, and the scenario listing.
+
+use crate::error::CheckError;
+use crate::scenario::{catalog_bug, Scenario};
+use serde::Serialize;
+use std::path::Path;
+
+/// One numbered step of a counterexample.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Step {
+    pub step: usize,
+    pub actor: String,
+    pub text: String,
+}
+
+/// Result of `shootdown check`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckResult {
+    pub scenario: String,
+    pub mutant: Option<String>,
+    pub memory_model: String,
+    /// `violation` | `verified` | `bound-reached`.
+    pub verdict: String,
+    /// The invariant violated (`INV-STALE`, `INV-PTFREE`, `INV-ASID`, `INV-CTX`, `X4-DEADLOCK`).
+    pub invariant: Option<String>,
+    /// The oracle's description of the violation.
+    pub detail: Option<String>,
+    pub states: u64,
+    pub transitions: u64,
+    pub seconds: f64,
+    pub counterexample: Vec<Step>,
+    /// `bfs`, `random` or `pct`.
+    pub strategy: String,
+    /// Reductions applied (`por`, `symmetry`).
+    pub reductions: Vec<String>,
+}
+
+impl CheckResult {
+    /// Text report: verdict line, size line, numbered steps.
+    pub fn to_text(&self) -> String {
+        let mut s = format!("verdict: {}", self.verdict);
+        if let Some(i) = &self.invariant {
+            s.push_str(&format!(" ({i})"));
+        }
+        s.push('\n');
+        let mut what = vec![format!("scenario {}", self.scenario)];
+        if let Some(m) = &self.mutant {
+            what.push(format!("mutant {m}"));
+        }
+        what.push(format!("memory model {}", self.memory_model));
+        what.push(format!("strategy {}", self.strategy));
+        s.push_str(&what.join(" · "));
+        s.push('\n');
+        s.push_str(&format!(
+            "states: {}  transitions: {}  seconds: {:.2}\n",
+            self.states, self.transitions, self.seconds
+        ));
+        if let Some(d) = &self.detail {
+            s.push_str(&format!("violation: {d}\n"));
+        }
+        if !self.counterexample.is_empty() {
+            s.push_str("counterexample:\n");
+            let nw = self.counterexample.len().to_string().len();
+            let aw = self
+                .counterexample
+                .iter()
+                .map(|x| x.actor.len())
+                .max()
+                .unwrap_or(0);
+            for st in &self.counterexample {
+                s.push_str(&format!(
+                    "  {:>nw$}. {:<aw$}  {}\n",
+                    st.step, st.actor, st.text
+                ));
+            }
+        }
+        s
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("serializable")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MutantInfo {
+    pub name: String,
+    /// Catalog id (`N3`) or null.
+    pub bug: Option<String>,
+    pub description: String,
+    /// The invariant the mutant must violate.
+    pub expect: Option<String>,
+    /// Memory model under which it is found (`sc` or `tso`).
+    pub memory_model: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ScenarioInfo {
+    pub scenario: String,
+    pub description: String,
+    pub mutants: Vec<MutantInfo>,
+}
+
+impl ScenarioInfo {
+    pub fn of(s: &Scenario) -> ScenarioInfo {
+        ScenarioInfo {
+            scenario: s.name.clone(),
+            description: s.file.description.trim().to_string(),
+            mutants: s
+                .file
+                .mutants
+                .iter()
+                .map(|m| MutantInfo {
+                    name: m.name.clone(),
+                    bug: catalog_bug(&m.name).map(str::to_string),
+                    description: m.description.trim().to_string(),
+                    expect: m.expect.clone(),
+                    memory_model: m.memory_model.clone().unwrap_or_else(|| "sc".into()),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Every `*.toml` scenario of `dir`, sorted by file name.
+pub fn list(dir: &Path) -> Result<Vec<ScenarioInfo>, CheckError> {
+    let d = dir.display().to_string();
+    let rd = std::fs::read_dir(dir).map_err(|e| CheckError::new(&d, "-", e.to_string()))?;
+    let mut files: Vec<_> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| Scenario::load(p).map(|s| ScenarioInfo::of(&s)))
+        .collect()
+}
+
+/// `list` as the JSON `shootdown check --list --format json` prints.
+pub fn list_json(dir: &Path) -> Result<String, CheckError> {
+    Ok(serde_json::to_string_pretty(&list(dir)?).expect("serializable"))
+}
+
+/// Text listing.
+pub fn list_text(items: &[ScenarioInfo]) -> String {
+    let mut s = String::new();
+    for sc in items {
+        s.push_str(&format!("{}  {}\n", sc.scenario, sc.description));
+        let w = sc.mutants.iter().map(|m| m.name.len()).max().unwrap_or(0);
+        for m in &sc.mutants {
+            let bug = m
+                .bug
+                .as_ref()
+                .map(|b| format!("[{b}] "))
+                .unwrap_or_default();
+            s.push_str(&format!("  - {:<w$}  {bug}{}\n", m.name, m.description));
+        }
+    }
+    s
+}

@@ -1,0 +1,630 @@
+//! Scenario files (`scenarios/*.toml`): a small machine, its address spaces and task programs,
+//! optional deterministic setup steps, and the mutants (historical bugs) meaningful for it.
+//!
+//! See `docs/checker.md` for the format. Unknown keys are errors naming the file and the key;
+//! nothing in a scenario file can make the loader panic.
+
+use crate::error::CheckError;
+use serde::Deserialize;
+use shootdown_engine::Model;
+use shootdown_hw::{CostProfile, Features, Topology};
+use shootdown_linux::describe::NullEnv;
+use shootdown_linux::options::MUTANT_NAMES;
+use shootdown_linux::{Action, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The parsed file, exactly as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Defaults to the file stem.
+    pub name: Option<String>,
+    pub description: String,
+    /// Number of CPUs (one socket, one thread per core).
+    pub cpus: usize,
+    #[serde(default)]
+    pub features: FeaturesSpec,
+    /// Kernel options, same keys as experiment files (`lazy_tlb`, `smp_call`, `pcid`, …).
+    #[serde(default)]
+    pub options: BTreeMap<String, toml::Value>,
+    /// Groups of interchangeable CPUs (same role: same number of tasks with the same programs
+    /// and mms). Used for symmetry reduction.
+    #[serde(default)]
+    pub symmetric: Vec<Vec<usize>>,
+    #[serde(default)]
+    pub mms: Vec<MmSpec>,
+    #[serde(default)]
+    pub tasks: Vec<TaskSpec>,
+    /// Deterministic steps run before exploring.
+    #[serde(default)]
+    pub setup: Vec<SetupSpec>,
+    #[serde(default)]
+    pub mutants: Vec<MutantSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeaturesSpec {
+    #[serde(default = "yes")]
+    pub pcid: bool,
+    #[serde(default)]
+    pub pti: bool,
+    #[serde(default = "yes")]
+    pub invpcid: bool,
+    #[serde(default = "tlb_entries")]
+    pub tlb_entries: usize,
+    #[serde(default = "psc_entries")]
+    pub psc_entries: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn tlb_entries() -> usize {
+    64
+}
+fn psc_entries() -> usize {
+    8
+}
+
+impl Default for FeaturesSpec {
+    fn default() -> Self {
+        FeaturesSpec {
+            pcid: true,
+            pti: false,
+            invpcid: true,
+            tlb_entries: tlb_entries(),
+            psc_entries: psc_entries(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmSpec {
+    pub name: String,
+    /// Pre-mapped (pre-faulted) ranges.
+    #[serde(default)]
+    pub map: Vec<RangeSpec>,
+    /// Pages the hardware walker may fill speculatively through any CR3 that points to this mm.
+    #[serde(default)]
+    pub speculative: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeSpec {
+    pub start: u64,
+    #[serde(default = "one")]
+    pub npages: u64,
+    #[serde(default = "yes")]
+    pub writable: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub name: String,
+    pub cpu: usize,
+    pub mm: String,
+    pub program: Vec<OpSpec>,
+}
+
+/// One user operation; the names are [`UserOp`]'s in snake_case. Written `"exit"` or
+/// `{ touch = { vpn = 0x10, write = true } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum OpSpec {
+    Touch {
+        vpn: u64,
+        #[serde(default)]
+        write: bool,
+    },
+    TouchRange {
+        start: u64,
+        npages: u64,
+        #[serde(default)]
+        write: bool,
+    },
+    TouchRandomBlock {
+        start: u64,
+        span: u64,
+        npages: u64,
+    },
+    Compute {
+        ns: u64,
+    },
+    Mmap {
+        start: u64,
+        npages: u64,
+    },
+    Munmap {
+        start: u64,
+        npages: u64,
+    },
+    MadviseDontneed {
+        start: u64,
+        npages: u64,
+    },
+    Mprotect {
+        start: u64,
+        npages: u64,
+        writable: bool,
+    },
+    Fdatasync,
+    ReclaimUnmap {
+        start: u64,
+        npages: u64,
+    },
+    SetAffinity {
+        cpu: usize,
+    },
+    SetAffinityNext,
+    Event,
+    Mark,
+    CopyPages {
+        pages: u64,
+    },
+    Loop {
+        to: u16,
+        times: Option<u32>,
+    },
+    Exit,
+}
+
+impl OpSpec {
+    fn to_user_op(&self) -> UserOp {
+        match *self {
+            OpSpec::Touch { vpn, write } => UserOp::Touch { vpn, write },
+            OpSpec::TouchRange {
+                start,
+                npages,
+                write,
+            } => UserOp::TouchRange {
+                start,
+                npages,
+                write,
+            },
+            OpSpec::TouchRandomBlock {
+                start,
+                span,
+                npages,
+            } => UserOp::TouchRandomBlock {
+                start,
+                span,
+                npages,
+            },
+            OpSpec::Compute { ns } => UserOp::Compute { ns },
+            OpSpec::Mmap { start, npages } => UserOp::Mmap { start, npages },
+            OpSpec::Munmap { start, npages } => UserOp::Munmap { start, npages },
+            OpSpec::MadviseDontneed { start, npages } => UserOp::MadviseDontneed { start, npages },
+            OpSpec::Mprotect {
+                start,
+                npages,
+                writable,
+            } => UserOp::Mprotect {
+                start,
+                npages,
+                writable,
+            },
+            OpSpec::Fdatasync => UserOp::Fdatasync,
+            OpSpec::ReclaimUnmap { start, npages } => UserOp::ReclaimUnmap { start, npages },
+            OpSpec::SetAffinity { cpu } => UserOp::SetAffinity { cpu },
+            OpSpec::SetAffinityNext => UserOp::SetAffinityNext,
+            OpSpec::Event => UserOp::Event,
+            OpSpec::Mark => UserOp::Mark,
+            OpSpec::CopyPages { pages } => UserOp::CopyPages { pages },
+            OpSpec::Loop { to, times } => UserOp::Loop { to, times },
+            OpSpec::Exit => UserOp::Exit,
+        }
+    }
+}
+
+/// Run one CPU deterministically before exploring: `steps = N` of its steps, or `until` it is
+/// `"idle"` (idle task, nothing on its stacks, empty runqueue) or `"user:TASK"` (TASK current and
+/// in user mode, about to run its next operation).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupSpec {
+    pub cpu: usize,
+    pub steps: Option<u64>,
+    pub until: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MutantSpec {
+    /// A mutant name (`Options::set("mutant", …)`).
+    pub name: String,
+    /// The catalog id (`N3`), if it re-creates a catalogued bug.
+    pub bug: Option<String>,
+    pub description: String,
+    /// The invariant the checker must report (`INV-STALE`, `INV-PTFREE`, …).
+    pub expect: Option<String>,
+    /// The memory model under which the bug shows (`sc` or `tso`; default `sc`).
+    pub memory_model: Option<String>,
+}
+
+/// A loaded, validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub path: PathBuf,
+    pub name: String,
+    pub file: ScenarioFile,
+    pub options: Options,
+}
+
+/// Parse the memory-model name used on the command line and in scenario files.
+pub fn parse_memory_model(s: &str) -> Option<MemoryModel> {
+    match s.to_ascii_lowercase().as_str() {
+        "sc" => Some(MemoryModel::Sc),
+        "tso" => Some(MemoryModel::Tso),
+        _ => None,
+    }
+}
+
+fn toml_error_key(e: &toml::de::Error, src: &str) -> (String, String) {
+    let msg = e.message().to_string();
+    for prefix in ["unknown field `", "missing field `", "unknown variant `"] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            if let Some(end) = rest.find('`') {
+                return (rest[..end].to_string(), msg.clone());
+            }
+        }
+    }
+    if let Some(rest) = msg.strip_prefix("unexpected keys in table: ") {
+        let k = rest.split(',').next().unwrap_or(rest).trim();
+        return (k.to_string(), msg.clone());
+    }
+    let key = match e.span() {
+        Some(sp) => {
+            let start = sp.start.min(src.len());
+            let line_no = src[..start].matches('\n').count() + 1;
+            let line_start = src[..start].rfind('\n').map(|i| i + 1).unwrap_or(0);
+            let line = src[line_start..].lines().next().unwrap_or("");
+            // `key = value` on the offending line names the key.
+            match line.split_once('=') {
+                Some((k, _)) if !k.trim().is_empty() && !k.contains(['{', '[', '"']) => {
+                    k.trim().to_string()
+                }
+                _ => format!("line {line_no}"),
+            }
+        }
+        None => "-".to_string(),
+    };
+    (key, msg)
+}
+
+fn opt_value(v: &toml::Value) -> Result<OptValue, String> {
+    match v {
+        toml::Value::String(s) => Ok(OptValue::Str(s.clone())),
+        toml::Value::Boolean(b) => Ok(OptValue::Bool(*b)),
+        toml::Value::Integer(i) => Ok(OptValue::Int(*i)),
+        other => Err(format!(
+            "expected a string, boolean or integer, got {}",
+            other.type_str()
+        )),
+    }
+}
+
+/// The catalog id of a mutant name (None for seeded mistakes without a catalog entry).
+pub fn catalog_bug(name: &str) -> Option<&'static str> {
+    MUTANT_NAMES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, b)| if b.is_empty() { None } else { Some(*b) })
+}
+
+impl Scenario {
+    /// Read and validate a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, CheckError> {
+        let file_name = path.display().to_string();
+        let err = |key: &str, reason: String| CheckError::new(&file_name, key, reason);
+        let src = std::fs::read_to_string(path).map_err(|e| err("-", e.to_string()))?;
+        let file: ScenarioFile = toml::from_str(&src).map_err(|e| {
+            let (k, m) = toml_error_key(&e, &src);
+            err(&k, m)
+        })?;
+        let name = file.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+        if file.cpus == 0 || file.cpus > 64 {
+            return Err(err(
+                "cpus",
+                format!("must be between 1 and 64 (got {})", file.cpus),
+            ));
+        }
+        let mut options = Options::default();
+        for (k, v) in &file.options {
+            if k == "mutant" {
+                return Err(err(
+                    "options.mutant",
+                    "mutants are listed in [[mutants]] and selected with --mutant".into(),
+                ));
+            }
+            let v = opt_value(v).map_err(|r| err(&format!("options.{k}"), r))?;
+            options
+                .set(k, &v)
+                .map_err(|r| err(&format!("options.{k}"), r))?;
+        }
+        let mut mm_names: Vec<&str> = Vec::new();
+        for (i, mm) in file.mms.iter().enumerate() {
+            if mm.name == "init_mm" || mm_names.contains(&mm.name.as_str()) {
+                return Err(err(
+                    &format!("mms[{i}].name"),
+                    format!("duplicate or reserved mm name '{}'", mm.name),
+                ));
+            }
+            mm_names.push(&mm.name);
+            for (j, r) in mm.map.iter().enumerate() {
+                if r.npages == 0 || r.npages > 4096 {
+                    return Err(err(
+                        &format!("mms[{i}].map[{j}].npages"),
+                        "must be between 1 and 4096".into(),
+                    ));
+                }
+            }
+        }
+        let mut task_names: Vec<&str> = Vec::new();
+        for (i, t) in file.tasks.iter().enumerate() {
+            if t.cpu >= file.cpus {
+                return Err(err(
+                    &format!("tasks[{i}].cpu"),
+                    format!("cpu{} does not exist (cpus = {})", t.cpu, file.cpus),
+                ));
+            }
+            if !mm_names.contains(&t.mm.as_str()) {
+                return Err(err(
+                    &format!("tasks[{i}].mm"),
+                    format!("no mm named '{}' in [[mms]]", t.mm),
+                ));
+            }
+            if task_names.contains(&t.name.as_str()) || t.name.starts_with("swapper/") {
+                return Err(err(
+                    &format!("tasks[{i}].name"),
+                    format!("duplicate or reserved task name '{}'", t.name),
+                ));
+            }
+            task_names.push(&t.name);
+            for (j, op) in t.program.iter().enumerate() {
+                let bad = match op {
+                    OpSpec::SetAffinity { cpu } if *cpu >= file.cpus => {
+                        Some(format!("cpu{cpu} does not exist"))
+                    }
+                    OpSpec::Loop { to, .. } if *to as usize >= t.program.len() => {
+                        Some(format!("loop target {to} is past the end of the program"))
+                    }
+                    OpSpec::TouchRandomBlock { npages: 0, .. }
+                    | OpSpec::TouchRange { npages: 0, .. } => Some("npages must be >= 1".into()),
+                    _ => None,
+                };
+                if let Some(r) = bad {
+                    return Err(err(&format!("tasks[{i}].program[{j}]"), r));
+                }
+            }
+        }
+        for (i, s) in file.setup.iter().enumerate() {
+            if s.cpu >= file.cpus {
+                return Err(err(
+                    &format!("setup[{i}].cpu"),
+                    format!("cpu{} does not exist", s.cpu),
+                ));
+            }
+            match (&s.steps, &s.until) {
+                (Some(_), None) => {}
+                (None, Some(u)) => {
+                    let ok = u == "idle"
+                        || u.strip_prefix("user:")
+                            .is_some_and(|t| task_names.contains(&t));
+                    if !ok {
+                        return Err(err(
+                            &format!("setup[{i}].until"),
+                            format!("expected \"idle\" or \"user:TASK\" with a task of [[tasks]], got '{u}'"),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(err(
+                        &format!("setup[{i}]"),
+                        "give exactly one of `steps` or `until`".into(),
+                    ))
+                }
+            }
+        }
+        let mut seen = vec![false; file.cpus];
+        for (i, g) in file.symmetric.iter().enumerate() {
+            if g.len() < 2 {
+                return Err(err(
+                    &format!("symmetric[{i}]"),
+                    "a group needs at least 2 CPUs".into(),
+                ));
+            }
+            for &c in g {
+                if c >= file.cpus || seen[c] {
+                    return Err(err(
+                        &format!("symmetric[{i}]"),
+                        format!("cpu{c} does not exist or is in two groups"),
+                    ));
+                }
+                seen[c] = true;
+            }
+            // Interchangeable CPUs run the same programs in the same mms.
+            let progs = |c: usize| -> Vec<String> {
+                file.tasks
+                    .iter()
+                    .filter(|t| t.cpu == c)
+                    .map(|t| format!("{}{:?}", t.mm, t.program))
+                    .collect()
+            };
+            let first = progs(g[0]);
+            if g.iter().any(|&c| progs(c) != first) {
+                return Err(err(
+                    &format!("symmetric[{i}]"),
+                    "CPUs of a group must run tasks with identical programs and mms".into(),
+                ));
+            }
+            if file.setup.iter().any(|s| g.contains(&s.cpu)) {
+                return Err(err(
+                    &format!("symmetric[{i}]"),
+                    "CPUs with setup steps cannot be declared symmetric".into(),
+                ));
+            }
+        }
+        for (i, m) in file.mutants.iter().enumerate() {
+            let Some(&(_, bug)) = MUTANT_NAMES.iter().find(|(n, _)| *n == m.name) else {
+                let names: Vec<_> = MUTANT_NAMES.iter().map(|m| m.0).collect();
+                return Err(err(
+                    &format!("mutants[{i}].name"),
+                    format!("unknown mutant '{}' (known: {})", m.name, names.join(", ")),
+                ));
+            };
+            let given = m.bug.as_deref().unwrap_or("");
+            if given != bug {
+                return Err(err(
+                    &format!("mutants[{i}].bug"),
+                    format!(
+                        "mutant '{}' re-creates catalog bug {}",
+                        m.name,
+                        if bug.is_empty() {
+                            "none (omit `bug`)"
+                        } else {
+                            bug
+                        }
+                    ),
+                ));
+            }
+            if let Some(mm) = &m.memory_model {
+                if parse_memory_model(mm).is_none() {
+                    return Err(err(
+                        &format!("mutants[{i}].memory_model"),
+                        format!("expected sc or tso, got '{mm}'"),
+                    ));
+                }
+            }
+        }
+        Ok(Scenario {
+            path: path.to_path_buf(),
+            name,
+            file,
+            options,
+        })
+    }
+
+    fn err(&self, key: &str, reason: String) -> CheckError {
+        CheckError::new(&self.path.display().to_string(), key, reason)
+    }
+
+    /// CPU symmetry groups declared by the file.
+    pub fn symmetric_groups(&self) -> &[Vec<usize>] {
+        &self.file.symmetric
+    }
+
+    /// Tasks (model task ids) of each CPU, in file order; idle tasks are 0..cpus.
+    pub fn tasks_of_cpu(&self) -> Vec<Vec<u32>> {
+        let n = self.file.cpus;
+        let mut v = vec![Vec::new(); n];
+        for (i, t) in self.file.tasks.iter().enumerate() {
+            v[t.cpu].push((n + i) as u32);
+        }
+        v
+    }
+
+    /// Build the initial machine with `mutant` enabled (if any), then run the setup steps.
+    pub fn build(&self, mutant: Option<&str>, mem: MemoryModel) -> Result<Machine, CheckError> {
+        let f = &self.file;
+        let mut opts = self.options.clone();
+        if let Some(m) = mutant {
+            opts.set("mutant", &OptValue::Str(m.to_string()))
+                .map_err(|r| self.err("mutant", r))?;
+        }
+        let topo = Topology::new(1, f.cpus, 1).map_err(|(k, r)| self.err(k, r))?;
+        let features = Features {
+            pcid: f.features.pcid,
+            invpcid: f.features.invpcid,
+            pti: f.features.pti,
+            tlb_entries: f.features.tlb_entries.max(1),
+            psc_entries: f.features.psc_entries.max(1),
+        };
+        let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
+        let mut m = Machine::new(topo, profile, opts, mem);
+        let mut mm_ids: BTreeMap<&str, MmId> = BTreeMap::new();
+        for mm in &f.mms {
+            let id = m.add_mm(&mm.name);
+            mm_ids.insert(&mm.name, id);
+            for r in &mm.map {
+                m.map_pages(id, r.start, r.npages, r.writable);
+            }
+            for &v in &mm.speculative {
+                m.spec_pages.push((id, v));
+            }
+        }
+        for t in &f.tasks {
+            let prog = t.program.iter().map(OpSpec::to_user_op).collect();
+            m.add_task(&t.name, mm_ids[t.mm.as_str()], t.cpu, prog);
+        }
+        for (i, s) in f.setup.iter().enumerate() {
+            self.run_setup(&mut m, i, s)?;
+        }
+        // Start exploring with every store buffer empty.
+        let mut drained = 0;
+        for cpu in 0..f.cpus {
+            while !m.cpus[cpu].sb.is_empty() && drained < 10_000 {
+                m.apply(Action::Drain(cpu as u32), &mut NullEnv);
+                drained += 1;
+            }
+        }
+        Ok(m)
+    }
+
+    fn run_setup(&self, m: &mut Machine, i: usize, s: &SetupSpec) -> Result<(), CheckError> {
+        let key = format!("setup[{i}]");
+        let cpu = s.cpu;
+        let done = |m: &Machine, n: u64| -> bool {
+            if let Some(k) = s.steps {
+                return n >= k;
+            }
+            let c = &m.cpus[cpu];
+            let quiet = c.irq_stack.is_empty() && m.tasks[c.curr as usize].stack.is_empty();
+            match s.until.as_deref() {
+                Some("idle") => quiet && c.curr == c.idle_task && c.runqueue.is_empty(),
+                Some(u) => {
+                    let want = u.strip_prefix("user:").unwrap_or(u);
+                    quiet && m.tasks[c.curr as usize].name == want
+                }
+                None => true,
+            }
+        };
+        let mut n = 0u64;
+        while !done(m, n) {
+            if n >= 100_000 {
+                return Err(self.err(&key, "did not finish within 100000 steps".into()));
+            }
+            let mut en = Vec::new();
+            m.enabled(&mut en);
+            let a = if en.contains(&Action::Interrupt(cpu as u32)) {
+                Action::Interrupt(cpu as u32)
+            } else if en.contains(&Action::Step(cpu as u32)) {
+                Action::Step(cpu as u32)
+            } else {
+                return Err(self.err(
+                    &key,
+                    format!("cpu{cpu} cannot step (blocked) after {n} setup steps"),
+                ));
+            };
+            let out = m.apply(a, &mut NullEnv);
+            if let Some(v) = out.violation {
+                return Err(self.err(&key, format!("violation during setup: {v}")));
+            }
+            n += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! Bad scenario files and bad arguments are errors naming the file and the key, never panics.
+mod common;
+use common::*;
+use shootdown_checker::{check, list, Scenario};
+use std::path::PathBuf;
+
+const GOOD: &str = r#"
+description = "ok"
+cpus = 2
+[options]
+lazy_tlb = "mainline"
+[[mms]]
+name = "mm1"
+map = [{ start = 0x10 }]
+[[tasks]]
+name = "t"
+cpu = 1
+mm = "mm1"
+program = [{ touch = { vpn = 0x10 } }, "exit"]
+"#;
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("shootdown-checker-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn key_of(name: &str, text: &str) -> String {
+    let p = write(name, text);
+    let e = Scenario::load(&p).expect_err(name);
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!("{}: {}: ", p.display(), e.key)),
+        "{shown}"
+    );
+    e.key
+}
+
+#[test]
+fn the_good_file_loads() {
+    let p = write("good", GOOD);
+    let s = Scenario::load(&p).unwrap();
+    assert_eq!(s.name, "good");
+    let r = check(&p, None, "sc", 100_000, None, 0, "bfs").unwrap();
+    assert_eq!(r.verdict, "verified");
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases: &[(&str, String, &str)] = &[
+        ("top", GOOD.replace("cpus = 2", "cpus = 2\ncpu_count = 3"), "cpu_count"),
+        ("task_key", GOOD.replace("program =", "progam ="), "progam"),
+        ("op", GOOD.replace("touch = {", "tuch = {"), "tuch"),
+        ("op_field", GOOD.replace("vpn = 0x10 }", "vpn = 0x10, wirte = true }"), "wirte"),
+        ("mm_key", GOOD.replace("map = [", "mapped = ["), "mapped"),
+        ("opt_value", GOOD.replace("\"mainline\"", "\"bogus\""), "options.lazy_tlb"),
+        ("opt_key", GOOD.replace("lazy_tlb", "lazy_tbl"), "options.lazy_tbl"),
+        ("opt_mutant", GOOD.replace("lazy_tlb = \"mainline\"", "mutant = \"x\""), "options.mutant"),
+        ("cpu_range", GOOD.replace("cpu = 1", "cpu = 5"), "tasks[0].cpu"),
+        ("mm_name", GOOD.replace("mm = \"mm1\"", "mm = \"mm9\""), "tasks[0].mm"),
+        ("cpus_type", GOOD.replace("cpus = 2", "cpus = \"two\""), "cpus"),
+        ("cpus_zero", GOOD.replace("cpus = 2", "cpus = 0"), "cpus"),
+        ("missing", GOOD.replace("description = \"ok\"", ""), "description"),
+        (
+            "mutant_name",
+            format!("{GOOD}\n[[mutants]]\nname = \"nope\"\ndescription = \"x\"\n"),
+            "mutants[0].name",
+        ),
+        (
+            "mutant_bug",
+            format!("{GOOD}\n[[mutants]]\nname = \"batch_flush_gen_zero\"\nbug = \"N3\"\ndescription = \"x\"\n"),
+            "mutants[0].bug",
+        ),
+        (
+            "mutant_key",
+            format!("{GOOD}\n[[mutants]]\nname = \"batch_flush_gen_zero\"\nbug = \"N8\"\ndescription = \"x\"\nexpects = \"INV-STALE\"\n"),
+            "expects",
+        ),
+        ("setup", format!("{GOOD}\n[[setup]]\ncpu = 1\nuntil = \"sleeping\"\n"), "setup[0].until"),
+        ("setup_both", format!("{GOOD}\n[[setup]]\ncpu = 1\n"), "setup[0]"),
+        ("symmetric", GOOD.replace("cpus = 2", "cpus = 2\nsymmetric = [[0, 1]]"), "symmetric[0]"),
+        ("loop", GOOD.replace("\"exit\"]", "{ loop = { to = 9 } }]"), "tasks[0].program[1]"),
+    ];
+    for (name, text, key) in cases {
+        assert_eq!(key_of(name, text), *key, "case {name}");
+    }
+}
+
+#[test]
+fn bad_arguments_name_the_key() {
+    let p = write("args", GOOD);
+    let e = check(&p, Some("no_such_mutant"), "sc", 100, None, 0, "bfs").unwrap_err();
+    assert_eq!(e.key, "mutant");
+    let e = check(&p, None, "pso", 100, None, 0, "bfs").unwrap_err();
+    assert_eq!(e.key, "memory_model");
+    let e = check(&p, None, "sc", 100, Some(10), 0, "dfs").unwrap_err();
+    assert_eq!(e.key, "strategy");
+    let e = check(&p, None, "sc", 0, None, 0, "bfs").unwrap_err();
+    assert_eq!(e.key, "max_states");
+    let missing = p.with_file_name("does-not-exist.toml");
+    let e = check(&missing, None, "sc", 100, None, 0, "bfs").unwrap_err();
+    assert!(e
+        .to_string()
+        .starts_with(&format!("{}: ", missing.display())));
+}
+
+#[test]
+fn list_reports_a_bad_file_by_name() {
+    let dir = std::env::temp_dir().join(format!("shootdown-checker-list-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.toml"), GOOD).unwrap();
+    std::fs::write(dir.join("b.toml"), GOOD.replace("cpus", "cpuz")).unwrap();
+    let e = list(&dir).unwrap_err();
+    assert!(e.file.ends_with("b.toml"), "{e}");
+    assert_eq!(e.key, "cpuz");
+}
+
+#[test]
+fn list_of_the_shipped_scenarios() {
+    let l = list(&scenarios()).unwrap();
+    let names: Vec<&str> = l.iter().map(|s| s.scenario.as_str()).collect();
+    for n in [
+        "batch_unmap",
+        "flush_catchup",
+        "lazy_munmap",
+        "smp_call_concurrent",
+        "smp_call_remote_then_local",
+        "switch_mm_flush",
+        "switch_mm_flush_v5",
+    ] {
+        assert!(names.contains(&n), "{n}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&shootdown_checker::list_json(&scenarios()).unwrap()).unwrap();
+    let first = &json.as_array().unwrap()[0];
+    assert!(first["scenario"].is_string() && first["description"].is_string());
+    let m = &first["mutants"].as_array().unwrap()[0];
+    assert!(m["name"].is_string() && m["description"].is_string());
+    assert!(m["bug"].is_string() || m["bug"].is_null());
+    // `bug` is the catalog id or null.
+    let all: Vec<_> = l.iter().flat_map(|s| s.mutants.iter()).collect();
+    assert!(all
+        .iter()
+        .any(|m| m.name == "lazy_ignores_freed_tables" && m.bug.as_deref() == Some("N3")));
+    assert!(all
+        .iter()
+        .any(|m| m.name == "partial_flush_when_full_owed" && m.bug.is_none()));
+}

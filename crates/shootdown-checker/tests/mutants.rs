@@ -1,0 +1,219 @@
+//! Every listed mutant is found, with the expected invariant and a shortest counterexample of
+//! pinned length; state counts are pinned too (exploration is deterministic).
+mod common;
+use common::*;
+
+/// (scenario, mutant, catalog bug, memory model, invariant, counterexample steps, states)
+type Pinned = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+    &'static str,
+    usize,
+    u64,
+);
+const MUTANTS: &[Pinned] = &[
+    (
+        "lazy_munmap",
+        "free_tables_before_flush",
+        Some("N1"),
+        "sc",
+        "INV-PTFREE",
+        5,
+        6,
+    ),
+    (
+        "lazy_munmap",
+        "lazy_ignores_freed_tables",
+        Some("N3"),
+        "sc",
+        "INV-PTFREE",
+        17,
+        36,
+    ),
+    (
+        "switch_mm_flush",
+        "should_flush_ignores_switching",
+        Some("N5"),
+        "sc",
+        "INV-STALE",
+        25,
+        1148,
+    ),
+    (
+        "batch_unmap",
+        "batch_flush_gen_zero",
+        Some("N8"),
+        "sc",
+        "INV-STALE",
+        22,
+        395,
+    ),
+    (
+        "switch_mm_flush",
+        "inc_tlb_gen_after_ipis",
+        Some("O1"),
+        "sc",
+        "INV-STALE",
+        25,
+        930,
+    ),
+    (
+        "switch_mm_flush_v5",
+        "inc_tlb_gen_after_ipis",
+        Some("O1"),
+        "sc",
+        "INV-STALE",
+        21,
+        607,
+    ),
+    (
+        "smp_call_concurrent",
+        "inc_tlb_gen_after_ipis",
+        Some("O1"),
+        "sc",
+        "INV-STALE",
+        36,
+        71505,
+    ),
+    (
+        "switch_mm_flush_v5",
+        "switch_mm_gen_before_cpumask",
+        None,
+        "sc",
+        "INV-STALE",
+        21,
+        738,
+    ),
+    (
+        "switch_mm_flush",
+        "switch_mm_gen_before_cpumask",
+        None,
+        "tso",
+        "INV-STALE",
+        25,
+        2055,
+    ),
+    (
+        "flush_catchup",
+        "partial_flush_when_full_owed",
+        None,
+        "sc",
+        "INV-STALE",
+        47,
+        42773,
+    ),
+    (
+        "switch_mm_flush",
+        "switch_mm_no_barrier",
+        None,
+        "tso",
+        "INV-STALE",
+        25,
+        2043,
+    ),
+];
+
+#[test]
+fn every_mutant_is_found_with_a_pinned_counterexample() {
+    let mut failures = Vec::new();
+    for &(sc, m, _bug, mm, inv, steps, states) in MUTANTS {
+        let r = run(sc, Some(m), mm);
+        let got = (
+            r.verdict.as_str(),
+            r.invariant.as_deref().unwrap_or("-"),
+            r.counterexample.len(),
+            r.states,
+        );
+        if got != ("violation", inv, steps, states) {
+            failures.push(format!(
+                "{sc} --mutant {m} ({mm}): got {got:?}, want {:?}",
+                ("violation", inv, steps, states)
+            ));
+        }
+        // Steps are numbered 1..n, every one names an actor, the last one names the invariant.
+        for (i, s) in r.counterexample.iter().enumerate() {
+            assert_eq!(s.step, i + 1);
+            assert!(s.actor.starts_with("cpu"), "{s:?}");
+            assert!(!s.text.is_empty());
+        }
+        if let Some(last) = r.counterexample.last() {
+            assert!(last.text.contains(inv), "{sc}/{m}: last step {last:?}");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
+    let names: Vec<&str> = MUTANTS.iter().map(|m| m.1).collect();
+    for (n, _) in shootdown_linux::options::MUTANT_NAMES {
+        assert!(names.contains(n), "mutant {n} has no pinned scenario");
+    }
+    for bug in ["N1", "N3", "N5", "N8", "O1"] {
+        assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
+    }
+}
+
+#[test]
+fn scenario_files_list_the_mutants_the_tests_pin() {
+    // Every (scenario, mutant) pinned here is declared by its scenario with the same
+    // expectation, and every declared mutant with an `expect` is pinned here.
+    let infos = shootdown_checker::list(&scenarios()).unwrap();
+    for &(sc, m, bug, mm, inv, _, _) in MUTANTS {
+        let info = infos
+            .iter()
+            .find(|i| i.scenario == sc)
+            .unwrap_or_else(|| panic!("{sc}"));
+        let mi = info
+            .mutants
+            .iter()
+            .find(|x| x.name == m)
+            .unwrap_or_else(|| panic!("{sc}: {m}"));
+        assert_eq!(mi.bug.as_deref(), bug, "{sc}/{m}");
+        assert_eq!(mi.memory_model, mm, "{sc}/{m}");
+        assert_eq!(mi.expect.as_deref(), Some(inv), "{sc}/{m}");
+    }
+    for info in &infos {
+        for mi in &info.mutants {
+            // The 3-CPU catch-up scenario is pinned by an #[ignore]d test (minutes).
+            if mi.expect.is_some() && info.scenario != "flush_catchup_3cpu" {
+                assert!(
+                    MUTANTS
+                        .iter()
+                        .any(|x| x.0 == info.scenario && x.1 == mi.name),
+                    "{}/{} is declared but not pinned",
+                    info.scenario,
+                    mi.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sc_only_mutants_need_tso() {
+    // The store-buffer bugs hide under sequential consistency.
+    for m in ["switch_mm_no_barrier", "switch_mm_gen_before_cpumask"] {
+        let r = run("switch_mm_flush", Some(m), "sc");
+        assert_eq!(r.verdict, "verified", "{m}");
+    }
+}
+
+#[test]
+fn counterexample_reads_in_kernel_terms() {
+    let r = run(
+        "switch_mm_flush",
+        Some("should_flush_ignores_switching"),
+        "sc",
+    );
+    let text: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = text.join("\n");
+    assert!(all.contains("loaded_mm = LOADED_MM_SWITCHING"), "{all}");
+    assert!(all.contains("should_flush_tlb(cpu1) = false"), "{all}");
+    assert!(all.contains("NOFLUSH"), "{all}");
+    let t = r.to_text();
+    assert!(t.starts_with("verdict: violation (INV-STALE)\n"), "{t}");
+    assert!(t.contains("   1. cpu"), "{t}");
+}
