@@ -40,6 +40,9 @@ pub enum Park {
     /// Busy-wait on shared memory: the step changed nothing; run it again after the next
     /// [`Env::notify`] (or an interrupt wake-up).
     Spin,
+    /// Busy-wait on one location: like [`Park::Spin`], but only [`Env::notify_key`] with this
+    /// key (or a plain [`Env::notify`]) makes the agent retry.
+    SpinOn(u64),
     /// The agent has nothing more to do, ever.
     Done,
 }
@@ -87,6 +90,8 @@ pub trait Env {
     fn wake(&mut self, agent: AgentId, at: Time);
     /// Shared state that spinning agents may be waiting on has changed.
     fn notify(&mut self);
+    /// The location identified by `key` changed: agents parked with `Park::SpinOn(key)` retry.
+    fn notify_key(&mut self, key: u64);
     /// Whether trace events are being recorded (so steps can skip formatting).
     fn tracing(&self) -> bool;
     /// Record a trace event at the current step's time (+ the cost charged so far).

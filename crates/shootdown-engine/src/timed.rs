@@ -14,7 +14,7 @@ use crate::rng::DetRng;
 use crate::time::Time;
 use crate::trace::{Stamped, TraceEvent};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// Why a timed run stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +70,10 @@ pub struct TimedDriver {
     state: Vec<AgentState>,
     queue: BinaryHeap<Reverse<(Time, AgentId)>>,
     spinners: Vec<AgentId>,
+    /// Agents spinning on a specific key.
+    keyed: BTreeMap<u64, Vec<AgentId>>,
+    /// The key each keyed spinner waits on.
+    spin_key: Vec<Option<u64>>,
     rng: DetRng,
     trace: Option<Vec<Stamped>>,
     steps: u64,
@@ -81,6 +85,7 @@ struct StepEnv<'a> {
     rng: &'a mut DetRng,
     wakes: &'a mut Vec<(AgentId, Time)>,
     notified: bool,
+    keys: &'a mut Vec<u64>,
     trace: Option<&'a mut Vec<Stamped>>,
 }
 
@@ -102,6 +107,9 @@ impl Env for StepEnv<'_> {
     }
     fn notify(&mut self) {
         self.notified = true;
+    }
+    fn notify_key(&mut self, key: u64) {
+        self.keys.push(key);
     }
     fn tracing(&self) -> bool {
         self.trace.is_some()
@@ -126,6 +134,8 @@ impl TimedDriver {
             state: vec![AgentState::Scheduled(Time::ZERO); agents],
             queue,
             spinners: Vec::new(),
+            keyed: BTreeMap::new(),
+            spin_key: vec![None; agents],
             rng: DetRng::new(seed, stream),
             trace: None,
             steps: 0,
@@ -153,7 +163,14 @@ impl TimedDriver {
             AgentState::Done => {}
             _ => {
                 if self.state[agent] == AgentState::Spinning {
-                    self.spinners.retain(|&s| s != agent);
+                    match self.spin_key[agent].take() {
+                        Some(k) => {
+                            if let Some(v) = self.keyed.get_mut(&k) {
+                                v.retain(|&s| s != agent);
+                            }
+                        }
+                        None => self.spinners.retain(|&s| s != agent),
+                    }
                 }
                 let at = at.max(self.clocks[agent]);
                 self.state[agent] = AgentState::Scheduled(at);
@@ -165,6 +182,7 @@ impl TimedDriver {
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
     pub fn run<M: Model>(&mut self, model: &mut M, limits: Limits) -> RunStats {
         let mut wakes: Vec<(AgentId, Time)> = Vec::new();
+        let mut keys: Vec<u64> = Vec::new();
         let mut latest = Time::ZERO;
         let stop = loop {
             if model.finished() {
@@ -185,6 +203,7 @@ impl TimedDriver {
             let now = t.max(self.clocks[agent]);
             let action = model.timed_action(agent, now);
             wakes.clear();
+            keys.clear();
             let (outcome, charged, notified) = {
                 let mut env = StepEnv {
                     now,
@@ -192,6 +211,7 @@ impl TimedDriver {
                     rng: &mut self.rng,
                     wakes: &mut wakes,
                     notified: false,
+                    keys: &mut keys,
                     trace: self.trace.as_mut(),
                 };
                 let o = model.apply(action, &mut env);
@@ -212,20 +232,45 @@ impl TimedDriver {
                     self.state[agent] = AgentState::Spinning;
                     self.spinners.push(agent);
                 }
+                Park::SpinOn(k) => {
+                    self.state[agent] = AgentState::Spinning;
+                    self.spin_key[agent] = Some(k);
+                    self.keyed.entry(k).or_default().push(agent);
+                }
                 Park::Done => self.state[agent] = AgentState::Done,
             }
             for i in 0..wakes.len() {
                 let (a, at) = wakes[i];
                 self.schedule(a, at.max(now));
             }
-            if notified && !self.spinners.is_empty() {
-                let spinners = std::mem::take(&mut self.spinners);
-                for s in spinners {
+            if notified {
+                let mut all = std::mem::take(&mut self.spinners);
+                for (_, v) in std::mem::take(&mut self.keyed) {
+                    all.extend(v);
+                }
+                all.sort_unstable();
+                for s in all {
+                    self.spin_key[s] = None;
                     if s != agent {
                         self.state[s] = AgentState::Halted;
                         self.schedule(s, end);
                     } else {
                         self.spinners.push(s);
+                    }
+                }
+            }
+            for &k in &keys {
+                if let Some(mut v) = self.keyed.remove(&k) {
+                    v.sort_unstable();
+                    for s in v {
+                        self.spin_key[s] = None;
+                        if s != agent {
+                            self.state[s] = AgentState::Halted;
+                            self.schedule(s, end);
+                        } else {
+                            self.spin_key[s] = Some(k);
+                            self.keyed.entry(k).or_default().push(s);
+                        }
                     }
                 }
             }

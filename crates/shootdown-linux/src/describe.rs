@@ -23,6 +23,7 @@ impl Env for NullEnv {
     }
     fn wake(&mut self, _: usize, _: Time) {}
     fn notify(&mut self) {}
+    fn notify_key(&mut self, _: u64) {}
     fn tracing(&self) -> bool {
         false
     }

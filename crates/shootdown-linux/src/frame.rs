@@ -19,8 +19,9 @@ pub enum Flow {
     Call(Frame),
     /// The function returned.
     Return,
-    /// Busy-wait: nothing changed; retry when shared state changes.
-    Spin,
+    /// Busy-wait: nothing changed; retry when the location with this wake key changes
+    /// (see `mem::spin_key`).
+    Spin(u64),
 }
 
 /// Which CPUs a cross call runs `func` on (the `cond_func` of `on_each_cpu_cond_mask`).
@@ -132,9 +133,11 @@ pub enum Syscall {
         npages: u64,
         writable: bool,
     },
+    /// `todo`: the entries tagged TOWRITE when the call started (`tag_pages_for_writeback`).
     Fdatasync {
         pc: u8,
-        vpn: Vpn,
+        todo: Vec<Vpn>,
+        i: usize,
     },
     ReclaimUnmap {
         pc: u8,

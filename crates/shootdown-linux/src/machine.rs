@@ -39,10 +39,17 @@ pub struct Perf {
     pub events_measured: u64,
     pub first_event_at: Option<Time>,
     pub last_event_at: Time,
+    /// Times of every `Event` (in execution order, hence sorted), when `log_events` is on.
+    pub event_times: Vec<Time>,
+    pub log_events: bool,
     /// Per task: times of its `Mark` ops.
     pub marks: Vec<Vec<Time>>,
     /// Stop (finished) once every user task has this many marks.
     pub stop_after_marks: Option<usize>,
+    /// User tasks that have reached `stop_after_marks` marks.
+    pub tasks_marked_enough: usize,
+    /// User tasks not yet exited (kept in step with task states so `finished` is O(1)).
+    pub user_tasks_alive: usize,
     /// Translation uses the oracle checked.
     pub uses_checked: u64,
     /// A violation detected by the current step.
@@ -130,8 +137,12 @@ impl Machine {
                 events_measured: 0,
                 first_event_at: None,
                 last_event_at: Time::ZERO,
+                event_times: Vec::new(),
+                log_events: false,
                 marks: Vec::new(),
                 stop_after_marks: None,
+                tasks_marked_enough: 0,
+                user_tasks_alive: 0,
                 uses_checked: 0,
                 violation: None,
                 labels_on: false,
@@ -208,6 +219,7 @@ impl Machine {
         });
         self.cpus[cpu].runqueue.push_back(id);
         self.cpus[cpu].need_resched = true;
+        self.perf.user_tasks_alive += 1;
         id
     }
 
@@ -386,10 +398,10 @@ impl Machine {
                 }
                 Park::Run
             }
-            Flow::Spin => {
+            Flow::Spin(key) => {
                 self.push_frame(cpu, at, f);
                 self.charge(env, |c| c.spin_poll);
-                Park::Spin
+                Park::SpinOn(key)
             }
         }
     }
@@ -578,7 +590,7 @@ impl Model for Machine {
         };
         // An IPI that arrived while this CPU had interrupts off must still be taken: a CPU that
         // now parks (spins or halts) with interrupts on is woken for it.
-        if matches!(park, Park::Spin | Park::Halt) {
+        if matches!(park, Park::Spin | Park::SpinOn(_) | Park::Halt) {
             let c = self.agent_of(a);
             if self.cpus[c].ipi_pending && self.irqs_enabled(c) {
                 env.wake(c, self.perf.ipi_arrival[c]);
@@ -600,17 +612,10 @@ impl Model for Machine {
     }
 
     fn finished(&self) -> bool {
-        if let Some(n) = self.perf.stop_after_marks {
-            return self
-                .tasks
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| t.mm.is_some() && t.state != TaskState::Dead)
-                .all(|(i, _)| self.perf.marks.get(i).map_or(0, |m| m.len()) >= n);
+        match self.perf.stop_after_marks {
+            Some(_) => self.perf.tasks_marked_enough >= self.perf.user_tasks_alive,
+            None => self.perf.user_tasks_alive == 0,
         }
-        self.tasks
-            .iter()
-            .all(|t| t.mm.is_none() || t.state == TaskState::Dead)
     }
 }
 

@@ -74,6 +74,23 @@ pub(crate) fn call_queue_line(cpu: CpuId) -> LineId {
     (6u64 << 56) | cpu as u64
 }
 
+/// Wake-up key of a location: a CPU spinning on `loc` parks with this key and a store to `loc`
+/// wakes it (timed driver only; the explorer re-evaluates everything anyway).
+pub(crate) fn spin_key(loc: Loc) -> u64 {
+    match loc {
+        Loc::TlbGen(mm) => 1 << 56 | mm as u64,
+        Loc::CpumaskBit(mm, c) => 2 << 56 | (mm as u64) << 24 | c as u64,
+        Loc::LoadedMm(c) => 3 << 56 | c as u64,
+        Loc::IsLazy(c) => 4 << 56 | c as u64,
+        Loc::CsdLock(k) => 5 << 56 | (k.src as u64) << 24 | k.dst as u64,
+    }
+}
+
+/// Wake-up key of a task's `on_cpu` flag.
+pub(crate) fn on_cpu_key(task: crate::state::TaskId) -> u64 {
+    6 << 56 | task as u64
+}
+
 impl Machine {
     fn raw_read(&self, loc: Loc) -> u64 {
         match loc {
@@ -136,7 +153,7 @@ impl Machine {
             MemoryModel::Sc => self.raw_write(loc, v),
             MemoryModel::Tso => self.cpus[cpu].sb.push(loc, v),
         }
-        env.notify();
+        env.notify_key(spin_key(loc));
     }
 
     /// A locked read-modify-write: drains the store buffer, then updates memory atomically.
@@ -156,7 +173,7 @@ impl Machine {
         }
         let old = self.raw_read(loc);
         self.raw_write(loc, f(old));
-        env.notify();
+        env.notify_key(spin_key(loc));
         old
     }
 

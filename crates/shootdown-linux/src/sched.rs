@@ -44,7 +44,8 @@ impl Machine {
         match s.pc {
             0 => {
                 if self.schedule_spins(cpu, s) {
-                    return Flow::Spin;
+                    let waited = self.cpus[cpu].runqueue[0];
+                    return Flow::Spin(crate::mem::on_cpu_key(waited));
                 }
                 let prev = self.cpus[cpu].curr;
                 let idle = self.cpus[cpu].idle_task;
@@ -105,7 +106,7 @@ impl Machine {
                 self.cpus[cpu].curr = next;
                 self.tasks[prev as usize].on_cpu = false;
                 self.perf.slice_start[cpu] = env.now();
-                env.notify();
+                env.notify_key(crate::mem::on_cpu_key(prev));
                 if env.tracing() {
                     let name = self.tasks[next as usize].name.clone();
                     env.trace(TraceEvent::End { agent: cpu });

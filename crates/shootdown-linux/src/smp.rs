@@ -9,7 +9,7 @@
 use crate::counters::Counter;
 use crate::frame::{CallCond, CallFunctionIrq, Flow, FlushFunc, Frame, SmpCallMany};
 use crate::machine::Machine;
-use crate::mem::{call_queue_line, flush_info_line, Loc};
+use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
 use crate::state::*;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
@@ -90,7 +90,8 @@ impl Machine {
                 let t = s.candidates[s.i];
                 let k = CsdKey { src: cpu, dst: t };
                 if self.smp_call_spins(cpu, s) {
-                    return Flow::Spin; // csd_lock_wait(): a previous call still owns it
+                    // csd_lock_wait(): a previous call still owns it
+                    return Flow::Spin(spin_key(Loc::CsdLock(k)));
                 }
                 self.store(env, cpu, Loc::CsdLock(k), 1);
                 // llist_add(): cmpxchg on the target's queue head (full barrier).
@@ -149,13 +150,13 @@ impl Machine {
                 if s.i >= s.queued.len() {
                     return Flow::Return;
                 }
-                if self.smp_call_spins(cpu, s) {
-                    return Flow::Spin;
-                }
                 let k = CsdKey {
                     src: cpu,
                     dst: s.queued[s.i],
                 };
+                if self.smp_call_spins(cpu, s) {
+                    return Flow::Spin(spin_key(Loc::CsdLock(k)));
+                }
                 self.load(env, cpu, Loc::CsdLock(k));
                 s.i += 1;
                 Flow::Next

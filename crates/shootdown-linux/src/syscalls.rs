@@ -269,20 +269,27 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Fdatasync { pc, vpn } => match *pc {
+            Syscall::Fdatasync { pc, todo, i } => match *pc {
                 0 => {
+                    // dax_writeback_mapping_range(): tag_pages_for_writeback() first, so the
+                    // writeback is bounded by what is dirty now, not what other threads dirty
+                    // while it runs.
                     self.charge(env, |c| c.syscall_entry_exit);
+                    *todo = std::mem::take(&mut self.mms[mm as usize].dirty)
+                        .into_iter()
+                        .collect();
+                    *i = 0;
                     *pc = 1;
                     Flow::Next
                 }
                 _ => {
-                    // dax_writeback_one(): take the next dirty entry; pfn_mkclean() write-protects
-                    // the PTE and flushes that one page from every CPU running the mm.
-                    let Some(v) = self.mms[mm as usize].dirty.pop_first() else {
+                    // dax_writeback_one(): pfn_mkclean() write-protects the entry and flushes it
+                    // from every CPU running the mm.
+                    let Some(&v) = todo.get(*i) else {
                         return Flow::Return;
                     };
+                    *i += 1;
                     self.charge(env, |c| c.dax_writeback_page);
-                    *vpn = v;
                     let m = &mut self.mms[mm as usize];
                     let Some(pte) = m.space.ptes.get_mut(&v) else {
                         return Flow::Next;

@@ -280,9 +280,16 @@ impl Machine {
                 },
                 env,
             ),
-            UserOp::Fdatasync => {
-                self.enter_syscall(cpu, t, Syscall::Fdatasync { pc: 0, vpn: 0 }, env)
-            }
+            UserOp::Fdatasync => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Fdatasync {
+                    pc: 0,
+                    todo: Vec::new(),
+                    i: 0,
+                },
+                env,
+            ),
             UserOp::ReclaimUnmap { start, npages } => self.enter_syscall(
                 cpu,
                 t,
@@ -310,6 +317,9 @@ impl Machine {
             }
             UserOp::Event => {
                 self.perf.counters.inc(Counter::Events);
+                if self.perf.log_events {
+                    self.perf.event_times.push(env.now());
+                }
                 if env.now() >= self.perf.measure_from {
                     self.perf.events_measured += 1;
                     self.perf.first_event_at.get_or_insert(env.now());
@@ -324,6 +334,9 @@ impl Machine {
                     marks.resize(t + 1, Vec::new());
                 }
                 marks[t].push(now);
+                if Some(marks[t].len()) == self.perf.stop_after_marks {
+                    self.perf.tasks_marked_enough += 1;
+                }
                 self.tasks[t].pc += 1;
             }
             UserOp::CopyPages { pages } => {
@@ -358,6 +371,7 @@ impl Machine {
             }
             UserOp::Exit => {
                 self.tasks[t].state = TaskState::Dead;
+                self.perf.user_tasks_alive -= 1;
                 self.say(|| "exit".into());
                 let f = self.schedule_frame();
                 self.call(cpu, env, f);

@@ -107,14 +107,25 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
             events_per_cycle,
             run_seconds,
         } => {
+            // System-wide rate: every thread's events between the moment the last thread
+            // finished warming up and the moment the first thread finished its last cycle.
+            let marks: Vec<&Vec<Time>> = perf.marks.iter().filter(|m| !m.is_empty()).collect();
+            let t0 = marks.iter().filter_map(|m| m.get(*warm)).max().copied();
+            let t1 = marks.iter().filter_map(|m| m.last()).min().copied();
+            if let (Some(t0), Some(t1)) = (t0, t1) {
+                if t1 > t0 && !perf.event_times.is_empty() {
+                    let lo = perf.event_times.partition_point(|t| *t < t0);
+                    let hi = perf.event_times.partition_point(|t| *t <= t1);
+                    return (hi - lo) as f64 / (t1 - t0).as_secs_f64() * run_seconds;
+                }
+            }
+            // Windows that do not overlap (very uneven threads): sum of per-thread rates.
             let mut rate = 0.0;
-            for marks in &perf.marks {
-                if marks.len() > warm + 1 {
-                    let span = marks[marks.len() - 1]
-                        .saturating_sub(marks[*warm])
-                        .as_secs_f64();
+            for m in marks {
+                if m.len() > warm + 1 {
+                    let span = m[m.len() - 1].saturating_sub(m[*warm]).as_secs_f64();
                     if span > 0.0 {
-                        rate += (marks.len() - 1 - warm) as f64 * events_per_cycle / span;
+                        rate += (m.len() - 1 - warm) as f64 * events_per_cycle / span;
                     }
                 }
             }

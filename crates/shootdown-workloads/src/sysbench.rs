@@ -13,8 +13,9 @@
 //! entry instead of per 4 KiB page. This is an assumption (the seed does not say); with
 //! `dax_pmd = false` every 4 KiB page is its own entry.
 //!
-//! Metric: steady-state events per run — each thread's rate over whole write+fsync cycles after
-//! `warmup_cycles`, summed, times `run_seconds` (sysbench's default `--time=10`).
+//! Metric: steady-state events per run — all threads' events per second between the moment the
+//! last thread finished `warmup_cycles` write+fsync cycles and the moment the first thread
+//! finished `warmup_cycles + cycles`, times `run_seconds` (sysbench's default `--time=10`).
 
 use crate::{place_threads, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
@@ -91,6 +92,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     }
     // Marks: one at each cycle end; the rate is taken over cycles after the warm-up.
     m.perf.stop_after_marks = Some(warmup_cycles + 1 + cycles);
+    m.perf.log_events = true;
     Ok(Built {
         machine: m,
         measure: Measure::CycleRate {
