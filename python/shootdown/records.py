@@ -22,8 +22,9 @@ Direction rule
 For a non-baseline variant, ``change_pct = (avg - baseline_avg) / |baseline_avg| × 100`` and the
 *noise* of that side is ``sqrt(s_baseline² + s_variant²) / |baseline_avg| × 100`` using that
 side's standard deviations (simulated stdevs for the simulated side, published stdevs for the
-published side). When either stdev is unknown (a single repetition, or a paper that gave no
-stdev) the noise is taken as :data:`FLAT_THRESHOLD_PCT` (0.5 %). The direction is ``"flat"``
+published side), but never less than :data:`FLAT_THRESHOLD_PCT` (0.5 %): a smaller change is no
+direction even when a side is deterministic (stdev 0). When either stdev is unknown (a single
+repetition, or a paper that gave no stdev) the noise is that floor. The direction is ``"flat"``
 when ``|change_pct| <= noise``, else ``"up"`` or ``"down"`` by the sign of the change.
 ``direction_ok`` is ``direction == published_direction``; it is ``None`` for baseline rows and
 where either side has no change (no published numbers, or a zero baseline).
@@ -64,7 +65,8 @@ __all__ = [
 #: Prefix of the counter columns in a points frame.
 COUNTER_PREFIX = "c."
 
-#: Relative noise (in %) assumed when a side's standard deviations are unknown.
+#: Smallest change (in %) that counts as a direction; also the noise assumed when a side's
+#: standard deviations are unknown.
 FLAT_THRESHOLD_PCT = 0.5
 
 #: Fixed columns of a points frame (counter columns ``c.*`` sit between ``wall_s`` and
@@ -250,8 +252,9 @@ def change_pct(value: Any, baseline: Any) -> float:
 def noise_pct(baseline_avg: Any, baseline_stdev: Any, variant_stdev: Any) -> float:
     """Combined relative noise of one side, in % of the baseline average.
 
-    ``sqrt(sb² + sv²) / |baseline_avg| × 100``, or :data:`FLAT_THRESHOLD_PCT` when either stdev
-    is unknown. ``NaN`` if the baseline average is missing or zero.
+    ``max(sqrt(sb² + sv²) / |baseline_avg| × 100, FLAT_THRESHOLD_PCT)``, or
+    :data:`FLAT_THRESHOLD_PCT` when either stdev is unknown. ``NaN`` if the baseline average is
+    missing or zero.
     """
     b = _num(baseline_avg)
     if math.isnan(b) or b == 0:
@@ -259,7 +262,7 @@ def noise_pct(baseline_avg: Any, baseline_stdev: Any, variant_stdev: Any) -> flo
     sb, sv = _num(baseline_stdev), _num(variant_stdev)
     if math.isnan(sb) or math.isnan(sv):
         return FLAT_THRESHOLD_PCT
-    return math.hypot(sb, sv) / abs(b) * 100.0
+    return max(math.hypot(sb, sv) / abs(b) * 100.0, FLAT_THRESHOLD_PCT)
 
 
 def direction(change: Any, noise: Any) -> Optional[str]:

@@ -230,6 +230,9 @@ def test_change_and_noise_edge_cases() -> None:
     assert math.isnan(change_pct(None, 1.0))
     assert change_pct(-90.0, -100.0) == pytest.approx(10.0)
     assert noise_pct(100.0, 3.0, 4.0) == pytest.approx(5.0)
+    # Deterministic sides still need a change of at least the floor to have a direction.
+    assert noise_pct(100.0, 0.0, 0.0) == FLAT_THRESHOLD_PCT
+    assert direction(change_pct(100.1, 100.0), noise_pct(100.0, 0.0, 0.0)) == "flat"
     assert noise_pct(100.0, None, 4.0) == FLAT_THRESHOLD_PCT
     assert noise_pct(100.0, float("nan"), float("nan")) == FLAT_THRESHOLD_PCT
     assert math.isnan(noise_pct(0.0, 1.0, 1.0))

@@ -108,10 +108,11 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
             run_seconds,
         } => {
             // System-wide rate: every thread's events between the moment the last thread
-            // finished warming up and the moment the first thread finished its last cycle.
+            // finished warming up and the moment the last thread finished its last cycle (no
+            // thread exits, so all of them are running throughout).
             let marks: Vec<&Vec<Time>> = perf.marks.iter().filter(|m| !m.is_empty()).collect();
             let t0 = marks.iter().filter_map(|m| m.get(*warm)).max().copied();
-            let t1 = marks.iter().filter_map(|m| m.last()).min().copied();
+            let t1 = marks.iter().filter_map(|m| m.last()).max().copied();
             if let (Some(t0), Some(t1)) = (t0, t1) {
                 if t1 > t0 && !perf.event_times.is_empty() {
                     let lo = perf.event_times.partition_point(|t| *t < t0);

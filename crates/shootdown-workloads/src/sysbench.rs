@@ -14,7 +14,7 @@
 //! `dax_pmd = false` every 4 KiB page is its own entry.
 //!
 //! Metric: steady-state events per run — all threads' events per second between the moment the
-//! last thread finished `warmup_cycles` write+fsync cycles and the moment the first thread
+//! last thread finished `warmup_cycles` write+fsync cycles and the moment the last thread
 //! finished `warmup_cycles + cycles`, times `run_seconds` (sysbench's default `--time=10`).
 
 use crate::{place_threads, Built, Measure, ParamError, Params};
