@@ -280,7 +280,10 @@ def test_record_direction_matches_the_documented_rule(
     mb, mv = statistics.fmean(vb), statistics.fmean(vv)
     delta = (mv - mb) / mb * 100
     if reps >= 2:
-        threshold = math.sqrt(statistics.stdev(vb) ** 2 + statistics.stdev(vv) ** 2) / mb * 100
+        threshold = max(
+            math.sqrt(statistics.stdev(vb) ** 2 + statistics.stdev(vv) ** 2) / mb * 100,
+            FLAT_THRESHOLD_PCT,
+        )
     else:
         threshold = FLAT_THRESHOLD_PCT
     assume(abs(abs(delta) - threshold) > 1e-9 * max(1.0, threshold))  # not on the boundary
