@@ -79,6 +79,10 @@ fn explain(before: &Machine, after: &Machine, cpu: usize) -> Option<String> {
                     "read mm_cpumask(mm{}): remote cpus {:?} -> flush_tlb_multi/others",
                     s.mm, c.candidates
                 ),
+                Some(Frame::PvFlushTlbMulti(c)) if called => format!(
+                    "read mm_cpumask(mm{}): remote vcpus {:?} -> kvm_flush_tlb_multi (PV)",
+                    s.mm, c.call.candidates
+                ),
                 Some(Frame::FlushFunc(_)) if called => {
                     "mm loaded here: flush_tlb_func (local)".into()
                 }
@@ -200,7 +204,7 @@ fn explain(before: &Machine, after: &Machine, cpu: usize) -> Option<String> {
             1 => "context_switch: enter_lazy_tlb".into(),
             _ => "return to the task".into(),
         },
-        Frame::SwitchMm(_) => return None,
+        Frame::SwitchMm(_) | Frame::PvFlushTlbMulti(_) => return None,
         Frame::RwSemDown { write, mm, .. } => {
             if returned {
                 format!(

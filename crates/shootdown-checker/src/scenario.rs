@@ -10,7 +10,7 @@ use shootdown_engine::Model;
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
 use shootdown_linux::options::MUTANT_NAMES;
-use shootdown_linux::{Action, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
+use shootdown_linux::{Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,6 +42,25 @@ pub struct ScenarioFile {
     pub setup: Vec<SetupSpec>,
     #[serde(default)]
     pub mutants: Vec<MutantSpec>,
+    /// Run the CPUs as the vCPUs of one VM on a host (PV TLB flush scenarios): the host may
+    /// preempt them at any instruction boundary.
+    pub host: Option<HostSpec>,
+}
+
+/// `[host]`: the CPUs are vCPUs of one VM, each on its own pCPU; the host may preempt the
+/// listed ones at any time (`VcpuPut`) and run them again (`VcpuLoad`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// vCPUs the host may preempt (default: all).
+    pub preemptible: Option<Vec<usize>>,
+    /// A preempted vCPU may also be loaded and put again without entering the guest (a
+    /// userspace ioctl): a second `kvm_arch_vcpu_put` before the next entry.
+    #[serde(default)]
+    pub ioctl_puts: bool,
+    /// At most this many preemptions per vCPU (default 0 = unbounded).
+    #[serde(default)]
+    pub max_preemptions: u32,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -439,6 +458,23 @@ impl Scenario {
                 }
             }
         }
+        if let Some(h) = &file.host {
+            for &c in h.preemptible.iter().flatten() {
+                if c >= file.cpus {
+                    return Err(err(
+                        "host.preemptible",
+                        format!("vcpu{c} does not exist (cpus = {})", file.cpus),
+                    ));
+                }
+            }
+            if !file.symmetric.is_empty() {
+                return Err(err(
+                    "symmetric",
+                    "symmetry reduction does not rename host state: not available with [host]"
+                        .into(),
+                ));
+            }
+        }
         let mut seen = vec![false; file.cpus];
         for (i, g) in file.symmetric.iter().enumerate() {
             if g.len() < 2 {
@@ -554,7 +590,24 @@ impl Scenario {
             psc_entries: f.features.psc_entries.max(1),
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
-        let mut m = Machine::new(topo, profile, opts, mem);
+        let mut m = match &f.host {
+            None => Machine::new(topo, profile, opts, mem),
+            Some(h) => {
+                let cfg = HostConfig {
+                    vms: 1,
+                    vcpus_per_vm: f.cpus,
+                    preemptible: h
+                        .preemptible
+                        .clone()
+                        .unwrap_or_else(|| (0..f.cpus).collect()),
+                    ioctl_puts: h.ioctl_puts,
+                    max_preemptions: h.max_preemptions,
+                    ..HostConfig::default()
+                };
+                cfg.validate(f.cpus).map_err(|(k, r)| self.err(&format!("host.{k}"), r))?;
+                Machine::with_host(topo, profile, opts, mem, cfg)
+            }
+        };
         let mut mm_ids: BTreeMap<&str, MmId> = BTreeMap::new();
         for mm in &f.mms {
             let id = m.add_mm(&mm.name);

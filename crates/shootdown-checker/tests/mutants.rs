@@ -113,6 +113,24 @@ const MUTANTS: &[Pinned] = &[
         25,
         2043,
     ),
+    (
+        "pv_tlb_flush",
+        "pv_set_preempted_clobbers_flush",
+        Some("K1"),
+        "sc",
+        "INV-STALE",
+        18,
+        654,
+    ),
+    (
+        "pv_tlb_flush",
+        "pv_record_steal_time_nonatomic",
+        Some("K2"),
+        "sc",
+        "INV-STALE",
+        18,
+        868,
+    ),
 ];
 
 #[test]
@@ -135,7 +153,10 @@ fn every_mutant_is_found_with_a_pinned_counterexample() {
         // Steps are numbered 1..n, every one names an actor, the last one names the invariant.
         for (i, s) in r.counterexample.iter().enumerate() {
             assert_eq!(s.step, i + 1);
-            assert!(s.actor.starts_with("cpu"), "{s:?}");
+            assert!(
+                s.actor.starts_with("cpu") || s.actor.starts_with("vcpu"),
+                "{s:?}"
+            );
             assert!(!s.text.is_empty());
         }
         if let Some(last) = r.counterexample.last() {
@@ -151,7 +172,7 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     for (n, _) in shootdown_linux::options::MUTANT_NAMES {
         assert!(names.contains(n), "mutant {n} has no pinned scenario");
     }
-    for bug in ["N1", "N3", "N5", "N8", "O1"] {
+    for bug in ["N1", "N3", "N5", "N8", "O1", "K1", "K2"] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }
 }
@@ -216,4 +237,29 @@ fn counterexample_reads_in_kernel_terms() {
     let t = r.to_text();
     assert!(t.starts_with("verdict: violation (INV-STALE)\n"), "{t}");
     assert!(t.contains("   1. cpu"), "{t}");
+}
+
+#[test]
+fn cve_2019_3016_counterexamples_tell_the_story() {
+    // K1: the second vcpu_put rewrites the byte the guest had set FLUSH_TLB in.
+    let r = run("pv_tlb_flush", Some("pv_set_preempted_clobbers_flush"), "sc");
+    let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = all.join("\n");
+    assert!(all.contains("vcpu1 skipped"), "{all}");
+    assert!(all.contains("st[1].preempted = PREEMPTED (was 0x3)"), "{all}");
+    assert!(all.contains("xchg(st[1].preempted, 0) = 0x1, no flush"), "{all}");
+    assert!(r.counterexample.iter().any(|s| s.actor == "vcpu1"));
+    // K2: the guest's cmpxchg lands between the host's read and its write-back.
+    let r = run("pv_tlb_flush", Some("pv_record_steal_time_nonatomic"), "sc");
+    let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = all.join("\n");
+    let read = all.find("host copy.preempted = 0x1").expect(&all);
+    let cas = all.find("succeeds: vcpu1 skipped").expect(&all);
+    let back = all.find("st[1].preempted = 0 (was 0x3)").expect(&all);
+    assert!(read < cas && cas < back, "{all}");
+    // Both are found under TSO too, with the same shortest length.
+    for m in ["pv_set_preempted_clobbers_flush", "pv_record_steal_time_nonatomic"] {
+        let r = run("pv_tlb_flush", Some(m), "tso");
+        assert_eq!((r.verdict.as_str(), r.counterexample.len()), ("violation", 18), "{m}");
+    }
 }

@@ -88,6 +88,13 @@ pub trait Env {
     fn random(&mut self, n: u64) -> u64;
     /// Make sure `agent` runs no later than `at` (IPI arrival, wake-up of a sleeping task).
     fn wake(&mut self, agent: AgentId, at: Time);
+    /// A deadline for a busy-waiting agent: it runs at `at` at the latest, but still as soon as a
+    /// notification it waits for comes (a spinner stays a spinner; `wake` would make it sleep
+    /// until `at`). For anything but a spinning agent this is `wake`. Used for time slices that
+    /// end while a vCPU busy-waits.
+    fn wake_by(&mut self, agent: AgentId, at: Time) {
+        self.wake(agent, at)
+    }
     /// Shared state that spinning agents may be waiting on has changed.
     fn notify(&mut self);
     /// The location identified by `key` changed: agents parked with `Park::SpinOn(key)` retry.

@@ -74,6 +74,9 @@ pub struct TimedDriver {
     keyed: BTreeMap<u64, Vec<AgentId>>,
     /// The key each keyed spinner waits on.
     spin_key: Vec<Option<u64>>,
+    /// A spinner's deadline ([`Env::wake_by`]): its queue entry at that time runs it unless a
+    /// notification ran it first.
+    spin_deadline: Vec<Option<Time>>,
     rng: DetRng,
     trace: Option<Vec<Stamped>>,
     steps: u64,
@@ -84,6 +87,7 @@ struct StepEnv<'a> {
     charged: Time,
     rng: &'a mut DetRng,
     wakes: &'a mut Vec<(AgentId, Time)>,
+    deadlines: &'a mut Vec<(AgentId, Time)>,
     notified: bool,
     keys: &'a mut Vec<u64>,
     trace: Option<&'a mut Vec<Stamped>>,
@@ -104,6 +108,9 @@ impl Env for StepEnv<'_> {
     }
     fn wake(&mut self, agent: AgentId, at: Time) {
         self.wakes.push((agent, at));
+    }
+    fn wake_by(&mut self, agent: AgentId, at: Time) {
+        self.deadlines.push((agent, at));
     }
     fn notify(&mut self) {
         self.notified = true;
@@ -136,6 +143,7 @@ impl TimedDriver {
             spinners: Vec::new(),
             keyed: BTreeMap::new(),
             spin_key: vec![None; agents],
+            spin_deadline: vec![None; agents],
             rng: DetRng::new(seed, stream),
             trace: None,
             steps: 0,
@@ -158,6 +166,7 @@ impl TimedDriver {
     }
 
     fn schedule(&mut self, agent: AgentId, at: Time) {
+        self.spin_deadline[agent] = None;
         match self.state[agent] {
             AgentState::Scheduled(t) if t <= at => {}
             AgentState::Done => {}
@@ -182,6 +191,7 @@ impl TimedDriver {
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
     pub fn run<M: Model>(&mut self, model: &mut M, limits: Limits) -> RunStats {
         let mut wakes: Vec<(AgentId, Time)> = Vec::new();
+        let mut deadlines: Vec<(AgentId, Time)> = Vec::new();
         let mut keys: Vec<u64> = Vec::new();
         let mut latest = Time::ZERO;
         let stop = loop {
@@ -194,6 +204,11 @@ impl TimedDriver {
             let Some(Reverse((t, agent))) = self.queue.pop() else {
                 break Stop::Deadlock;
             };
+            if self.state[agent] == AgentState::Spinning && self.spin_deadline[agent] == Some(t) {
+                // A spinner's deadline: it stops waiting for notifications and runs now.
+                self.schedule(agent, t);
+                continue;
+            }
             if self.state[agent] != AgentState::Scheduled(t) {
                 continue; // superseded entry
             }
@@ -203,6 +218,7 @@ impl TimedDriver {
             let now = t.max(self.clocks[agent]);
             let action = model.timed_action(agent, now);
             wakes.clear();
+            deadlines.clear();
             keys.clear();
             let (outcome, charged, notified) = {
                 let mut env = StepEnv {
@@ -210,6 +226,7 @@ impl TimedDriver {
                     charged: Time::ZERO,
                     rng: &mut self.rng,
                     wakes: &mut wakes,
+                    deadlines: &mut deadlines,
                     notified: false,
                     keys: &mut keys,
                     trace: self.trace.as_mut(),
@@ -242,6 +259,18 @@ impl TimedDriver {
             for i in 0..wakes.len() {
                 let (a, at) = wakes[i];
                 self.schedule(a, at.max(now));
+            }
+            for i in 0..deadlines.len() {
+                let (a, at) = deadlines[i];
+                let at = at.max(now);
+                if self.state[a] == AgentState::Spinning {
+                    if self.spin_deadline[a].map_or(true, |d| at < d) {
+                        self.spin_deadline[a] = Some(at);
+                        self.queue.push(Reverse((at, a)));
+                    }
+                } else {
+                    self.schedule(a, at);
+                }
             }
             if notified {
                 let mut all = std::mem::take(&mut self.spinners);
@@ -280,5 +309,100 @@ impl TimedDriver {
             steps: self.steps,
             end: latest,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Outcome, StepKind};
+
+    /// Agent 0 busy-waits on key 7 with a deadline at 100; agent 1 stores to key 7 at
+    /// `release` (or never).
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    struct Spin {
+        release: Option<u64>,
+        flag: bool,
+        ran_at: Vec<u64>,
+    }
+
+    impl Model for Spin {
+        type Action = usize;
+        fn agents(&self) -> usize {
+            2
+        }
+        fn enabled(&self, out: &mut Vec<usize>) {
+            out.extend([0, 1]);
+        }
+        fn timed_action(&self, agent: usize, _: Time) -> usize {
+            agent
+        }
+        fn agent_of(&self, a: usize) -> usize {
+            a
+        }
+        fn apply<E: Env>(&mut self, a: usize, env: &mut E) -> Outcome {
+            let now = env.now().0;
+            let park = if a == 0 {
+                self.ran_at.push(now);
+                if self.flag {
+                    Park::Done
+                } else {
+                    env.wake_by(0, Time(100));
+                    Park::SpinOn(7)
+                }
+            } else {
+                match self.release {
+                    Some(t) if now < t => {
+                        env.charge(Time(t - now));
+                        Park::Run
+                    }
+                    Some(_) => {
+                        self.flag = true;
+                        env.notify_key(7);
+                        Park::Done
+                    }
+                    None => Park::Done,
+                }
+            };
+            Outcome {
+                park,
+                kind: StepKind::Shared,
+                violation: None,
+            }
+        }
+        fn describe(&self, a: usize) -> String {
+            format!("{a}")
+        }
+        fn agent_name(&self, a: usize) -> String {
+            format!("a{a}")
+        }
+        fn finished(&self) -> bool {
+            false
+        }
+    }
+
+    fn run(release: Option<u64>) -> Vec<u64> {
+        let mut m = Spin {
+            release,
+            flag: false,
+            ran_at: Vec::new(),
+        };
+        let mut d = TimedDriver::new(2, 1, 0);
+        d.run(
+            &mut m,
+            Limits {
+                max_time: Time(1000),
+                max_steps: 100,
+            },
+        );
+        m.ran_at
+    }
+
+    #[test]
+    fn a_spinner_with_a_deadline_still_wakes_on_its_notification() {
+        // Notified at 10: runs at 10, not at the deadline.
+        assert_eq!(run(Some(10)), vec![0, 10]);
+        // Never notified: runs at its deadline (and re-arms it, which stays in the past).
+        assert_eq!(&run(None)[..2], &[0, 100]);
     }
 }

@@ -56,10 +56,18 @@ pub struct Experiment {
     pub higher_is_better: bool,
     pub rng_seed: u64,
     pub topology: Topology,
+    /// `[host]`: the workload runs in VMs on this host (the topology is then the pCPUs).
+    /// Validated; a row key naming a host setting varies it per row.
+    pub host: Option<toml::Table>,
     pub workload: toml::Table,
     pub quick_workload: toml::Table,
     pub variants: Vec<VariantSpec>,
     pub published: Vec<PublishedCell>,
+}
+
+/// A `[host]` setting (a row key naming one varies it per row instead of a workload parameter).
+fn is_host_key(k: &str) -> bool {
+    shootdown_linux::kvm_host::HOST_KEYS.iter().any(|(n, _)| *n == k)
 }
 
 pub(crate) fn to_json(v: &toml::Value) -> serde_json::Value {
@@ -147,6 +155,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         &[
             "experiment",
             "topology",
+            "host",
             "workload",
             "quick",
             "variants",
@@ -264,6 +273,36 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
     )
     .map_err(|(k, r)| ConfigError::new(path, format!("topology.{k}"), r))?;
 
+    let host = match doc.get("host") {
+        None => None,
+        Some(toml::Value::Table(h)) => {
+            shootdown_workloads::host_config(h, topology.nr_cpus())
+                .map_err(|(k, r)| ConfigError::new(path, format!("host.{k}"), r))?;
+            Some(h.clone())
+        }
+        Some(_) => return Err(ConfigError::new(path, "host", "expected a table")),
+    };
+    if let (Some(h), Some(k)) = (&host, &row_key) {
+        if is_host_key(k) {
+            for quick in [false, true] {
+                let rows_q = if quick { &quick_rows } else { &rows };
+                for (i, r) in rows_q.iter().enumerate() {
+                    let mut hh = h.clone();
+                    hh.insert(k.clone(), r.clone());
+                    shootdown_workloads::host_config(&hh, topology.nr_cpus()).map_err(|(kk, reason)| {
+                        ConfigError::new(
+                            path,
+                            format!(
+                                "experiment.{}[{i}]",
+                                if quick { "quick_rows" } else { "rows" }
+                            ),
+                            format!("host.{kk} = {r}: {reason}"),
+                        )
+                    })?;
+                }
+            }
+        }
+    }
     let workload = table(path, &doc, "workload")?.clone();
     let quick_workload = match doc.get("quick") {
         None => toml::Table::new(),
@@ -403,6 +442,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         higher_is_better,
         rng_seed,
         topology,
+        host,
         workload,
         quick_workload,
         variants,
@@ -439,8 +479,16 @@ impl Experiment {
                 w.insert(k.clone(), v.clone());
             }
         }
-        if let Some(k) = &self.row_key {
-            w.insert(k.clone(), self.rows_for(quick)[row_index].clone());
+        let row = self.rows_for(quick)[row_index].clone();
+        if let Some(h) = &self.host {
+            let mut h = h.clone();
+            if let Some(k) = self.row_key.as_ref().filter(|k| is_host_key(k)) {
+                h.insert(k.clone(), row.clone());
+            }
+            w.insert("host".into(), toml::Value::Table(h));
+        }
+        if let Some(k) = self.row_key.as_ref().filter(|k| self.host.is_none() || !is_host_key(k)) {
+            w.insert(k.clone(), row);
         }
         Ok(w)
     }

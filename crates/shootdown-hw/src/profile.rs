@@ -108,6 +108,18 @@ cost_keys! {
     pgtable_free,
     /// One iteration of a busy-wait loop (cpu_relax) when nothing changes.
     spin_poll,
+    /// KVM: one VM exit plus the common exit-handling path plus VM entry (VMX round trip), excluding the emulation of the exit reason and the VMX-instruction error checks.
+    vm_exit_entry,
+    /// KVM: one extra instruction on the fast path of a VMREAD/VMWRITE error check (SETcc, CMP, JMP...): see the `vmx_insn_error_check` option.
+    vmx_insn_error_check,
+    /// KVM: emulating CPUID after the exit (kvm_emulate_cpuid).
+    cpuid_emulation,
+    /// KVM: INVVPID single-context (flush every guest-linear translation of one vCPU, all guest PCIDs), excluding refills.
+    invvpid_single,
+    /// Host: switching the pCPU from one vCPU thread to another (schedule, kvm_sched_out/vcpu_put, kvm_sched_in/vcpu_load, VMPTRLD, MSR switching).
+    vcpu_context_switch,
+    /// Host: waking a halted vCPU thread (kvm_vcpu_kick of a blocked vCPU, try_to_wake_up, return from kvm_vcpu_block) until it can enter the guest.
+    vcpu_wakeup,
 }
 
 /// Hardware features and capacities of the machine.

@@ -145,9 +145,30 @@ impl PartialEq for Tlb {
     }
 }
 impl Eq for Tlb {}
+/// splitmix64's finalizer: a strong mix of one word.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 impl Hash for Tlb {
+    /// Order-independent without sorting or allocating (the explorer fingerprints every state):
+    /// two sums of strongly mixed per-entry hashes, which equal TLBs share whatever the
+    /// insertion order.
     fn hash<H: Hasher>(&self, h: &mut H) {
-        self.canonical().hash(h)
+        let (mut a, mut b) = (0u64, 0u64);
+        for (k, e) in &self.entries {
+            let mut f = rustc_hash::FxHasher::default();
+            (k, e).hash(&mut f);
+            let x = f.finish();
+            a = a.wrapping_add(mix(x));
+            b = b.wrapping_add(mix(x ^ 0x9e37_79b9_7f4a_7c15));
+        }
+        h.write_usize(self.entries.len());
+        h.write_u64(a);
+        h.write_u64(b);
+        self.psc.hash(h);
     }
 }
 

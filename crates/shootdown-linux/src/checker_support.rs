@@ -31,6 +31,10 @@ impl Machine {
         if self.irqs_enabled(cpu) || self.step_blocked(cpu) {
             return false;
         }
+        // On a host, `VcpuPut(cpu)` would disable `Step(cpu)`: not a persistent set then.
+        if self.host.is_some() && (!self.vcpu_in_guest(cpu) || self.host_may_preempt(cpu)) {
+            return false;
+        }
         let c = &self.cpus[cpu];
         let top = match c.irq_stack.last() {
             Some(f) => f,
@@ -98,6 +102,7 @@ impl Machine {
             Loc::LoadedMm(c) => Loc::LoadedMm(pc(c as usize) as u32),
             Loc::IsLazy(c) => Loc::IsLazy(pc(c as usize) as u32),
             Loc::CsdLock(k) => Loc::CsdLock(key(k)),
+            Loc::Preempted(c) => Loc::Preempted(pc(c as usize) as u32),
             l @ Loc::TlbGen(_) => l,
         };
         let frame = |f: &Frame| -> Frame {
@@ -127,6 +132,12 @@ impl Machine {
                     targets.iter_mut().for_each(|c| *c = pc(*c));
                 }
                 Frame::Syscall(Syscall::SetAffinity { cpu, .. }) => *cpu = pc(*cpu),
+                Frame::PvFlushTlbMulti(s) => {
+                    s.call.info = info(&s.call.info);
+                    for v in [&mut s.call.candidates, &mut s.call.queued, &mut s.call.ipi, &mut s.keep] {
+                        v.iter_mut().for_each(|c| *c = pc(*c));
+                    }
+                }
                 Frame::SwitchMm(_) | Frame::RwSemDown { .. } | Frame::Syscall(_) => {}
             }
             f

@@ -48,6 +48,21 @@ counters! {
     ContextSwitches = "context_switches",
     Migrations = "migrations",
     MmapSemContended = "mmap_sem_contended",
+    /// KVM: VM exits (ICR writes, interrupt injection and EOI without APICv, HLT, CPUID,
+    /// host preemptions).
+    KvmExits = "kvm.exits",
+    /// KVM: HLT exits that blocked the vCPU thread.
+    KvmHaltExits = "kvm.halt_exits",
+    /// KVM: guest TLB flushes done by the host before entry (`kvm_vcpu_flush_tlb` for PV flush).
+    KvmTlbFlush = "kvm.tlb_flush",
+    /// Guest: vCPUs a PV flush skipped because they were preempted (`KVM_VCPU_FLUSH_TLB` set).
+    PvTlbFlushSkipped = "kvm.pv_tlb_flush_skipped",
+    /// Host: vCPU threads preempted (time slice, wake-up preemption, housekeeping).
+    HostPreemptions = "host.vcpu_preemptions",
+    /// Host: housekeeping-task runs.
+    HostHousekeeping = "host.housekeeping",
+    /// Host: halted vCPU threads woken by a kick.
+    VcpuWakeups = "host.vcpu_wakeups",
     /// Workload events (the metric).
     Events = "events",
 }

@@ -72,6 +72,13 @@ pub fn describe(m: &Machine, a: Action) -> String {
             let _ = INIT_MM;
             return format!("page walker{lazy}: speculative fill of mm{mm} page {vpn:#x}");
         }
+        Action::VcpuPut(_) | Action::VcpuLoad(_) | Action::VcpuIoctl(_) => {
+            let mut copy = m.clone();
+            copy.perf.labels_on = true;
+            copy.perf.labels.clear();
+            copy.apply(a, &mut NullEnv);
+            return format!("host: {}", copy.perf.labels.join("; "));
+        }
         Action::Step(_) => {}
     }
     let Action::Step(c) = a else { unreachable!() };

@@ -78,6 +78,21 @@ pub struct SmpCallMany {
     pub inc_gen_locally: bool,
 }
 
+/// The guest's paravirtual `kvm_flush_tlb_others()` / `kvm_flush_tlb_multi()`
+/// (arch/x86/kernel/kvm.c): filter out preempted vCPUs, then the native cross call with the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PvFlushTlbMulti {
+    pub pc: u8,
+    /// The native call to make afterwards; its `candidates` are the remote CPUs of the mask.
+    pub call: SmpCallMany,
+    /// Next candidate to look at.
+    pub i: usize,
+    /// The byte read by step G1 for the current candidate.
+    pub seen: u8,
+    /// Candidates that still need the IPI (`flushmask`).
+    pub keep: Vec<CpuId>,
+}
+
 /// The CALL_FUNCTION vector handler: `__flush_smp_call_function_queue()`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CallFunctionIrq {
@@ -167,6 +182,8 @@ pub enum Frame {
         write: bool,
     },
     Syscall(Syscall),
+    /// Guest PV flush (seed 001).
+    PvFlushTlbMulti(PvFlushTlbMulti),
 }
 
 impl Frame {
@@ -194,6 +211,7 @@ impl Frame {
             Frame::Schedule(_) => "__schedule",
             Frame::RwSemDown { write: true, .. } => "down_write(mmap_sem)",
             Frame::RwSemDown { .. } => "down_read(mmap_sem)",
+            Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
             Frame::Syscall(s) => match s {
                 Syscall::PageFault { .. } => "handle_mm_fault",
                 Syscall::Madvise { .. } => "madvise(MADV_DONTNEED)",

@@ -10,14 +10,20 @@
 //! fault path, [`user`] user mode and the hardware access path. Each kernel function is a
 //! [`frame::Frame`] executed one atomic step at a time, so the timed driver and the explorer run
 //! the same code. Versions (before/after/mainline) and historical bugs are [`options::Options`].
+//!
+//! Virtualization (issue #4): with a host ([`kvm_host`]) the CPUs are the vCPUs of VMs run as
+//! host threads on pCPUs; [`paravirt`] is the guest's PV TLB flush (arch/x86/kernel/kvm.c) and
+//! [`kvm_host`] the host side (arch/x86/kvm/x86.c steal time, the host scheduler, VM exits).
 
 pub mod checker_support;
 pub mod counters;
 pub mod describe;
 pub mod frame;
+pub mod kvm_host;
 pub mod machine;
 pub mod mem;
 pub mod options;
+pub mod paravirt;
 pub mod sched;
 pub mod smp;
 pub mod state;
@@ -29,5 +35,6 @@ pub mod user;
 pub use counters::{Counter, Counters, COUNTER_NAMES};
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
+pub use kvm_host::{HostConfig, VcpuMode};
 pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};
 pub use state::{MmId, TaskId, UserOp, INIT_MM};

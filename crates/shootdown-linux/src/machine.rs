@@ -7,10 +7,14 @@
 //! * `Interrupt(cpu)` — take a pending IPI (enabled when the CPU has interrupts on);
 //! * `Drain(cpu)` — under TSO, the oldest buffered store reaches memory;
 //! * `Fill(cpu, page)` — the hardware walker speculatively caches a translation of a page
-//!   through whatever CR3 the CPU has loaded (lazy CPUs included).
+//!   through whatever CR3 the CPU has loaded (lazy CPUs included);
+//! * with a host (`kvm_host.rs`), CPUs are vCPUs and the host acts on them: `VcpuPut(v)` (the
+//!   host preempts vCPU `v`), `VcpuLoad(v)` (the next step of its return into the guest) and,
+//!   explorer only, `VcpuIoctl(v)` (a load/put pair without entering the guest).
 
 use crate::counters::{Counter, Counters};
 use crate::frame::{Flow, Frame};
+use crate::kvm_host::{Host, HostEnv, HostPerf, VcpuMode};
 use crate::mem::MemoryModel;
 use crate::options::{Idle, Options};
 use crate::state::*;
@@ -57,6 +61,8 @@ pub struct Perf {
     /// Record step descriptions (explorer counterexample replay only).
     pub labels_on: bool,
     pub labels: Vec<String>,
+    /// Host scheduling timers (machines with a host only).
+    pub host: HostPerf,
 }
 
 /// An explorer/timed-driver action.
@@ -66,6 +72,13 @@ pub enum Action {
     Interrupt(u32),
     Drain(u32),
     Fill(u32, u32),
+    /// Host: preempt vCPU `v` (VM exit, `vcpu_put`, `kvm_steal_time_set_preempted`).
+    VcpuPut(u32),
+    /// Host: the next step of vCPU `v`'s return into the guest (`vcpu_load`,
+    /// `record_steal_time`, VM entry).
+    VcpuLoad(u32),
+    /// Host (explorer only): `vcpu_load` + `vcpu_put` of a preempted vCPU without entering.
+    VcpuIoctl(u32),
 }
 
 /// Where a frame came from, so it goes back to the same stack even if the step switched tasks.
@@ -98,6 +111,8 @@ pub struct Machine {
     pub dax_file: Vec<Option<(Vpn, u64)>>,
     /// Last page frame number handed out by the fault path.
     pub next_pfn: u32,
+    /// The host under the guests: None for a native machine (kvm_host.rs).
+    pub host: Option<Box<Host>>,
     pub perf: Unhashed<Perf>,
 }
 
@@ -110,6 +125,18 @@ impl Machine {
         memory_model: MemoryModel,
     ) -> Machine {
         let n = topo.nr_cpus();
+        Machine::with_cpus(topo, n, profile, opts, memory_model)
+    }
+
+    /// A machine of `n` CPUs on topology `topo` (`n` = the topology's CPUs natively; the vCPUs
+    /// of every VM on a host, whose physical CPUs `topo` describes).
+    pub(crate) fn with_cpus(
+        topo: Topology,
+        n: usize,
+        profile: Arc<CostProfile>,
+        opts: Options,
+        memory_model: MemoryModel,
+    ) -> Machine {
         let f = &profile.features;
         let mut m = Machine {
             pcid_hw: f.pcid,
@@ -127,8 +154,9 @@ impl Machine {
             spec_pages: Vec::new(),
             dax_file: vec![None],
             next_pfn: 1 << 24,
+            host: None,
             perf: Unhashed(Perf {
-                lines: shootdown_hw::cacheline::LineDirectory::new(n),
+                lines: shootdown_hw::cacheline::LineDirectory::new(topo.nr_cpus()),
                 counters: Counters::new(),
                 ipi_arrival: vec![Time::ZERO; n],
                 slice_start: vec![Time::ZERO; n],
@@ -147,6 +175,7 @@ impl Machine {
                 violation: None,
                 labels_on: false,
                 labels: Vec::new(),
+                host: HostPerf::default(),
                 profile: profile.clone(),
             }),
             topo,
@@ -190,11 +219,7 @@ impl Machine {
     /// Create a process address space (`mm_alloc`); `ctx_id`s are never reused.
     pub fn add_mm(&mut self, name: &str) -> MmId {
         let id = self.mms.len() as MmId;
-        self.mms.push(Mm::new(
-            id as u64 + 1,
-            self.topo.nr_cpus(),
-            name.to_string(),
-        ));
+        self.mms.push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()));
         self.oracle.add_mm();
         self.dax_file.push(None);
         id
@@ -416,6 +441,7 @@ impl Machine {
             Frame::Schedule(s) => self.schedule_step(cpu, s, env),
             Frame::RwSemDown { pc, mm, write } => self.rwsem_down_step(cpu, pc, *mm, *write, env),
             Frame::Syscall(s) => self.syscall_step(cpu, s, env),
+            Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
         }
     }
 
@@ -437,6 +463,11 @@ impl Machine {
             let mut t = costs.irq_entry_exit;
             if was_halted && self.opts.idle == Idle::Halt {
                 t += costs.idle_wakeup;
+            }
+            if self.host.is_some() && !self.opts.posted_interrupts {
+                // Without APICv: the kick exit that injects the interrupt, and the EOI exit.
+                t += Time(self.vm_exit_cost().0 * 2);
+                self.perf.counters.add(crate::counters::Counter::KvmExits, 2);
             }
             env.charge(t);
         }
@@ -475,8 +506,25 @@ impl Machine {
         }
         let now = env.now();
         if env.timed() {
-            let c = &self.perf.profile.costs;
-            let send = c.ipi_send + Time(c.ipi_send_per_target.0 * (targets.len() as u64 - 1));
+            let c = self.perf.profile.clone();
+            let c = &c.costs;
+            let k = targets.len() as u64;
+            let send = if self.host.is_none() {
+                c.ipi_send + Time(c.ipi_send_per_target.0 * (k - 1))
+            } else if self.opts.pv_send_ipi {
+                // One KVM_HC_SEND_IPI hypercall for the whole set.
+                self.perf.counters.inc(crate::counters::Counter::KvmExits);
+                self.vm_exit_cost() + c.ipi_send + Time(c.ipi_send_per_target.0 * (k - 1))
+            } else {
+                // x2APIC cluster mode in a guest without PV IPIs: one ICR write per cluster of
+                // 16 logical CPUs among the targets, and every ICR write exits to KVM, which
+                // then delivers to each destination.
+                let mut clusters: Vec<usize> = targets.iter().map(|&t| t / 16).collect();
+                clusters.dedup();
+                let n = clusters.len() as u64;
+                self.perf.counters.add(crate::counters::Counter::KvmExits, n);
+                Time((self.vm_exit_cost().0 + c.ipi_send.0) * n + c.ipi_send_per_target.0 * (k - n))
+            };
             env.charge(send);
         }
         for &t in targets {
@@ -484,7 +532,7 @@ impl Machine {
             self.cpus[t].ipi_pending = true;
             if env.timed() {
                 let c = &self.perf.profile.costs;
-                let lat = match self.topo.distance(src, t) {
+                let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(t)) {
                     shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
                     _ => c.ipi_latency_same_socket,
                 };
@@ -514,7 +562,7 @@ impl Machine {
         let at = if self.opts.idle == Idle::Poll {
             env.now() + c.poll_idle_notice
         } else {
-            let lat = match self.topo.distance(from, cpu) {
+            let lat = match self.topo.distance(self.phys_cpu(from), self.phys_cpu(cpu)) {
                 shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
                 _ => c.ipi_latency_same_socket,
             };
@@ -535,6 +583,27 @@ impl Model for Machine {
     fn enabled(&self, out: &mut Vec<Action>) {
         for cpu in 0..self.cpus.len() {
             let c = cpu as u32;
+            if let Some(h) = &self.host {
+                match h.vcpus[cpu].mode {
+                    VcpuMode::InGuest => {
+                        if self.host_may_preempt(cpu) {
+                            out.push(Action::VcpuPut(c));
+                        }
+                    }
+                    VcpuMode::Runnable => {
+                        out.push(Action::VcpuLoad(c));
+                        if h.cfg.ioctl_puts && self.vcpu_ioctl_would_change(cpu) {
+                            out.push(Action::VcpuIoctl(c));
+                        }
+                        continue;
+                    }
+                    VcpuMode::Entering(_) => {
+                        out.push(Action::VcpuLoad(c));
+                        continue;
+                    }
+                    VcpuMode::Blocked => continue,
+                }
+            }
             if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
                 out.push(Action::Interrupt(c));
             }
@@ -556,6 +625,21 @@ impl Model for Machine {
     }
 
     fn timed_action(&self, agent: usize, now: Time) -> Action {
+        if let Some(h) = &self.host {
+            match h.vcpus[agent].mode {
+                VcpuMode::Entering(_) => return Action::VcpuLoad(agent as u32),
+                VcpuMode::Runnable if h.pcpus[h.vcpus[agent].pcpu as usize].curr == Some(agent as u32) => {
+                    return Action::VcpuLoad(agent as u32)
+                }
+                // Not current on its pCPU: `Step` is a no-op that parks the agent.
+                VcpuMode::Runnable | VcpuMode::Blocked => return Action::Step(agent as u32),
+                VcpuMode::InGuest => {
+                    if self.host_preempt_due(agent, now) {
+                        return Action::VcpuPut(agent as u32);
+                    }
+                }
+            }
+        }
         if self.cpus[agent].ipi_pending
             && now >= self.perf.ipi_arrival[agent]
             && self.irqs_enabled(agent)
@@ -568,14 +652,100 @@ impl Model for Machine {
 
     fn agent_of(&self, a: Action) -> usize {
         match a {
-            Action::Step(c) | Action::Interrupt(c) | Action::Drain(c) | Action::Fill(c, _) => {
-                c as usize
-            }
+            Action::Step(c)
+            | Action::Interrupt(c)
+            | Action::Drain(c)
+            | Action::Fill(c, _)
+            | Action::VcpuPut(c)
+            | Action::VcpuLoad(c)
+            | Action::VcpuIoctl(c) => c as usize,
         }
     }
 
     fn apply<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        if self.host.is_some() && env.timed() {
+            return self.apply_on_host(a, env);
+        }
+        self.apply_step(a, env)
+    }
+
+    fn describe(&self, a: Action) -> String {
+        crate::describe::describe(self, a)
+    }
+
+    fn agent_name(&self, agent: usize) -> String {
+        if self.host.is_some() {
+            format!("vcpu{agent}")
+        } else {
+            format!("cpu{agent}")
+        }
+    }
+
+    fn finished(&self) -> bool {
+        match self.perf.stop_after_marks {
+            Some(_) => self.perf.tasks_marked_enough >= self.perf.user_tasks_alive,
+            None => self.perf.user_tasks_alive == 0,
+        }
+    }
+}
+
+impl Machine {
+    /// The timed driver on a host: run the step with wake-ups collected, then let the host act
+    /// on them (kvm_host.rs `HostEnv`), block a vCPU whose guest halted, and make sure a
+    /// busy-waiting vCPU is preempted when its pCPU is wanted.
+    fn apply_on_host<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        let v = self.agent_of(a);
+        let now = env.now();
+        let (out, charged, wakes) = {
+            let mut henv = HostEnv {
+                inner: &mut *env,
+                charged: Time::ZERO,
+                wakes: Vec::new(),
+            };
+            let out = self.apply_step(a, &mut henv);
+            (out, henv.charged, henv.wakes)
+        };
+        let guest = matches!(a, Action::Step(_) | Action::Interrupt(_));
+        if guest
+            && out.park == Park::Halt
+            && self.vcpu_in_guest(v)
+            && !(self.cpus[v].ipi_pending && self.irqs_enabled(v))
+        {
+            self.host_block(v, now + charged, env);
+        }
+        for (w, at) in wakes {
+            match self.host_ref().vcpus[w].mode {
+                VcpuMode::InGuest | VcpuMode::Entering(_) => env.wake(w, at),
+                VcpuMode::Runnable => {}
+                VcpuMode::Blocked => self.host_kick(w, at, env),
+            }
+        }
+        for (w, at) in std::mem::take(&mut self.perf.host.switched_in) {
+            env.wake(w, at);
+        }
+        if matches!(out.park, Park::Spin | Park::SpinOn(_)) && self.vcpu_in_guest(v) {
+            if let Some(t) = self.host_next_preempt(v) {
+                env.wake_by(v, t);
+            }
+        }
+        out
+    }
+
+    fn apply_step<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        if let Action::Step(c) = a {
+            if !self.vcpu_in_guest(c as usize) {
+                // Timed driver: a vCPU thread that is not current on its pCPU does nothing.
+                return Outcome {
+                    park: Park::Halt,
+                    kind: StepKind::Local,
+                    violation: None,
+                };
+            }
+        }
         let (park, kind) = match a {
+            Action::VcpuPut(c) => (self.vcpu_put_step(c as usize, env), StepKind::Shared),
+            Action::VcpuLoad(c) => (self.vcpu_load_step(c as usize, env), StepKind::Shared),
+            Action::VcpuIoctl(c) => (self.vcpu_ioctl_step(c as usize, env), StepKind::Shared),
             Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
             Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
             Action::Drain(c) => {
@@ -600,21 +770,6 @@ impl Model for Machine {
             park,
             kind,
             violation: self.perf.violation.take(),
-        }
-    }
-
-    fn describe(&self, a: Action) -> String {
-        crate::describe::describe(self, a)
-    }
-
-    fn agent_name(&self, agent: usize) -> String {
-        format!("cpu{agent}")
-    }
-
-    fn finished(&self) -> bool {
-        match self.perf.stop_after_marks {
-            Some(_) => self.perf.tasks_marked_enough >= self.perf.user_tasks_alive,
-            None => self.perf.user_tasks_alive == 0,
         }
     }
 }
@@ -666,5 +821,6 @@ fn frame_pc(f: &Frame) -> u8 {
             | Syscall::ReclaimUnmap { pc, .. }
             | Syscall::SetAffinity { pc, .. } => *pc,
         },
+        Frame::PvFlushTlbMulti(s) => s.pc,
     }
 }

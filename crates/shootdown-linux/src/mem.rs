@@ -29,6 +29,9 @@ pub enum Loc {
     IsLazy(u32),
     /// The lock bit of a `call_single_data`.
     CsdLock(CsdKey),
+    /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
+    /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
+    Preempted(u32),
 }
 
 /// Whether the model runs with sequential consistency or x86-TSO.
@@ -57,6 +60,8 @@ pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
             }
         }
         Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
+        // One steal-time area (64-byte aligned struct) per vCPU.
+        Loc::Preempted(c) => (8u64 << 56) | c as u64,
     }
 }
 
@@ -83,6 +88,7 @@ pub(crate) fn spin_key(loc: Loc) -> u64 {
         Loc::LoadedMm(c) => 3 << 56 | c as u64,
         Loc::IsLazy(c) => 4 << 56 | c as u64,
         Loc::CsdLock(k) => 5 << 56 | (k.src as u64) << 24 | k.dst as u64,
+        Loc::Preempted(c) => 7 << 56 | c as u64,
     }
 }
 
@@ -92,17 +98,18 @@ pub(crate) fn on_cpu_key(task: crate::state::TaskId) -> u64 {
 }
 
 impl Machine {
-    fn raw_read(&self, loc: Loc) -> u64 {
+    pub(crate) fn raw_read(&self, loc: Loc) -> u64 {
         match loc {
             Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen,
             Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_test(c as usize) as u64,
             Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm,
             Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy as u64,
             Loc::CsdLock(k) => self.csd_locked.contains(&k) as u64,
+            Loc::Preempted(c) => self.host.as_ref().map_or(0, |h| h.steal_preempted[c as usize]) as u64,
         }
     }
 
-    fn raw_write(&mut self, loc: Loc, v: u64) {
+    pub(crate) fn raw_write(&mut self, loc: Loc, v: u64) {
         match loc {
             Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen = v,
             Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_assign(c as usize, v != 0),
@@ -113,6 +120,11 @@ impl Machine {
                     self.csd_locked.insert(k);
                 } else {
                     self.csd_locked.remove(&k);
+                }
+            }
+            Loc::Preempted(c) => {
+                if let Some(h) = self.host.as_mut() {
+                    h.steal_preempted[c as usize] = v as u8;
                 }
             }
         }
@@ -127,6 +139,8 @@ impl Machine {
         write: bool,
     ) {
         if env.timed() {
+            // Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
+            let cpu = self.phys_cpu(cpu);
             let perf = &mut *self.perf;
             let t = perf
                 .lines

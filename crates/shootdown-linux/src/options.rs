@@ -42,6 +42,45 @@ pub enum Idle {
     Poll,
 }
 
+/// The fast path of each VMREAD/VMWRITE after the VMX instruction (seed 000's second cover
+/// letter, kernel-model.md §6): how many instructions check for VMfail on success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum VmxInsnErrorCheck {
+    /// v5.4+ (`asm goto`: one hinted `JNA`/`JA` to an out-of-line error path), or ≤v5.2 with a
+    /// compiler that has flag outputs (`CC_SET` becomes one Jcc): 1 instruction.
+    Jcc,
+    /// v5.3-rc with flag outputs: the objtool fix added an unconditional `JMP` over the inline
+    /// `call kvm_spurious_fault`: 2 instructions.
+    JccJmp,
+    /// ≤v5.2 without flag outputs: `CC_SET` materialises the flag (`SETcc`), then `CMP`/`TEST` +
+    /// `Jcc`: 3 instructions.
+    SetccCmpJcc,
+    /// v5.3-rc without flag outputs: `SETcc` + `CMP` + `Jcc` + `JMP`: 4 instructions.
+    SetccCmpJccJmp,
+}
+
+impl VmxInsnErrorCheck {
+    /// Fast-path instructions after each VMX instruction.
+    pub fn instructions(self) -> u64 {
+        match self {
+            VmxInsnErrorCheck::Jcc => 1,
+            VmxInsnErrorCheck::JccJmp => 2,
+            VmxInsnErrorCheck::SetccCmpJcc => 3,
+            VmxInsnErrorCheck::SetccCmpJccJmp => 4,
+        }
+    }
+}
+
+/// Which host `vcpu_put`s mark a vCPU preempted in its steal-time area (kernel-model.md §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum SetPreempted {
+    /// v4.16–v5.x: `kvm_arch_vcpu_put` calls `kvm_steal_time_set_preempted` on every put,
+    /// including when the vCPU thread blocks in HLT (so PV flush skips halted vCPUs too).
+    EveryPut,
+    /// Later kernels: only when the vCPU thread was preempted while runnable (`vcpu->preempted`).
+    Involuntary,
+}
+
 /// Historical bugs and seeded mistakes, each re-creatable as an option. All off = the fixed
 /// protocol. See `docs/checker.md` and `../shared/bugs/CATALOG.md`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
@@ -68,6 +107,15 @@ pub struct Mutants {
     /// Mainline `switch_mm_irqs_off` without the explicit `smp_mb()` when the cpumask bit is
     /// already set (only visible under TSO).
     pub switch_mm_no_barrier: bool,
+    /// K1 (CVE-2019-3016 part a, before 8c6de56a42e0): `kvm_steal_time_set_preempted()` writes
+    /// `KVM_VCPU_PREEMPTED` over the guest's steal-time byte on every `vcpu_put`, ignoring the
+    /// host shadow that says it already did: a second put before the next entry erases a
+    /// `KVM_VCPU_FLUSH_TLB` the guest set in between.
+    pub pv_set_preempted_clobbers_flush: bool,
+    /// K2 (CVE-2019-3016 part b, before b043138246a4): `record_steal_time()` reads the whole
+    /// steal-time struct into a host copy, clears `preempted` in the copy (flushing if the copy had
+    /// `KVM_VCPU_FLUSH_TLB`) and writes the copy back: a flag set by the guest in between is lost.
+    pub pv_record_steal_time_nonatomic: bool,
 }
 
 /// The whole kernel configuration of a run.
@@ -87,6 +135,20 @@ pub struct Options {
     pub idle: Idle,
     /// Scheduler time slice (µs) before a task with others waiting is preempted.
     pub sched_timeslice_us: u64,
+    /// Guest (seed 001): `kvm_flush_tlb_others`/`kvm_flush_tlb_multi` skip vCPUs whose steal-time
+    /// byte says preempted, setting `KVM_VCPU_FLUSH_TLB` for the host instead of an IPI. Only
+    /// meaningful on a machine with a host (vCPUs).
+    pub pv_tlb_flush: bool,
+    /// Guest: PV send-IPI (one hypercall for a whole destination set instead of one exiting
+    /// ICR write per target). Off in the 4.15 baseline.
+    pub pv_send_ipi: bool,
+    /// Host: APICv posted interrupts (an IPI to a running vCPU needs no exit to inject, EOI is
+    /// virtualized). Off in the 4.15 baseline of seed 001.
+    pub posted_interrupts: bool,
+    /// Host: which `vcpu_put`s set the steal-time preempted byte.
+    pub set_preempted: SetPreempted,
+    /// Host: the error check after each VMREAD/VMWRITE on the VM-exit path.
+    pub vmx_insn_error_check: VmxInsnErrorCheck,
     pub mutants: Mutants,
 }
 
@@ -102,6 +164,11 @@ impl Default for Options {
             tlb_single_page_flush_ceiling: 33,
             idle: Idle::Halt,
             sched_timeslice_us: 3000,
+            pv_tlb_flush: false,
+            pv_send_ipi: false,
+            posted_interrupts: false,
+            set_preempted: SetPreempted::EveryPut,
+            vmx_insn_error_check: VmxInsnErrorCheck::Jcc,
             mutants: Mutants::default(),
         }
     }
@@ -117,6 +184,14 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("tlb_single_page_flush_ceiling", "pages (integer >= 1)"),
     ("idle", "halt | poll"),
     ("sched_timeslice_us", "microseconds (integer >= 1)"),
+    ("pv_tlb_flush", "true | false (guest PV TLB flush; needs a [host])"),
+    ("pv_send_ipi", "true | false (guest PV send-IPI hypercall; needs a [host])"),
+    ("posted_interrupts", "true | false (host APICv posted interrupts; needs a [host])"),
+    ("set_preempted", "every_put | involuntary (host: which vcpu_puts mark the vCPU preempted)"),
+    (
+        "vmx_insn_error_check",
+        "jcc | jcc_jmp | setcc_cmp_jcc | setcc_cmp_jcc_jmp (instructions after each VMREAD/VMWRITE)",
+    ),
     (
         "mutant",
         "a mutant name (see `shootdown check --list`), or several separated by commas",
@@ -133,6 +208,8 @@ pub const MUTANT_NAMES: &[(&str, &str)] = &[
     ("switch_mm_gen_before_cpumask", ""),
     ("partial_flush_when_full_owed", ""),
     ("switch_mm_no_barrier", ""),
+    ("pv_set_preempted_clobbers_flush", "K1"),
+    ("pv_record_steal_time_nonatomic", "K2"),
 ];
 
 /// A value given for an option key.
@@ -155,6 +232,8 @@ impl Mutants {
             "switch_mm_gen_before_cpumask" => &mut self.switch_mm_gen_before_cpumask,
             "partial_flush_when_full_owed" => &mut self.partial_flush_when_full_owed,
             "switch_mm_no_barrier" => &mut self.switch_mm_no_barrier,
+            "pv_set_preempted_clobbers_flush" => &mut self.pv_set_preempted_clobbers_flush,
+            "pv_record_steal_time_nonatomic" => &mut self.pv_record_steal_time_nonatomic,
             _ => {
                 let names: Vec<_> = MUTANT_NAMES.iter().map(|m| m.0).collect();
                 return Err(format!(
@@ -228,6 +307,33 @@ impl Options {
                 }
             }
             "sched_timeslice_us" => self.sched_timeslice_us = pos(v)?,
+            "pv_tlb_flush" => self.pv_tlb_flush = b(v)?,
+            "pv_send_ipi" => self.pv_send_ipi = b(v)?,
+            "posted_interrupts" => self.posted_interrupts = b(v)?,
+            "set_preempted" => {
+                self.set_preempted = match s(v)? {
+                    "every_put" => SetPreempted::EveryPut,
+                    "involuntary" => SetPreempted::Involuntary,
+                    o => {
+                        return Err(format!(
+                            "unknown value '{o}' (expected every_put | involuntary)"
+                        ))
+                    }
+                }
+            }
+            "vmx_insn_error_check" => {
+                self.vmx_insn_error_check = match s(v)? {
+                    "jcc" => VmxInsnErrorCheck::Jcc,
+                    "jcc_jmp" => VmxInsnErrorCheck::JccJmp,
+                    "setcc_cmp_jcc" => VmxInsnErrorCheck::SetccCmpJcc,
+                    "setcc_cmp_jcc_jmp" => VmxInsnErrorCheck::SetccCmpJccJmp,
+                    o => {
+                        return Err(format!(
+                            "unknown value '{o}' (expected jcc | jcc_jmp | setcc_cmp_jcc | setcc_cmp_jcc_jmp)"
+                        ))
+                    }
+                }
+            }
             "mutant" => {
                 for name in s(v)?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                     self.mutants.enable(name)?;

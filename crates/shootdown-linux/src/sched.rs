@@ -15,12 +15,14 @@ use shootdown_hw::CpuId;
 
 impl Machine {
     pub(crate) fn schedule_spins(&self, cpu: CpuId, s: &Schedule) -> bool {
-        // A task still switching out on another CPU can't be picked yet (p->on_cpu).
+        // A task still switching out on another CPU can't be picked yet (p->on_cpu). The task
+        // running this very schedule() may be picked again: it was woken before it switched out
+        // (a lock handed over between its decision to sleep and its call to schedule()).
         s.pc == 0
             && self.cpus[cpu]
                 .runqueue
                 .front()
-                .map(|&n| self.tasks[n as usize].on_cpu)
+                .map(|&n| n != self.cpus[cpu].curr && self.tasks[n as usize].on_cpu)
                 .unwrap_or(false)
     }
 

@@ -239,6 +239,8 @@ pub enum UserOp {
     CopyPages {
         pages: u64,
     },
+    /// Execute CPUID: always a VM exit under VMX (KVM emulates it); the VM-exit microbenchmark.
+    Cpuid,
     /// Jump to op `to`; `times` = how many more jumps (None = forever).
     Loop {
         to: u16,

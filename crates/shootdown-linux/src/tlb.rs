@@ -197,7 +197,7 @@ impl Machine {
                     if !others.is_empty() {
                         self.perf.counters.inc(Counter::NrTlbRemoteFlush);
                         s.pc = 3;
-                        return Flow::Call(Frame::SmpCallMany(SmpCallMany {
+                        return Flow::Call(self.flush_others_frame(SmpCallMany {
                             pc: 0,
                             cond: self.flush_cond(&s.info),
                             candidates: others,
@@ -235,7 +235,7 @@ impl Machine {
                         return Flow::Next;
                     }
                     self.perf.counters.inc(Counter::NrTlbRemoteFlush);
-                    Flow::Call(Frame::SmpCallMany(SmpCallMany {
+                    Flow::Call(self.flush_others_frame(SmpCallMany {
                         pc: 0,
                         cond: self.flush_cond(&s.info),
                         candidates: others,

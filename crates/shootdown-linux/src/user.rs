@@ -345,6 +345,15 @@ impl Machine {
                 }
                 self.tasks[t].pc += 1;
             }
+            UserOp::Cpuid => {
+                if self.host.is_some() {
+                    self.vm_exit(env);
+                    self.charge(env, |c| c.cpuid_emulation);
+                } else {
+                    self.charge(env, |c| c.cpuid_emulation);
+                }
+                self.tasks[t].pc += 1;
+            }
             UserOp::Loop { to, times } => {
                 let task = &mut self.tasks[t];
                 match times {

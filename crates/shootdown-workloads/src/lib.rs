@@ -10,16 +10,24 @@
 //! | `sysbench_fileio` | 000 | random 16 KiB writes to an mmap'd DAX file, fdatasync every N | events per run (10 s) |
 //! | `madv_dontneed_pingpong` | 002 | MADV_DONTNEED + touch + sched_setaffinity to the other CPU | µs per iteration |
 //! | `pthread_mmap` | 002 | threads mmap / touch / munmap in rounds, contending on mmap_sem | seconds |
+//! | `ebizzy` | 001 | threads allocate, copy, search, free chunks (madvise flush per record), in VMs | records/s per VM |
+//! | `vmexit_cpuid` | 000 (2nd letter) | CPUID loop in every vCPU | VM exits/s per vCPU |
+//!
+//! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
+//! `shootdown_linux::kvm_host`): the machine is then the vCPUs of `vms` VMs on the topology's
+//! pCPUs. Only the workloads that know about VMs (`ebizzy`, `vmexit_cpuid`) accept it.
 
+pub mod ebizzy;
 pub mod madv_pingpong;
 pub mod params;
 pub mod pthread_mmap;
 pub mod sysbench;
+pub mod vmexit;
 
 use shootdown_engine::timed::RunStats;
 use shootdown_engine::Time;
 use shootdown_hw::{CostProfile, Topology};
-use shootdown_linux::{Machine, MemoryModel, Options};
+use shootdown_linux::{HostConfig, Machine, MemoryModel, OptValue, Options};
 use std::sync::Arc;
 
 pub use params::{ParamError, Params};
@@ -43,6 +51,9 @@ pub enum Measure {
     MicrosPerEvent,
     /// Time until every task finished, in seconds.
     CompletionSeconds,
+    /// Events per second after `from` (to the end of the run), divided by `per` (per VM, per
+    /// vCPU…).
+    RatePer { from: Time, per: f64 },
 }
 
 /// A machine ready to run, with how long to run it and how to measure it.
@@ -54,7 +65,35 @@ pub struct Built {
 }
 
 /// The workload kinds this crate knows.
-pub const KINDS: &[&str] = &["sysbench_fileio", "madv_dontneed_pingpong", "pthread_mmap"];
+pub const KINDS: &[&str] = &[
+    "sysbench_fileio",
+    "madv_dontneed_pingpong",
+    "pthread_mmap",
+    "ebizzy",
+    "vmexit_cpuid",
+];
+
+/// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
+/// are `(key within the table, reason)`.
+pub fn host_config(t: &toml::Table, pcpus: usize) -> Result<HostConfig, ParamError> {
+    let mut cfg = HostConfig::default();
+    for (k, v) in t {
+        let ov = match v {
+            toml::Value::Integer(i) => OptValue::Int(*i),
+            toml::Value::Boolean(b) => OptValue::Bool(*b),
+            toml::Value::String(s) => OptValue::Str(s.clone()),
+            other => {
+                return Err((
+                    k.clone(),
+                    format!("expected an integer or a boolean, got {}", other.type_str()),
+                ))
+            }
+        };
+        cfg.set(k, &ov).map_err(|r| (k.clone(), r))?;
+    }
+    cfg.validate(pcpus)?;
+    Ok(cfg)
+}
 
 /// Build the machine for a workload table. Errors are `(key, reason)` within `[workload]`.
 pub fn build(
@@ -74,11 +113,32 @@ pub fn build(
             ))
         }
     };
-    let machine = Machine::new(topo.clone(), profile, opts, MemoryModel::Sc);
+    p.mark_used("host");
+    let host = match table.get("host") {
+        None => None,
+        Some(toml::Value::Table(h)) => Some(
+            host_config(h, topo.nr_cpus()).map_err(|(k, r)| (format!("host.{k}"), r))?,
+        ),
+        Some(_) => return Err(("host".into(), "expected a table".into())),
+    };
+    let machine = match host {
+        None => Machine::new(topo.clone(), profile, opts, MemoryModel::Sc),
+        Some(cfg) => {
+            if !matches!(kind.as_str(), "ebizzy" | "vmexit_cpuid") {
+                return Err((
+                    "kind".into(),
+                    format!("workload '{kind}' runs natively: [host] is for ebizzy and vmexit_cpuid"),
+                ));
+            }
+            Machine::with_host(topo.clone(), profile, opts, MemoryModel::Sc, cfg)
+        }
+    };
     let built = match kind.as_str() {
         "sysbench_fileio" => sysbench::build(&p, machine)?,
         "madv_dontneed_pingpong" => madv_pingpong::build(&p, machine)?,
         "pthread_mmap" => pthread_mmap::build(&p, machine)?,
+        "ebizzy" => ebizzy::build(&p, machine)?,
+        "vmexit_cpuid" => vmexit::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
@@ -140,6 +200,14 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
             _ => f64::NAN,
         },
         Measure::CompletionSeconds => stats.end.as_secs_f64(),
+        Measure::RatePer { from, per } => {
+            let window = stats.end.saturating_sub(*from).as_secs_f64();
+            if window <= 0.0 || *per <= 0.0 {
+                0.0
+            } else {
+                perf.events_measured as f64 / window / per
+            }
+        }
     }
 }
 

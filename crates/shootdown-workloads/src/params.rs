@@ -79,6 +79,12 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// Mark a key as known without reading it through these accessors (a sub-table the caller
+    /// parses itself, like `host`).
+    pub fn mark_used(&self, key: &str) {
+        self.used.borrow_mut().insert(key.to_string());
+    }
+
     /// Call after reading every parameter: the first key nobody asked for is an error.
     pub fn finish(&self) -> Result<(), ParamError> {
         let used = self.used.borrow();

@@ -1,0 +1,179 @@
+//! The host under the guests in the timed driver (kvm_host.rs): the host scheduler shares
+//! pCPUs between vCPU threads, housekeeping preempts, a halted vCPU blocks and is kicked awake,
+//! and the PV TLB flush skips preempted vCPUs — with every translation use checked.
+use shootdown_engine::timed::{Limits, Stop, TimedDriver};
+use shootdown_engine::Time;
+use shootdown_hw::{CostProfile, Features, Topology};
+use shootdown_linux::*;
+use std::sync::Arc;
+
+fn host(vms: usize, vcpus: usize, pcpus: usize, f: impl FnOnce(&mut HostConfig)) -> Machine {
+    let topo = Topology::new(1, pcpus, 1).unwrap();
+    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
+    let mut cfg = HostConfig {
+        vms,
+        vcpus_per_vm: vcpus,
+        timeslice_us: 1000,
+        ..HostConfig::default()
+    };
+    f(&mut cfg);
+    cfg.validate(pcpus).unwrap();
+    Machine::with_host(topo, prof, Options::default(), MemoryModel::Sc, cfg)
+}
+
+fn compute_loop(m: &mut Machine, cpu: usize, mm: MmId) {
+    let prog = vec![
+        UserOp::Compute { ns: 1000 },
+        UserOp::Event,
+        UserOp::Loop { to: 0, times: None },
+    ];
+    m.add_task(&format!("loop{cpu}"), mm, cpu, prog);
+}
+
+fn run(m: &mut Machine, ms: u64) -> Stop {
+    let n = m.cpus.len();
+    let mut d = TimedDriver::new(n, 1, 0);
+    d.run(
+        m,
+        Limits {
+            max_time: Time::from_ms(ms),
+            max_steps: 50_000_000,
+        },
+    )
+    .stop
+}
+
+#[test]
+fn two_vms_share_a_pcpu_round_robin() {
+    // vCPU 0 (VM 0) and vCPU 1 (VM 1) both on the only pCPU, 1 ms slices.
+    let mut m = host(2, 1, 1, |_| {});
+    for vm in 0..2 {
+        let mm = m.add_mm(&format!("vm{vm}"));
+        compute_loop(&mut m, vm, mm);
+    }
+    assert_eq!(run(&mut m, 20), Stop::TimeLimit);
+    let c = m.counters();
+    // ~20 slices of 1 ms: each VM ran about half of the time.
+    let pre = c.get(Counter::HostPreemptions);
+    assert!((17..=22).contains(&pre), "{pre}");
+    // Each event costs 1 us of compute + 3 steps at 10 ns: ~ 20 ms / 1.03 us in total, less
+    // the 10 us context switches.
+    let ev = c.get(Counter::Events);
+    assert!(ev > 17_000 && ev < 20_000, "{ev}");
+}
+
+#[test]
+fn housekeeping_takes_its_share_of_a_dedicated_pcpu() {
+    let mut with = host(1, 1, 1, |c| {
+        c.housekeeping_interval_us = 1000;
+        c.housekeeping_run_us = 100;
+    });
+    let mut without = host(1, 1, 1, |_| {});
+    for m in [&mut with, &mut without] {
+        let mm = m.add_mm("vm0");
+        compute_loop(m, 0, mm);
+        run(m, 50);
+    }
+    let (a, b) = (
+        with.counters().get(Counter::Events) as f64,
+        without.counters().get(Counter::Events) as f64,
+    );
+    // 100 us of every ~1000 us (+ two context switches) goes to housekeeping.
+    let loss = 1.0 - a / b;
+    assert!(loss > 0.07 && loss < 0.14, "loss {loss}");
+    assert!(with.counters().get(Counter::HostHousekeeping) >= 40);
+}
+
+/// Every thread of a VM's process zaps and flushes its own page in a loop: an ebizzy in small.
+fn flushers(m: &mut Machine, vm: usize, vcpus: usize) {
+    let mm = m.add_mm(&format!("vm{vm}"));
+    for i in 0..vcpus {
+        let vpn = 0x1000 + 0x200 * i as u64;
+        let prog = vec![
+            UserOp::Touch { vpn, write: true },
+            UserOp::Compute { ns: 5_000 },
+            UserOp::Compute { ns: 5_000 },
+            UserOp::MadviseDontneed { start: vpn, npages: 1 },
+            UserOp::Event,
+            UserOp::Loop { to: 0, times: None },
+        ];
+        m.add_task(&format!("t{vm}.{i}"), mm, vm * vcpus + i, prog);
+    }
+}
+
+fn overcommitted(pv: bool) -> Machine {
+    let topo = Topology::new(1, 4, 1).unwrap();
+    let prof = Arc::new(CostProfile::uniform("t", 100.0, Features::modern()));
+    let cfg = HostConfig {
+        vms: 2,
+        vcpus_per_vm: 4,
+        timeslice_us: 500,
+        ..HostConfig::default()
+    };
+    let mut opts = Options::default();
+    opts.pv_tlb_flush = pv;
+    let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
+    for vm in 0..2 {
+        flushers(&mut m, vm, 4);
+    }
+    m
+}
+
+#[test]
+fn pv_tlb_flush_skips_preempted_vcpus_and_the_host_flushes_them() {
+    let mut vanilla = overcommitted(false);
+    let mut pv = overcommitted(true);
+    // Every translation use is checked by the oracle: a run that ends at the time limit had no
+    // violation.
+    assert_eq!(run(&mut vanilla, 30), Stop::TimeLimit);
+    assert_eq!(run(&mut pv, 30), Stop::TimeLimit);
+    let (v, p) = (vanilla.counters(), pv.counters());
+    assert_eq!(v.get(Counter::PvTlbFlushSkipped), 0);
+    assert!(p.get(Counter::PvTlbFlushSkipped) > 100, "{:?}", p.named());
+    // Skipped vCPUs are flushed by the host at entry, at most once per entry.
+    let flushes = p.get(Counter::KvmTlbFlush);
+    assert!(flushes > 10 && flushes <= p.get(Counter::HostPreemptions), "{flushes}");
+    assert!(pv.perf.uses_checked > 1000);
+    // Initiators no longer wait for preempted vCPUs: far more records.
+    let (ev, ep) = (v.get(Counter::Events), p.get(Counter::Events));
+    assert!(4 * ep > 5 * ev, "vanilla {ev}, pv {ep}");
+}
+
+#[test]
+fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
+    // The reader faults on its page every round (it zaps it) and so takes mmap_sem for read;
+    // the writer keeps taking it for write (mmap). When the reader has to sleep, its vCPU has
+    // nothing else to run: the guest halts, the host blocks the vCPU thread, and the writer's
+    // unlock (try_to_wake_up + reschedule IPI) kicks it awake.
+    let mut m = host(1, 2, 2, |_| {});
+    let mm = m.add_mm("vm0");
+    m.add_task(
+        "writer",
+        mm,
+        0,
+        vec![
+            UserOp::Mmap { start: 0x10, npages: 1 },
+            UserOp::Event,
+            UserOp::Loop { to: 0, times: Some(200) },
+            UserOp::Exit,
+        ],
+    );
+    m.add_task(
+        "reader",
+        mm,
+        1,
+        vec![
+            UserOp::Touch { vpn: 0x10, write: true },
+            UserOp::MadviseDontneed { start: 0x10, npages: 1 },
+            UserOp::Loop { to: 0, times: Some(300) },
+            UserOp::Exit,
+        ],
+    );
+    assert_eq!(run(&mut m, 100), Stop::Finished);
+    let c = m.counters();
+    assert!(c.get(Counter::MmapSemContended) > 0, "{:?}", c.named());
+    assert!(c.get(Counter::KvmHaltExits) > 1, "{:?}", c.named());
+    // Every block but the last (after the tasks exit) ended with a kick.
+    assert!(c.get(Counter::VcpuWakeups) + 2 >= c.get(Counter::KvmHaltExits));
+    assert!(c.get(Counter::VcpuWakeups) > 0);
+}

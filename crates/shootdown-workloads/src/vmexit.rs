@@ -1,0 +1,44 @@
+//! A VM-exit microbenchmark (seed 000's second cover letter, kernel-model.md §6): every vCPU
+//! runs a thread that executes CPUID in a loop — an exit KVM emulates — like kvm-unit-tests'
+//! `vmexit cpuid`. Each exit pays the VM exit + entry, the error checks after the
+//! `vmcs_accesses_per_exit` VMREAD/VMWRITEs of the exit path (option `vmx_insn_error_check`),
+//! and the CPUID emulation. Metric: VM exits per second per vCPU.
+
+use crate::{Built, Measure, ParamError, Params};
+use shootdown_engine::Time;
+use shootdown_linux::{Machine, UserOp};
+
+pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
+    if m.host.is_none() {
+        return Err((
+            "kind".into(),
+            "vmexit_cpuid needs a [host] (vCPUs to exit from)".into(),
+        ));
+    }
+    let warmup_ms = p.num("warmup_ms", 1.0)?;
+    let measure_ms = p.num("measure_ms", 10.0)?;
+    if measure_ms <= 0.0 {
+        return Err(("measure_ms".into(), "must be positive".into()));
+    }
+    let n = m.cpus.len();
+    let mm = m.add_mm("vmexit");
+    for cpu in 0..n {
+        let prog = vec![
+            UserOp::Cpuid,
+            UserOp::Event,
+            UserOp::Loop { to: 0, times: None },
+        ];
+        let t = m.add_task(&format!("vmexit/{cpu}"), mm, cpu, prog);
+        m.tasks[t as usize].cpus = vec![cpu];
+    }
+    let from = Time::from_ns_f64(warmup_ms * 1e6);
+    m.perf.measure_from = from;
+    Ok(Built {
+        machine: m,
+        measure: Measure::RatePer {
+            from,
+            per: n as f64,
+        },
+        max_time: Time::from_ns_f64((warmup_ms + measure_ms) * 1e6),
+    })
+}
