@@ -588,6 +588,7 @@ impl Scenario {
             pti: f.features.pti,
             tlb_entries: f.features.tlb_entries.max(1),
             psc_entries: f.features.psc_entries.max(1),
+            mlp: 1,
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
         let mut m = match &f.host {
@@ -604,7 +605,8 @@ impl Scenario {
                     max_preemptions: h.max_preemptions,
                     ..HostConfig::default()
                 };
-                cfg.validate(f.cpus).map_err(|(k, r)| self.err(&format!("host.{k}"), r))?;
+                cfg.validate(f.cpus)
+                    .map_err(|(k, r)| self.err(&format!("host.{k}"), r))?;
                 Machine::with_host(topo, profile, opts, mem, cfg)
             }
         };

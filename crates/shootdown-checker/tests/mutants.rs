@@ -242,12 +242,22 @@ fn counterexample_reads_in_kernel_terms() {
 #[test]
 fn cve_2019_3016_counterexamples_tell_the_story() {
     // K1: the second vcpu_put rewrites the byte the guest had set FLUSH_TLB in.
-    let r = run("pv_tlb_flush", Some("pv_set_preempted_clobbers_flush"), "sc");
+    let r = run(
+        "pv_tlb_flush",
+        Some("pv_set_preempted_clobbers_flush"),
+        "sc",
+    );
     let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
     let all = all.join("\n");
     assert!(all.contains("vcpu1 skipped"), "{all}");
-    assert!(all.contains("st[1].preempted = PREEMPTED (was 0x3)"), "{all}");
-    assert!(all.contains("xchg(st[1].preempted, 0) = 0x1, no flush"), "{all}");
+    assert!(
+        all.contains("st[1].preempted = PREEMPTED (was 0x3)"),
+        "{all}"
+    );
+    assert!(
+        all.contains("xchg(st[1].preempted, 0) = 0x1, no flush"),
+        "{all}"
+    );
     assert!(r.counterexample.iter().any(|s| s.actor == "vcpu1"));
     // K2: the guest's cmpxchg lands between the host's read and its write-back.
     let r = run("pv_tlb_flush", Some("pv_record_steal_time_nonatomic"), "sc");
@@ -258,8 +268,15 @@ fn cve_2019_3016_counterexamples_tell_the_story() {
     let back = all.find("st[1].preempted = 0 (was 0x3)").expect(&all);
     assert!(read < cas && cas < back, "{all}");
     // Both are found under TSO too, with the same shortest length.
-    for m in ["pv_set_preempted_clobbers_flush", "pv_record_steal_time_nonatomic"] {
+    for m in [
+        "pv_set_preempted_clobbers_flush",
+        "pv_record_steal_time_nonatomic",
+    ] {
         let r = run("pv_tlb_flush", Some(m), "tso");
-        assert_eq!((r.verdict.as_str(), r.counterexample.len()), ("violation", 18), "{m}");
+        assert_eq!(
+            (r.verdict.as_str(), r.counterexample.len()),
+            ("violation", 18),
+            "{m}"
+        );
     }
 }

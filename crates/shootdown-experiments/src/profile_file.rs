@@ -180,11 +180,20 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
         }
     };
     for (k, (_, p)) in &feats {
-        if !["pcid", "invpcid", "pti", "tlb_entries", "psc_entries"].contains(&k.as_str()) {
+        if ![
+            "pcid",
+            "invpcid",
+            "pti",
+            "tlb_entries",
+            "psc_entries",
+            "mlp",
+        ]
+        .contains(&k.as_str())
+        {
             return Err(ConfigError::new(
                 p,
                 format!("features.{k}"),
-                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries)",
+                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp)",
             ));
         }
     }
@@ -194,6 +203,12 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
         pti: get_bool("pti")?,
         tlb_entries: get_count("tlb_entries")?,
         psc_entries: get_count("psc_entries")?,
+        // Optional: 1 = every miss is paid in full.
+        mlp: if feats.contains_key("mlp") {
+            get_count("mlp")?
+        } else {
+            1
+        },
     };
     Ok(CostProfile {
         name: name.to_string(),

@@ -67,7 +67,9 @@ pub struct Experiment {
 
 /// A `[host]` setting (a row key naming one varies it per row instead of a workload parameter).
 fn is_host_key(k: &str) -> bool {
-    shootdown_linux::kvm_host::HOST_KEYS.iter().any(|(n, _)| *n == k)
+    shootdown_linux::kvm_host::HOST_KEYS
+        .iter()
+        .any(|(n, _)| *n == k)
 }
 
 pub(crate) fn to_json(v: &toml::Value) -> serde_json::Value {
@@ -289,16 +291,18 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
                 for (i, r) in rows_q.iter().enumerate() {
                     let mut hh = h.clone();
                     hh.insert(k.clone(), r.clone());
-                    shootdown_workloads::host_config(&hh, topology.nr_cpus()).map_err(|(kk, reason)| {
-                        ConfigError::new(
-                            path,
-                            format!(
-                                "experiment.{}[{i}]",
-                                if quick { "quick_rows" } else { "rows" }
-                            ),
-                            format!("host.{kk} = {r}: {reason}"),
-                        )
-                    })?;
+                    shootdown_workloads::host_config(&hh, topology.nr_cpus()).map_err(
+                        |(kk, reason)| {
+                            ConfigError::new(
+                                path,
+                                format!(
+                                    "experiment.{}[{i}]",
+                                    if quick { "quick_rows" } else { "rows" }
+                                ),
+                                format!("host.{kk} = {r}: {reason}"),
+                            )
+                        },
+                    )?;
                 }
             }
         }
@@ -368,12 +372,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             options,
         });
     }
-    // toml::Table is ordered by key; keep the file's "before" first when present.
-    if let Some(pos) = variants.iter().position(|v| v.name == "before") {
-        let b = variants.remove(pos);
-        variants.insert(0, b);
-    }
-
+    // Variants keep the file's order (toml's preserve_order): the first is the baseline.
     let mut published = Vec::new();
     if let Some(p) = doc.get("published") {
         let arr = p.as_array().ok_or_else(|| {
@@ -487,7 +486,11 @@ impl Experiment {
             }
             w.insert("host".into(), toml::Value::Table(h));
         }
-        if let Some(k) = self.row_key.as_ref().filter(|k| self.host.is_none() || !is_host_key(k)) {
+        if let Some(k) = self
+            .row_key
+            .as_ref()
+            .filter(|k| self.host.is_none() || !is_host_key(k))
+        {
             w.insert(k.clone(), row);
         }
         Ok(w)

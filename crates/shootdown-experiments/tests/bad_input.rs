@@ -162,7 +162,10 @@ fn malformed_files_and_values_are_rejected() {
 fn negative_costs_in_profiles_are_rejected() {
     // Its own directory: a profiles/ beside the other tests' files would shadow the
     // repository's while it is being filled.
-    let dir = repo().join("target").join("bad-input-tests-neg").join("profiles");
+    let dir = repo()
+        .join("target")
+        .join("bad-input-tests-neg")
+        .join("profiles");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("broken.toml"),
@@ -174,7 +177,10 @@ fn negative_costs_in_profiles_are_rejected() {
         dir.join("skylake-laptop-kvm-guest.toml"),
     )
     .unwrap();
-    let p = repo().join("target").join("bad-input-tests-neg").join("neg.toml");
+    let p = repo()
+        .join("target")
+        .join("bad-input-tests-neg")
+        .join("neg.toml");
     std::fs::write(&p, GOOD.replace("skylake-laptop-kvm-guest", "broken")).unwrap();
     let e = load(&p, &[]).unwrap_err().to_string();
     assert!(

@@ -120,6 +120,12 @@ cost_keys! {
     vcpu_context_switch,
     /// Host: waking a halted vCPU thread (kvm_vcpu_kick of a blocked vCPU, try_to_wake_up, return from kvm_vcpu_block) until it can enter the guest.
     vcpu_wakeup,
+    /// Work under a DAX mapping's `xa_lock` per locked section (xarray walk, entry lock bit,
+    /// tag update): held by every DAX write fault and twice per `dax_writeback_one`.
+    xa_lock_hold,
+    /// kmalloc + kfree of the temporary cpumask `on_each_cpu_cond_mask()` allocated per call
+    /// before v5.6 (`zalloc_cpumask_var(GFP_ATOMIC)`).
+    cpumask_alloc,
 }
 
 /// Hardware features and capacities of the machine.
@@ -135,6 +141,9 @@ pub struct Features {
     pub tlb_entries: usize,
     /// Paging-structure-cache capacity in entries.
     pub psc_entries: usize,
+    /// Memory-level parallelism: how many independent cache misses a core overlaps (its line
+    /// fill buffers). A loop of independent loads to remote lines pays each miss / this.
+    pub mlp: usize,
 }
 
 /// A machine: features plus costs.
@@ -168,6 +177,7 @@ impl Features {
             pti: false,
             tlb_entries: 1536,
             psc_entries: 32,
+            mlp: 1,
         }
     }
 }

@@ -103,7 +103,8 @@ impl Machine {
             Loc::IsLazy(c) => Loc::IsLazy(pc(c as usize) as u32),
             Loc::CsdLock(k) => Loc::CsdLock(key(k)),
             Loc::Preempted(c) => Loc::Preempted(pc(c as usize) as u32),
-            l @ Loc::TlbGen(_) => l,
+            // (The xa_lock word holds a CPU id but no checker scenario uses DAX mappings.)
+            l @ (Loc::TlbGen(_) | Loc::XaLock(_)) => l,
         };
         let frame = |f: &Frame| -> Frame {
             let mut f = f.clone();
@@ -134,7 +135,12 @@ impl Machine {
                 Frame::Syscall(Syscall::SetAffinity { cpu, .. }) => *cpu = pc(*cpu),
                 Frame::PvFlushTlbMulti(s) => {
                     s.call.info = info(&s.call.info);
-                    for v in [&mut s.call.candidates, &mut s.call.queued, &mut s.call.ipi, &mut s.keep] {
+                    for v in [
+                        &mut s.call.candidates,
+                        &mut s.call.queued,
+                        &mut s.call.ipi,
+                        &mut s.keep,
+                    ] {
                         v.iter_mut().for_each(|c| *c = pc(*c));
                     }
                 }

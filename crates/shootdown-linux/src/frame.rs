@@ -76,6 +76,9 @@ pub struct SmpCallMany {
     pub run_local: bool,
     /// O1 mutant: bump `tlb_gen` in the local part.
     pub inc_gen_locally: bool,
+    /// Pre-v5.6 `on_each_cpu_cond_mask()`: run `func` on this CPU too, after waiting for the
+    /// remote ones (`on_each_cpu_mask()`).
+    pub local_after: bool,
 }
 
 /// The guest's paravirtual `kvm_flush_tlb_others()` / `kvm_flush_tlb_multi()`
@@ -196,6 +199,9 @@ impl Frame {
                 | Frame::SwitchMm(_)
                 | Frame::Schedule(_)
                 | Frame::CallFunctionIrq(_)
+                // Holding the DAX mapping's xa_lock (xa_lock_irq).
+                | Frame::Syscall(Syscall::PageFault { pc: 6, .. })
+                | Frame::Syscall(Syscall::Fdatasync { pc: 6 | 8, .. })
         )
     }
 

@@ -98,13 +98,34 @@ impl Default for HostConfig {
 /// Every `[host]` key of an experiment file with its accepted values.
 pub const HOST_KEYS: &[(&str, &str)] = &[
     ("vms", "number of VMs (1..=16)"),
-    ("vcpus_per_vm", "vCPUs of each VM (>= 1); vCPU i runs on pCPU i % pcpus"),
-    ("timeslice_us", "host time slice of a vCPU thread, microseconds (>= 1)"),
-    ("wakeup_preemption", "true | false: a kicked vCPU preempts the running one"),
-    ("wakeup_granularity_us", "microseconds the running vCPU keeps its pCPU before a wake-up preempts it (>= 0)"),
-    ("housekeeping_interval_us", "mean interval of a housekeeping task on each pCPU, microseconds (0 = none)"),
-    ("housekeeping_run_us", "how long each housekeeping run takes, microseconds"),
-    ("vmcs_accesses_per_exit", "VMREAD/VMWRITEs per VM exit + entry (>= 0)"),
+    (
+        "vcpus_per_vm",
+        "vCPUs of each VM (>= 1); vCPU i runs on pCPU i % pcpus",
+    ),
+    (
+        "timeslice_us",
+        "host time slice of a vCPU thread, microseconds (>= 1)",
+    ),
+    (
+        "wakeup_preemption",
+        "true | false: a kicked vCPU preempts the running one",
+    ),
+    (
+        "wakeup_granularity_us",
+        "microseconds the running vCPU keeps its pCPU before a wake-up preempts it (>= 0)",
+    ),
+    (
+        "housekeeping_interval_us",
+        "mean interval of a housekeeping task on each pCPU, microseconds (0 = none)",
+    ),
+    (
+        "housekeeping_run_us",
+        "how long each housekeeping run takes, microseconds",
+    ),
+    (
+        "vmcs_accesses_per_exit",
+        "VMREAD/VMWRITEs per VM exit + entry (>= 0)",
+    ),
 ];
 
 impl HostConfig {
@@ -148,7 +169,10 @@ impl HostConfig {
     pub fn validate(&self, pcpus: usize) -> Result<(), (String, String)> {
         let e = |k: &str, r: String| Err((k.to_string(), r));
         if self.vms == 0 || self.vms > MAX_VMS {
-            return e("vms", format!("must be between 1 and {MAX_VMS} (got {})", self.vms));
+            return e(
+                "vms",
+                format!("must be between 1 and {MAX_VMS} (got {})", self.vms),
+            );
         }
         if self.vcpus_per_vm == 0 {
             return e("vcpus_per_vm", "must be at least 1".into());
@@ -431,8 +455,7 @@ impl Machine {
     pub(crate) fn vcpu_ioctl_would_change(&self, v: CpuId) -> bool {
         let h = self.host_ref();
         let k1 = self.opts.mutants.pv_set_preempted_clobbers_flush;
-        (h.vcpus[v].st_preempted == 0 || k1)
-            && h.steal_preempted[v] as u64 != KVM_VCPU_PREEMPTED
+        (h.vcpus[v].st_preempted == 0 || k1) && h.steal_preempted[v] as u64 != KVM_VCPU_PREEMPTED
     }
 
     /// `kvm_steal_time_set_preempted(vcpu)` (H2), from `kvm_arch_vcpu_put`: mark the vCPU

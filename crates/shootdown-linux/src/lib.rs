@@ -33,8 +33,8 @@ pub mod tlb;
 pub mod user;
 
 pub use counters::{Counter, Counters, COUNTER_NAMES};
+pub use kvm_host::{HostConfig, VcpuMode};
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
-pub use kvm_host::{HostConfig, VcpuMode};
 pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};
 pub use state::{MmId, TaskId, UserOp, INIT_MM};

@@ -219,7 +219,8 @@ impl Machine {
     /// Create a process address space (`mm_alloc`); `ctx_id`s are never reused.
     pub fn add_mm(&mut self, name: &str) -> MmId {
         let id = self.mms.len() as MmId;
-        self.mms.push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()));
+        self.mms
+            .push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()));
         self.oracle.add_mm();
         self.dax_file.push(None);
         id
@@ -467,7 +468,9 @@ impl Machine {
             if self.host.is_some() && !self.opts.posted_interrupts {
                 // Without APICv: the kick exit that injects the interrupt, and the EOI exit.
                 t += Time(self.vm_exit_cost().0 * 2);
-                self.perf.counters.add(crate::counters::Counter::KvmExits, 2);
+                self.perf
+                    .counters
+                    .add(crate::counters::Counter::KvmExits, 2);
             }
             env.charge(t);
         }
@@ -522,7 +525,9 @@ impl Machine {
                 let mut clusters: Vec<usize> = targets.iter().map(|&t| t / 16).collect();
                 clusters.dedup();
                 let n = clusters.len() as u64;
-                self.perf.counters.add(crate::counters::Counter::KvmExits, n);
+                self.perf
+                    .counters
+                    .add(crate::counters::Counter::KvmExits, n);
                 Time((self.vm_exit_cost().0 + c.ipi_send.0) * n + c.ipi_send_per_target.0 * (k - n))
             };
             env.charge(send);
@@ -628,7 +633,9 @@ impl Model for Machine {
         if let Some(h) = &self.host {
             match h.vcpus[agent].mode {
                 VcpuMode::Entering(_) => return Action::VcpuLoad(agent as u32),
-                VcpuMode::Runnable if h.pcpus[h.vcpus[agent].pcpu as usize].curr == Some(agent as u32) => {
+                VcpuMode::Runnable
+                    if h.pcpus[h.vcpus[agent].pcpu as usize].curr == Some(agent as u32) =>
+                {
                     return Action::VcpuLoad(agent as u32)
                 }
                 // Not current on its pCPU: `Step` is a no-op that parks the agent.

@@ -32,6 +32,8 @@ pub enum Loc {
     /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
     /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
     Preempted(u32),
+    /// The `xa_lock` spinlock of an mm's DAX file mapping.
+    XaLock(MmId),
 }
 
 /// Whether the model runs with sequential consistency or x86-TSO.
@@ -62,6 +64,7 @@ pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
         Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
         // One steal-time area (64-byte aligned struct) per vCPU.
         Loc::Preempted(c) => (8u64 << 56) | c as u64,
+        Loc::XaLock(mm) => (9u64 << 56) | mm as u64,
     }
 }
 
@@ -89,6 +92,7 @@ pub(crate) fn spin_key(loc: Loc) -> u64 {
         Loc::IsLazy(c) => 4 << 56 | c as u64,
         Loc::CsdLock(k) => 5 << 56 | (k.src as u64) << 24 | k.dst as u64,
         Loc::Preempted(c) => 7 << 56 | c as u64,
+        Loc::XaLock(mm) => 8 << 56 | mm as u64,
     }
 }
 
@@ -105,7 +109,12 @@ impl Machine {
             Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm,
             Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy as u64,
             Loc::CsdLock(k) => self.csd_locked.contains(&k) as u64,
-            Loc::Preempted(c) => self.host.as_ref().map_or(0, |h| h.steal_preempted[c as usize]) as u64,
+            Loc::Preempted(c) => {
+                self.host
+                    .as_ref()
+                    .map_or(0, |h| h.steal_preempted[c as usize]) as u64
+            }
+            Loc::XaLock(mm) => self.mms[mm as usize].xa_lock,
         }
     }
 
@@ -115,6 +124,7 @@ impl Machine {
             Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_assign(c as usize, v != 0),
             Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm = v,
             Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy = v != 0,
+            Loc::XaLock(mm) => self.mms[mm as usize].xa_lock = v,
             Loc::CsdLock(k) => {
                 if v != 0 {
                     self.csd_locked.insert(k);
@@ -157,6 +167,38 @@ impl Machine {
             return v;
         }
         self.raw_read(loc)
+    }
+
+    /// A load that is one of a loop of independent loads (`for_each_cpu(...) cond_func(cpu)`):
+    /// the core overlaps up to `mlp` such misses, so each pays its transfer / `mlp`.
+    pub(crate) fn load_overlapped<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
+        if env.timed() {
+            let line = line_of(self, loc);
+            let perf = &mut *self.perf;
+            let t = perf
+                .lines
+                .access(&self.topo, &perf.profile.costs, cpu, line, false);
+            env.charge(Time(t.0 / perf.profile.features.mlp.max(1) as u64));
+        }
+        if let Some(v) = self.cpus[cpu].sb.forward(loc) {
+            return v;
+        }
+        self.raw_read(loc)
+    }
+
+    /// `spin_lock` (test-and-test-and-set): `None` if the lock is held (spin on the key), else
+    /// takes it. Charges `hold` for the critical section that follows.
+    pub(crate) fn spin_trylock<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> Option<()> {
+        if self.load(env, cpu, loc) != 0 {
+            return None;
+        }
+        self.rmw(env, cpu, loc, |_| cpu as u64 + 1);
+        Some(())
+    }
+
+    /// `spin_unlock`: a release store.
+    pub(crate) fn spin_unlock<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) {
+        self.store(env, cpu, loc, 0);
     }
 
     /// A store by `cpu`: buffered under TSO, immediate under SC.

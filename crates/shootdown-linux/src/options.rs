@@ -128,6 +128,11 @@ pub struct Options {
     pub tlbstate_shared: bool,
     /// Nadav's "Do not make is_lazy dirty for no reason": write `is_lazy = false` only if set.
     pub is_lazy_write_conditional: bool,
+    /// Before v5.6, `on_each_cpu_cond_mask()` (the lazy filter of `native_flush_tlb_others`)
+    /// allocated a temporary cpumask per call and, via `on_each_cpu_mask()`, also ran the
+    /// function on the calling CPU after the remote ones (a no-op catch-up check for a flush
+    /// that already ran locally). Nadav's series open-coded the filter.
+    pub smp_cond_alloc_mask: bool,
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pub pcid: bool,
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.
@@ -160,6 +165,7 @@ impl Default for Options {
             lazy_tlb: LazyTlb::Mainline,
             tlbstate_shared: true,
             is_lazy_write_conditional: true,
+            smp_cond_alloc_mask: false,
             pcid: true,
             tlb_single_page_flush_ceiling: 33,
             idle: Idle::Halt,
@@ -180,6 +186,10 @@ pub const OPTION_KEYS: &[(&str, &str)] = &[
     ("lazy_tlb", "legacy | tlb_gen | is_lazy | mainline"),
     ("tlbstate_shared", "true | false"),
     ("is_lazy_write_conditional", "true | false"),
+    (
+        "smp_cond_alloc_mask",
+        "true | false (on_each_cpu_cond_mask allocates a cpumask and re-runs locally: before v5.6)",
+    ),
     ("pcid", "true | false"),
     ("tlb_single_page_flush_ceiling", "pages (integer >= 1)"),
     ("idle", "halt | poll"),
@@ -297,6 +307,7 @@ impl Options {
             }
             "tlbstate_shared" => self.tlbstate_shared = b(v)?,
             "is_lazy_write_conditional" => self.is_lazy_write_conditional = b(v)?,
+            "smp_cond_alloc_mask" => self.smp_cond_alloc_mask = b(v)?,
             "pcid" => self.pcid = b(v)?,
             "tlb_single_page_flush_ceiling" => self.tlb_single_page_flush_ceiling = pos(v)?,
             "idle" => {

@@ -23,9 +23,9 @@ impl Machine {
         info: &FlushTlbInfo,
         env: &mut E,
     ) -> bool {
-        let loaded = self.load(env, me, Loc::LoadedMm(cpu as u32));
+        let loaded = self.load_overlapped(env, me, Loc::LoadedMm(cpu as u32));
         // smp_rmb(): is_lazy is at least as new as loaded_mm.
-        if self.load(env, me, Loc::IsLazy(cpu as u32)) != 0 {
+        if self.load_overlapped(env, me, Loc::IsLazy(cpu as u32)) != 0 {
             return false; // lazy: flushed at the next switch
         }
         let Some(mm) = info.mm else { return true };
@@ -39,7 +39,7 @@ impl Machine {
         match s.cond {
             CallCond::All => true,
             // tlb_is_not_lazy(): one remote read of is_lazy.
-            CallCond::NotLazy => self.load(env, me, Loc::IsLazy(cpu as u32)) == 0,
+            CallCond::NotLazy => self.load_overlapped(env, me, Loc::IsLazy(cpu as u32)) == 0,
             CallCond::ShouldFlush => self.should_flush_tlb(me, cpu, &s.info, env),
         }
     }
@@ -148,6 +148,20 @@ impl Machine {
             }
             _ => {
                 if s.i >= s.queued.len() {
+                    if s.local_after && self.call_cond(cpu, cpu, s, env) {
+                        // on_each_cpu_mask(): the calling CPU runs func after the remote ones
+                        // (flush_tlb_func_remote, which finds itself up to date).
+                        s.local_after = false;
+                        return Flow::Call(Frame::FlushFunc(FlushFunc {
+                            pc: 0,
+                            info: s.info,
+                            local: false,
+                            local_gen: 0,
+                            mm_gen: 0,
+                            asid: 0,
+                            mm: 0,
+                        }));
+                    }
                     return Flow::Return;
                 }
                 let k = CsdKey {

@@ -41,6 +41,8 @@ pub struct Mm {
     pub dirty: BTreeSet<Vpn>,
     /// Page-table pages unlinked and waiting to be freed after the flush.
     pub tables_to_free: Vec<PtPageId>,
+    /// The DAX mapping's `xa_lock` (`mapping->i_pages`): 0 free, else holder CPU + 1.
+    pub xa_lock: u64,
     /// Mainline lazy cpumask trimming: the next time (in ns) a flush may trim.
     pub next_trim_ns: u64,
     pub name: String,
@@ -56,6 +58,7 @@ impl Mm {
             mmap_sem: RwSem::default(),
             dirty: BTreeSet::new(),
             tables_to_free: Vec::new(),
+            xa_lock: 0,
             next_trim_ns: 0,
             name,
         }

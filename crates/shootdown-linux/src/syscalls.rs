@@ -12,7 +12,7 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, FlushMmRange, Frame, Syscall};
 use crate::machine::Machine;
-use crate::mem::Loc;
+use crate::mem::{spin_key, Loc};
 use crate::state::*;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
@@ -88,11 +88,25 @@ impl Machine {
                         write: false,
                     })
                 }
-                1 => {
+                1 | 5 | 6 => {
                     let (vpn, write) = (*vpn, *write);
-                    self.ensure_table(mm, vpn);
                     let dax =
                         self.dax_file[mm as usize].is_some_and(|(s, n)| vpn >= s && vpn < s + n);
+                    if dax && write && *pc != 6 {
+                        // dax_iomap_fault() -> grab_mapping_entry(): the entry is found and
+                        // locked under xa_lock_irq(&mapping->i_pages).
+                        *pc = 5;
+                        if self.spin_trylock(env, cpu, Loc::XaLock(mm)).is_none() {
+                            return Flow::Spin(spin_key(Loc::XaLock(mm)));
+                        }
+                        self.charge(env, |c| c.xa_lock_hold);
+                        *pc = 6;
+                        return Flow::Next;
+                    }
+                    if *pc == 6 {
+                        self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                    }
+                    self.ensure_table(mm, vpn);
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
                         self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
@@ -282,13 +296,39 @@ impl Machine {
                     *pc = 1;
                     Flow::Next
                 }
-                _ => {
-                    // dax_writeback_one(): pfn_mkclean() write-protects the entry and flushes it
-                    // from every CPU running the mm.
-                    let Some(&v) = todo.get(*i) else {
+                5 | 7 => {
+                    // dax_writeback_one(): lock the entry (5) and later clear its tags and
+                    // unlock it (7), each under xa_lock_irq(&mapping->i_pages).
+                    if self.spin_trylock(env, cpu, Loc::XaLock(mm)).is_none() {
+                        return Flow::Spin(spin_key(Loc::XaLock(mm)));
+                    }
+                    self.charge(env, |c| c.xa_lock_hold);
+                    *pc += 1;
+                    Flow::Next
+                }
+                6 => {
+                    self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                    *pc = 2;
+                    Flow::Next
+                }
+                8 => {
+                    self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                    *pc = 1;
+                    Flow::Next
+                }
+                1 => {
+                    if todo.get(*i).is_none() {
                         return Flow::Return;
-                    };
+                    }
+                    *pc = 5;
+                    Flow::Next
+                }
+                _ => {
+                    // pfn_mkclean() write-protects the entry and flushes it from every CPU
+                    // running the mm; then back to xa_lock to clear the tags (pc 7).
+                    let v = todo[*i];
                     *i += 1;
+                    *pc = 7;
                     self.charge(env, |c| c.dax_writeback_page);
                     let m = &mut self.mms[mm as usize];
                     let Some(pte) = m.space.ptes.get_mut(&v) else {

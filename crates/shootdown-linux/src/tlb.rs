@@ -206,6 +206,7 @@ impl Machine {
                             ipi: Vec::new(),
                             run_local: me,
                             inc_gen_locally: o1,
+                            local_after: false,
                             info: s.info,
                         }));
                     }
@@ -230,20 +231,28 @@ impl Machine {
                     }
                     Flow::Next
                 } else {
-                    let (others, _) = self.flush_targets(cpu, s, env);
+                    let (others, me) = self.flush_targets(cpu, s, env);
                     if others.is_empty() {
                         return Flow::Next;
                     }
                     self.perf.counters.inc(Counter::NrTlbRemoteFlush);
+                    let cond = self.flush_cond(&s.info);
+                    // Before v5.6 the lazy filter went through on_each_cpu_cond_mask(): a
+                    // temporary cpumask per call, and the function also runs here afterwards.
+                    let alloc = self.opts.smp_cond_alloc_mask && cond != CallCond::All;
+                    if alloc {
+                        self.charge(env, |c| c.cpumask_alloc);
+                    }
                     Flow::Call(self.flush_others_frame(SmpCallMany {
                         pc: 0,
-                        cond: self.flush_cond(&s.info),
+                        cond,
                         candidates: others,
                         i: 0,
                         queued: Vec::new(),
                         ipi: Vec::new(),
                         run_local: false,
                         inc_gen_locally: false,
+                        local_after: alloc && me,
                         info: s.info,
                     }))
                 }

@@ -93,7 +93,10 @@ fn flushers(m: &mut Machine, vm: usize, vcpus: usize) {
             UserOp::Touch { vpn, write: true },
             UserOp::Compute { ns: 5_000 },
             UserOp::Compute { ns: 5_000 },
-            UserOp::MadviseDontneed { start: vpn, npages: 1 },
+            UserOp::MadviseDontneed {
+                start: vpn,
+                npages: 1,
+            },
             UserOp::Event,
             UserOp::Loop { to: 0, times: None },
         ];
@@ -132,7 +135,10 @@ fn pv_tlb_flush_skips_preempted_vcpus_and_the_host_flushes_them() {
     assert!(p.get(Counter::PvTlbFlushSkipped) > 100, "{:?}", p.named());
     // Skipped vCPUs are flushed by the host at entry, at most once per entry.
     let flushes = p.get(Counter::KvmTlbFlush);
-    assert!(flushes > 10 && flushes <= p.get(Counter::HostPreemptions), "{flushes}");
+    assert!(
+        flushes > 10 && flushes <= p.get(Counter::HostPreemptions),
+        "{flushes}"
+    );
     assert!(pv.perf.uses_checked > 1000);
     // Initiators no longer wait for preempted vCPUs: far more records.
     let (ev, ep) = (v.get(Counter::Events), p.get(Counter::Events));
@@ -152,9 +158,15 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
         mm,
         0,
         vec![
-            UserOp::Mmap { start: 0x10, npages: 1 },
+            UserOp::Mmap {
+                start: 0x10,
+                npages: 1,
+            },
             UserOp::Event,
-            UserOp::Loop { to: 0, times: Some(200) },
+            UserOp::Loop {
+                to: 0,
+                times: Some(200),
+            },
             UserOp::Exit,
         ],
     );
@@ -163,9 +175,18 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
         mm,
         1,
         vec![
-            UserOp::Touch { vpn: 0x10, write: true },
-            UserOp::MadviseDontneed { start: 0x10, npages: 1 },
-            UserOp::Loop { to: 0, times: Some(300) },
+            UserOp::Touch {
+                vpn: 0x10,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x10,
+                npages: 1,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(300),
+            },
             UserOp::Exit,
         ],
     );

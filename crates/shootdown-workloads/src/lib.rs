@@ -116,9 +116,9 @@ pub fn build(
     p.mark_used("host");
     let host = match table.get("host") {
         None => None,
-        Some(toml::Value::Table(h)) => Some(
-            host_config(h, topo.nr_cpus()).map_err(|(k, r)| (format!("host.{k}"), r))?,
-        ),
+        Some(toml::Value::Table(h)) => {
+            Some(host_config(h, topo.nr_cpus()).map_err(|(k, r)| (format!("host.{k}"), r))?)
+        }
         Some(_) => return Err(("host".into(), "expected a table".into())),
     };
     let machine = match host {
@@ -127,7 +127,9 @@ pub fn build(
             if !matches!(kind.as_str(), "ebizzy" | "vmexit_cpuid") {
                 return Err((
                     "kind".into(),
-                    format!("workload '{kind}' runs natively: [host] is for ebizzy and vmexit_cpuid"),
+                    format!(
+                        "workload '{kind}' runs natively: [host] is for ebizzy and vmexit_cpuid"
+                    ),
                 ));
             }
             Machine::with_host(topo.clone(), profile, opts, MemoryModel::Sc, cfg)

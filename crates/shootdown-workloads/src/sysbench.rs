@@ -13,6 +13,11 @@
 //! entry instead of per 4 KiB page. This is an assumption (the seed does not say); with
 //! `dax_pmd = false` every 4 KiB page is its own entry.
 //!
+//! `main_thread = true` (the default) adds sysbench's main thread: it starts the workers and
+//! sleeps in `pthread_join`, so its CPU (the first of the placement order the workers leave
+//! free) idles lazily with the mm loaded and stays in `mm_cpumask` — every flush then has a
+//! remote candidate to filter, even with one worker.
+//!
 //! Metric: steady-state events per run — all threads' events per second between the moment the
 //! last thread finished `warmup_cycles` write+fsync cycles and the moment the last thread
 //! finished `warmup_cycles + cycles`, times `run_seconds` (sysbench's default `--time=10`).
@@ -28,6 +33,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let fsync_freq = p.int("fsync_freq", 100, 1)? as u32;
     let user_ns = p.int("user_ns_per_request", 0, 0)? as u64;
     let dax_pmd = p.boolean("dax_pmd", true)?;
+    let main_thread = p.boolean("main_thread", true)?;
     let warmup_cycles = p.int("warmup_cycles", 1, 0)? as usize;
     let cycles = p.int("cycles", 4, 1)? as usize;
     let run_seconds = p.num("run_seconds", 10.0)?;
@@ -89,6 +95,37 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     for (i, &cpu) in cpus.iter().enumerate() {
         let t = m.add_task(&format!("sysbench/{i}"), mm, cpu, prog.clone());
         m.tasks[t as usize].cpus = vec![cpu];
+    }
+    if main_thread {
+        let order = place_threads(&m.topo, m.topo.nr_cpus()).unwrap_or_default();
+        let mut free = order.into_iter().filter(|c| !cpus.contains(c));
+        // With ≤ one socket of workers, numactl keeps the main thread on that socket too.
+        let per_socket = m.topo.cores_per_socket * m.topo.threads_per_core;
+        let first_free = if threads < per_socket {
+            m.topo
+                .cpus_of_socket(0)
+                .into_iter()
+                .find(|c| !cpus.contains(c))
+        } else {
+            free.next()
+        };
+        if let Some(cpu) = first_free {
+            let stack = 0x1000;
+            m.map_pages(mm, stack, 1, true);
+            let t = m.add_task(
+                "sysbench/main",
+                mm,
+                cpu,
+                vec![
+                    UserOp::Touch {
+                        vpn: stack,
+                        write: true,
+                    },
+                    UserOp::Exit,
+                ],
+            );
+            m.tasks[t as usize].cpus = vec![cpu];
+        }
     }
     // Marks: one at each cycle end; the rate is taken over cycles after the warm-up.
     m.perf.stop_after_marks = Some(warmup_cycles + 1 + cycles);
