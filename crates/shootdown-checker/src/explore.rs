@@ -282,34 +282,40 @@ pub fn explore<M: Model, R: Reduction<M>>(
                 }
             }
         }
+        // Store a successor; when the state bound is hit, stop with `bound-reached`.
+        macro_rules! store_or_stop {
+            ($a:expr, $t:expr, $f:expr) => {
+                if !store(
+                    &mut visited,
+                    &mut parents,
+                    &mut queue,
+                    limits,
+                    id,
+                    d,
+                    $a,
+                    $t,
+                    $f,
+                ) {
+                    let n = visited.len() as u64 - 1;
+                    let ib = index_bytes(&visited, &parents);
+                    return result(
+                        Verdict::BoundReached,
+                        None,
+                        vec![],
+                        n,
+                        transitions,
+                        reduced,
+                        depth,
+                        peak,
+                        ib,
+                    );
+                }
+            };
+        }
         if !expand_all {
             reduced += 1;
             let (a, t, f) = single.take().expect("reduced");
-            if !store(
-                &mut visited,
-                &mut parents,
-                &mut queue,
-                limits,
-                id,
-                d,
-                a,
-                t,
-                f,
-            ) {
-                let n = visited.len() as u64 - 1;
-                let ib = index_bytes(&visited, &parents);
-                return result(
-                    Verdict::BoundReached,
-                    None,
-                    vec![],
-                    n,
-                    transitions,
-                    reduced,
-                    depth,
-                    peak,
-                    ib,
-                );
-            }
+            store_or_stop!(a, t, f);
         } else {
             for &a in enabled.iter() {
                 let mut t = s.clone();
@@ -333,31 +339,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
                     );
                 }
                 let f = red.fingerprint(&t);
-                if !store(
-                    &mut visited,
-                    &mut parents,
-                    &mut queue,
-                    limits,
-                    id,
-                    d,
-                    a,
-                    t,
-                    f,
-                ) {
-                    let n = visited.len() as u64 - 1;
-                    let ib = index_bytes(&visited, &parents);
-                    return result(
-                        Verdict::BoundReached,
-                        None,
-                        vec![],
-                        n,
-                        transitions,
-                        reduced,
-                        depth,
-                        peak,
-                        ib,
-                    );
-                }
+                store_or_stop!(a, t, f);
             }
         }
         peak = peak.max(queue.len());

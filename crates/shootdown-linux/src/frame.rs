@@ -59,6 +59,22 @@ pub struct FlushFunc {
     pub mm: MmId,
 }
 
+impl FlushFunc {
+    /// A call of `flush_tlb_func(info)`: `local` from the initiator itself, else from an IPI
+    /// (or `on_each_cpu_mask`'s local call of `flush_tlb_func_remote`).
+    pub fn call(info: FlushTlbInfo, local: bool) -> Frame {
+        Frame::FlushFunc(FlushFunc {
+            pc: 0,
+            info,
+            local,
+            local_gen: 0,
+            mm_gen: 0,
+            asid: 0,
+            mm: 0,
+        })
+    }
+}
+
 /// `smp_call_function_many_cond()` running `flush_tlb_func` (the only cross call modelled).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SmpCallMany {

@@ -7,7 +7,7 @@
 //! remote CPU's state in one step.
 
 use crate::counters::Counter;
-use crate::frame::{CallCond, CallFunctionIrq, Flow, FlushFunc, Frame, SmpCallMany};
+use crate::frame::{CallCond, CallFunctionIrq, Flow, FlushFunc, SmpCallMany};
 use crate::machine::Machine;
 use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
 use crate::state::*;
@@ -133,15 +133,7 @@ impl Machine {
                         }
                     }
                     if self.call_cond(cpu, cpu, s, env) {
-                        return Flow::Call(Frame::FlushFunc(FlushFunc {
-                            pc: 0,
-                            info: s.info,
-                            local: true,
-                            local_gen: 0,
-                            mm_gen: 0,
-                            asid: 0,
-                            mm: 0,
-                        }));
+                        return Flow::Call(FlushFunc::call(s.info, true));
                     }
                 }
                 Flow::Next
@@ -152,15 +144,7 @@ impl Machine {
                         // on_each_cpu_mask(): the calling CPU runs func after the remote ones
                         // (flush_tlb_func_remote, which finds itself up to date).
                         s.local_after = false;
-                        return Flow::Call(Frame::FlushFunc(FlushFunc {
-                            pc: 0,
-                            info: s.info,
-                            local: false,
-                            local_gen: 0,
-                            mm_gen: 0,
-                            asid: 0,
-                            mm: 0,
-                        }));
+                        return Flow::Call(FlushFunc::call(s.info, false));
                     }
                     return Flow::Return;
                 }
@@ -209,15 +193,7 @@ impl Machine {
                 };
                 self.touch_line(env, cpu, flush_info_line(k.src), false);
                 s.pc = 2;
-                Flow::Call(Frame::FlushFunc(FlushFunc {
-                    pc: 0,
-                    info,
-                    local: false,
-                    local_gen: 0,
-                    mm_gen: 0,
-                    asid: 0,
-                    mm: 0,
-                }))
+                Flow::Call(FlushFunc::call(info, false))
             }
             _ => {
                 let k = s.entries[s.i];

@@ -295,15 +295,7 @@ impl Machine {
     }
 
     fn local_flush_frame(&self, s: &FlushMmRange) -> Frame {
-        Frame::FlushFunc(FlushFunc {
-            pc: 0,
-            info: s.info,
-            local: true,
-            local_gen: 0,
-            mm_gen: 0,
-            asid: 0,
-            mm: 0,
-        })
+        FlushFunc::call(s.info, true)
     }
 
     /// One step of `flush_tlb_func()` (the handler run locally and from the IPI).

@@ -4,7 +4,7 @@ use shootdown_engine::timed::{Limits, Stop, TimedDriver};
 use shootdown_engine::{Model, Time};
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
-use shootdown_linux::frame::{FlushFunc, Frame};
+use shootdown_linux::frame::FlushFunc;
 use shootdown_linux::state::{FlushTlbInfo, TlbContext};
 use shootdown_linux::*;
 use std::sync::Arc;
@@ -43,15 +43,7 @@ fn run_flush_func(local: u64, mm_gen: u64, new_gen: u64) -> Machine {
         trim_cpumask: false,
         initiator: 0,
     };
-    c.irq_stack.push(Frame::FlushFunc(FlushFunc {
-        pc: 0,
-        info,
-        local: false,
-        local_gen: 0,
-        mm_gen: 0,
-        asid: 0,
-        mm: 0,
-    }));
+    c.irq_stack.push(FlushFunc::call(info, false));
     for _ in 0..10 {
         if m.cpus[1].irq_stack.is_empty() {
             break;
@@ -128,15 +120,7 @@ fn batched_flush_with_generation_zero_is_not_skipped() {
         trim_cpumask: false,
         initiator: 0,
     };
-    c.irq_stack.push(Frame::FlushFunc(FlushFunc {
-        pc: 0,
-        info,
-        local: false,
-        local_gen: 0,
-        mm_gen: 0,
-        asid: 0,
-        mm: 0,
-    }));
+    c.irq_stack.push(FlushFunc::call(info, false));
     m.apply(Action::Step(1), &mut NullEnv);
     assert_eq!(
         m.counters().get(Counter::FlushSkippedUpToDate),
