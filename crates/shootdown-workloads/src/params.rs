@@ -94,7 +94,7 @@ impl<'a> Params<'a> {
                 format!(
                     "unknown workload parameter (known: {})",
                     used.iter()
-                        .filter(|u| *u != "kind")
+                        .filter(|u| *u != "kind" && *u != "host")
                         .cloned()
                         .collect::<Vec<_>>()
                         .join(", ")
