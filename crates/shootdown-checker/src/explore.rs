@@ -250,24 +250,22 @@ pub fn explore<M: Model, R: Reduction<M>>(
             }
             continue;
         }
-        // Partial-order reduction: a persistent, invisible singleton whose successor is new.
-        let mut expand_all = true;
-        let mut single: Option<(M::Action, M, u128)> = None;
-        if limits.por {
-            if let Some(a) = red.persistent_singleton(&s, &enabled) {
+        // Apply `a` to a copy of `s`; a broken invariant ends the search with the path to it.
+        macro_rules! successor {
+            ($a:expr) => {{
                 let mut t = s.clone();
-                let out = t.apply(a, &mut env);
+                let out = t.apply($a, &mut env);
                 transitions += 1;
-                let v = out.violation.or_else(|| t.check_state());
-                if let Some(v) = v {
+                if let Some(v) = out.violation.or_else(|| t.check_state()) {
                     let mut p = path_to(&parents, id);
-                    p.push(a);
+                    p.push($a);
                     let ib = index_bytes(&visited, &parents);
+                    let n = visited.len() as u64;
                     return result(
                         Verdict::Violation,
                         Some(v),
                         p,
-                        visited.len() as u64,
+                        n,
                         transitions,
                         reduced,
                         depth,
@@ -276,6 +274,15 @@ pub fn explore<M: Model, R: Reduction<M>>(
                     );
                 }
                 let f = red.fingerprint(&t);
+                (t, f)
+            }};
+        }
+        // Partial-order reduction: a persistent, invisible singleton whose successor is new.
+        let mut expand_all = true;
+        let mut single: Option<(M::Action, M, u128)> = None;
+        if limits.por {
+            if let Some(a) = red.persistent_singleton(&s, &enabled) {
+                let (t, f) = successor!(a);
                 if !visited.contains(&f) {
                     expand_all = false;
                     single = Some((a, t, f));
@@ -318,27 +325,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
             store_or_stop!(a, t, f);
         } else {
             for &a in enabled.iter() {
-                let mut t = s.clone();
-                let out = t.apply(a, &mut env);
-                transitions += 1;
-                let v = out.violation.or_else(|| t.check_state());
-                if let Some(v) = v {
-                    let mut p = path_to(&parents, id);
-                    p.push(a);
-                    let ib = index_bytes(&visited, &parents);
-                    return result(
-                        Verdict::Violation,
-                        Some(v),
-                        p,
-                        visited.len() as u64,
-                        transitions,
-                        reduced,
-                        depth,
-                        peak,
-                        ib,
-                    );
-                }
-                let f = red.fingerprint(&t);
+                let (t, f) = successor!(a);
                 store_or_stop!(a, t, f);
             }
         }
