@@ -29,8 +29,7 @@
 //!
 //! Without a `[host]` the same program runs natively on every CPU of the topology.
 
-use crate::{Built, Measure, ParamError, Params};
-use shootdown_engine::Time;
+use crate::{Built, ParamError, Params};
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
@@ -115,20 +114,10 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
                 }
             });
             prog.extend([UserOp::Event, UserOp::Loop { to: 1, times: None }]);
-            let t = m.add_task(&format!("ebizzy/vm{vm}/{i}"), mm, cpu, prog);
-            m.tasks[t as usize].cpus = vec![cpu];
+            m.add_task(&format!("ebizzy/vm{vm}/{i}"), mm, cpu, prog);
         }
     }
-    let from = Time::from_ns_f64(warmup_ms * 1e6);
-    m.perf.measure_from = from;
-    Ok(Built {
-        machine: m,
-        measure: Measure::RatePer {
-            from,
-            per: vms as f64,
-        },
-        max_time: Time::from_ns_f64((warmup_ms + measure_ms) * 1e6),
-    })
+    Ok(crate::rate_window(m, warmup_ms, measure_ms, vms as f64))
 }
 
 /// `ns` of coarse work as steps of at most `slice` ns each: a step is atomic for the timed

@@ -64,6 +64,18 @@ pub struct Built {
     pub max_time: Time,
 }
 
+/// A run measured as events per second (divided by `per`) between `warmup_ms` and
+/// `warmup_ms + measure_ms` of simulated time.
+pub(crate) fn rate_window(mut m: Machine, warmup_ms: f64, measure_ms: f64, per: f64) -> Built {
+    let from = Time::from_ns_f64(warmup_ms * 1e6);
+    m.perf.measure_from = from;
+    Built {
+        machine: m,
+        measure: Measure::RatePer { from, per },
+        max_time: Time::from_ns_f64((warmup_ms + measure_ms) * 1e6),
+    }
+}
+
 /// The workload kinds this crate knows.
 pub const KINDS: &[&str] = &[
     "sysbench_fileio",

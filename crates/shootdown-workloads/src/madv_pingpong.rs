@@ -29,27 +29,8 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let mm = m.add_mm("madv");
     let page = 0x1000;
     m.map_pages(mm, page, 1, true);
-    // Warm-up iterations run first without counting; measured ones count an event each.
-    let mut prog = Vec::new();
-    if warmup > 0 {
-        prog.extend([
-            UserOp::MadviseDontneed {
-                start: page,
-                npages: 1,
-            },
-            UserOp::Touch {
-                vpn: page,
-                write: true,
-            },
-            UserOp::SetAffinityNext,
-            UserOp::Loop {
-                to: 0,
-                times: Some(warmup - 1),
-            },
-        ]);
-    }
-    let top = prog.len() as u16;
-    prog.extend([
+    // One iteration: DONTNEED the page, touch it again, move to the other CPU.
+    let iteration = [
         UserOp::MadviseDontneed {
             start: page,
             npages: 1,
@@ -59,6 +40,19 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             write: true,
         },
         UserOp::SetAffinityNext,
+    ];
+    // Warm-up iterations run first without counting; measured ones count an event each.
+    let mut prog = Vec::new();
+    if warmup > 0 {
+        prog.extend(iteration);
+        prog.push(UserOp::Loop {
+            to: 0,
+            times: Some(warmup - 1),
+        });
+    }
+    let top = prog.len() as u16;
+    prog.extend(iteration);
+    prog.extend([
         UserOp::Event,
         UserOp::Loop {
             to: top,

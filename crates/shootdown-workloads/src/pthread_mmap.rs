@@ -51,8 +51,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             UserOp::Exit,
         ];
         let cpu = (i as usize) % cpus;
-        let t = m.add_task(&format!("pthread_mmap/{i}"), mm, cpu, prog);
-        m.tasks[t as usize].cpus = vec![cpu];
+        m.add_task(&format!("pthread_mmap/{i}"), mm, cpu, prog);
     }
     Ok(Built {
         machine: m,

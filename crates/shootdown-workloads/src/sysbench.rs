@@ -93,8 +93,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         UserOp::Loop { to: 0, times: None },
     ]);
     for (i, &cpu) in cpus.iter().enumerate() {
-        let t = m.add_task(&format!("sysbench/{i}"), mm, cpu, prog.clone());
-        m.tasks[t as usize].cpus = vec![cpu];
+        m.add_task(&format!("sysbench/{i}"), mm, cpu, prog.clone());
     }
     if main_thread {
         let order = place_threads(&m.topo, m.topo.nr_cpus()).unwrap_or_default();
@@ -112,7 +111,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         if let Some(cpu) = first_free {
             let stack = 0x1000;
             m.map_pages(mm, stack, 1, true);
-            let t = m.add_task(
+            m.add_task(
                 "sysbench/main",
                 mm,
                 cpu,
@@ -124,7 +123,6 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
                     UserOp::Exit,
                 ],
             );
-            m.tasks[t as usize].cpus = vec![cpu];
         }
     }
     // Marks: one at each cycle end; the rate is taken over cycles after the warm-up.

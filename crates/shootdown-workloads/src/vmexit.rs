@@ -4,8 +4,7 @@
 //! `vmcs_accesses_per_exit` VMREAD/VMWRITEs of the exit path (option `vmx_insn_error_check`),
 //! and the CPUID emulation. Metric: VM exits per second per vCPU.
 
-use crate::{Built, Measure, ParamError, Params};
-use shootdown_engine::Time;
+use crate::{Built, ParamError, Params};
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
@@ -28,17 +27,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             UserOp::Event,
             UserOp::Loop { to: 0, times: None },
         ];
-        let t = m.add_task(&format!("vmexit/{cpu}"), mm, cpu, prog);
-        m.tasks[t as usize].cpus = vec![cpu];
+        m.add_task(&format!("vmexit/{cpu}"), mm, cpu, prog);
     }
-    let from = Time::from_ns_f64(warmup_ms * 1e6);
-    m.perf.measure_from = from;
-    Ok(Built {
-        machine: m,
-        measure: Measure::RatePer {
-            from,
-            per: n as f64,
-        },
-        max_time: Time::from_ns_f64((warmup_ms + measure_ms) * 1e6),
-    })
+    Ok(crate::rate_window(m, warmup_ms, measure_ms, n as f64))
 }
