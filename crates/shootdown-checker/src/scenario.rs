@@ -110,6 +110,17 @@ pub struct MmSpec {
     /// Pages the hardware walker may fill speculatively through any CR3 that points to this mm.
     #[serde(default)]
     pub speculative: Vec<u64>,
+    /// Files of a DAX filesystem mapped into this mm (pre-mapped read-only: clean), numbered
+    /// in file order across mms for `fdatasync { file = N }`.
+    #[serde(default)]
+    pub dax: Vec<DaxSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaxSpec {
+    pub start: u64,
+    pub npages: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -176,7 +187,10 @@ pub enum OpSpec {
         npages: u64,
         writable: bool,
     },
-    Fdatasync,
+    Fdatasync {
+        #[serde(default)]
+        file: u32,
+    },
     ReclaimUnmap {
         start: u64,
         npages: u64,
@@ -232,7 +246,7 @@ impl OpSpec {
                 npages,
                 writable,
             },
-            OpSpec::Fdatasync => UserOp::Fdatasync,
+            OpSpec::Fdatasync { file } => UserOp::Fdatasync { file },
             OpSpec::ReclaimUnmap { start, npages } => UserOp::ReclaimUnmap { start, npages },
             OpSpec::SetAffinity { cpu } => UserOp::SetAffinity { cpu },
             OpSpec::SetAffinityNext => UserOp::SetAffinityNext,
@@ -392,6 +406,7 @@ impl Scenario {
                 }
             }
         }
+        let dax_files: usize = file.mms.iter().map(|m| m.dax.len()).sum();
         let mut task_names: Vec<&str> = Vec::new();
         for (i, t) in file.tasks.iter().enumerate() {
             if t.cpu >= file.cpus {
@@ -423,6 +438,9 @@ impl Scenario {
                     }
                     OpSpec::TouchRandomBlock { npages: 0, .. }
                     | OpSpec::TouchRange { npages: 0, .. } => Some("npages must be >= 1".into()),
+                    OpSpec::Fdatasync { file } if *file as usize >= dax_files => Some(format!(
+                        "fdatasync of file {file}, but the mms map {dax_files} DAX file(s) (mms.dax)"
+                    )),
                     _ => None,
                 };
                 if let Some(r) = bad {
@@ -619,6 +637,10 @@ impl Scenario {
             }
             for &v in &mm.speculative {
                 m.spec_pages.push((id, v));
+            }
+            for d in &mm.dax {
+                m.map_pages(id, d.start, d.npages, false);
+                m.add_dax_file(id, d.start, d.npages);
             }
         }
         for t in &f.tasks {

@@ -82,6 +82,7 @@ fn errors_name_the_key() {
         ("setup_both", format!("{GOOD}\n[[setup]]\ncpu = 1\n"), "setup[0]"),
         ("symmetric", GOOD.replace("cpus = 2", "cpus = 2\nsymmetric = [[0, 1]]"), "symmetric[0]"),
         ("loop", GOOD.replace("\"exit\"]", "{ loop = { to = 9 } }]"), "tasks[0].program[1]"),
+        ("fdatasync_file", GOOD.replace("\"exit\"]", "{ fdatasync = { file = 1 } }]"), "tasks[0].program[1]"),
     ];
     for (name, text, key) in cases {
         assert_eq!(key_of(name, text), *key, "case {name}");

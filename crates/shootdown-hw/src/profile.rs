@@ -126,6 +126,9 @@ cost_keys! {
     /// kmalloc + kfree of the temporary cpumask `on_each_cpu_cond_mask()` allocated per call
     /// before v5.6 (`zalloc_cpumask_var(GFP_ATOMIC)`).
     cpumask_alloc,
+    /// The fixed part of `fsync()`/`fdatasync()` on a DAX file besides syscall entry/exit and
+    /// per-entry writeback: `ext4_sync_file()`'s jbd2 checks and `blkdev_issue_flush()`.
+    fsync_base,
 }
 
 /// Hardware features and capacities of the machine.

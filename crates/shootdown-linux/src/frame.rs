@@ -170,6 +170,8 @@ pub enum Syscall {
     /// `todo`: the entries tagged TOWRITE when the call started (`tag_pages_for_writeback`).
     Fdatasync {
         pc: u8,
+        /// The `Machine::dax_files` index of the file.
+        file: u32,
         todo: Vec<Vpn>,
         i: usize,
     },
@@ -217,7 +219,7 @@ impl Frame {
                 | Frame::CallFunctionIrq(_)
                 // Holding the DAX mapping's xa_lock (xa_lock_irq).
                 | Frame::Syscall(Syscall::PageFault { pc: 6, .. })
-                | Frame::Syscall(Syscall::Fdatasync { pc: 6 | 8, .. })
+                | Frame::Syscall(Syscall::Fdatasync { pc: 4 | 6 | 8, .. })
         )
     }
 

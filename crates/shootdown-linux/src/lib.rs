@@ -37,4 +37,4 @@ pub use kvm_host::{HostConfig, VcpuMode};
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
 pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};
-pub use state::{MmId, TaskId, UserOp, INIT_MM};
+pub use state::{DaxFile, FileioGen, MmId, TaskId, UserOp, INIT_MM};

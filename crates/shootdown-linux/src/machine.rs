@@ -24,7 +24,7 @@ use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
 use shootdown_hw::tlb::Tlb;
 use shootdown_hw::{CostProfile, CpuId, Topology};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Performance-only state: never distinguishes two states for the explorer.
@@ -107,8 +107,12 @@ pub struct Machine {
     pub flush_info: Vec<Option<FlushTlbInfo>>,
     /// Pages the explorer lets the walker fill speculatively: (mm, vpn).
     pub spec_pages: Vec<(MmId, Vpn)>,
-    /// The DAX file mapping of each mm (fdatasync writes back its dirty pages).
-    pub dax_file: Vec<Option<(Vpn, u64)>>,
+    /// Files on a DAX filesystem mapped into mms (fdatasync writes back their dirty entries).
+    pub dax_files: Vec<DaxFile>,
+    /// `(mm, start) -> index into dax_files`, to find the file a fault address belongs to.
+    pub dax_index: BTreeMap<(MmId, Vpn), u32>,
+    /// sysbench fileio's process-wide request generator, if a workload uses one.
+    pub fileio: Option<FileioGen>,
     /// Last page frame number handed out by the fault path.
     pub next_pfn: u32,
     /// The host under the guests: None for a native machine (kvm_host.rs).
@@ -152,7 +156,9 @@ impl Machine {
             csd_locked: BTreeSet::new(),
             flush_info: vec![None; n],
             spec_pages: Vec::new(),
-            dax_file: vec![None],
+            dax_files: Vec::new(),
+            dax_index: BTreeMap::new(),
+            fileio: None,
             next_pfn: 1 << 24,
             host: None,
             perf: Unhashed(Perf {
@@ -193,6 +199,7 @@ impl Machine {
                 loop_left: Vec::new(),
                 op_progress: 0,
                 op_base: None,
+                fsync_file: None,
                 cpus: Vec::new(),
                 on_cpu: true,
             });
@@ -222,7 +229,6 @@ impl Machine {
         self.mms
             .push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()));
         self.oracle.add_mm();
-        self.dax_file.push(None);
         id
     }
 
@@ -240,6 +246,7 @@ impl Machine {
             loop_left: Vec::new(),
             op_progress: 0,
             op_base: None,
+            fsync_file: None,
             cpus: vec![cpu],
             on_cpu: false,
         });
@@ -261,10 +268,26 @@ impl Machine {
         }
     }
 
-    /// Mark `[start, start+npages)` of `mm` as a DAX file mapping (write faults mark pages dirty,
-    /// fdatasync writes them back).
-    pub fn set_dax_file(&mut self, mm: MmId, start: Vpn, npages: u64) {
-        self.dax_file[mm as usize] = Some((start, npages));
+    /// Map a file of a DAX filesystem at `[start, start+npages)` of `mm` (write faults mark
+    /// entries dirty, fdatasync writes them back). Returns the file's index.
+    pub fn add_dax_file(&mut self, mm: MmId, start: Vpn, npages: u64) -> u32 {
+        let id = self.dax_files.len() as u32;
+        self.dax_files.push(DaxFile {
+            mm,
+            start,
+            npages,
+            dirty: BTreeSet::new(),
+            xa_lock: 0,
+        });
+        self.dax_index.insert((mm, start), id);
+        id
+    }
+
+    /// The DAX file of `mm` that maps `vpn`, if any.
+    pub(crate) fn dax_file_of(&self, mm: MmId, vpn: Vpn) -> Option<u32> {
+        let (_, &id) = self.dax_index.range(..=(mm, vpn)).next_back()?;
+        let f = &self.dax_files[id as usize];
+        (f.mm == mm && vpn < f.start + f.npages).then_some(id)
     }
 
     /// Allocate the page-table page covering `vpn` if the PMD has none.

@@ -32,8 +32,8 @@ pub enum Loc {
     /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
     /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
     Preempted(u32),
-    /// The `xa_lock` spinlock of an mm's DAX file mapping.
-    XaLock(MmId),
+    /// The `xa_lock` spinlock of a DAX file's mapping (a `Machine::dax_files` index).
+    XaLock(u32),
 }
 
 /// Whether the model runs with sequential consistency or x86-TSO.
@@ -64,9 +64,23 @@ pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
         Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
         // One steal-time area (64-byte aligned struct) per vCPU.
         Loc::Preempted(c) => (8u64 << 56) | c as u64,
-        Loc::XaLock(mm) => (9u64 << 56) | mm as u64,
+        Loc::XaLock(f) => (9u64 << 56) | f as u64,
     }
 }
+
+/// User-space and filesystem lines that only cost something (no protocol reads them): sysbench's
+/// globals, ext4's journal. `k` names the line.
+pub(crate) fn misc_line(k: u64) -> LineId {
+    (10u64 << 56) | k
+}
+/// sysbench: `sb_globals.exec_mutex`.
+pub(crate) const LINE_SB_EXEC_MUTEX: u64 = 1;
+/// sysbench fileio: `req_performed`, `is_dirty`, `fsynced_file` (adjacent statics).
+pub(crate) const LINE_SB_FILEIO_STATE: u64 = 2;
+/// jbd2: `journal->j_state_lock` (an rwlock: readers RMW it too).
+pub(crate) const LINE_JBD2_STATE_LOCK: u64 = 3;
+/// jbd2: the running transaction's `t_updates` / `t_outstanding_credits`.
+pub(crate) const LINE_JBD2_TRANSACTION: u64 = 4;
 
 /// The per-CPU `cpu_tlbstate` line, for private writes (ctxs, loaded_mm_asid) that still move
 /// the line when another CPU has been reading `is_lazy` from it.
@@ -92,7 +106,7 @@ pub(crate) fn spin_key(loc: Loc) -> u64 {
         Loc::IsLazy(c) => 4 << 56 | c as u64,
         Loc::CsdLock(k) => 5 << 56 | (k.src as u64) << 24 | k.dst as u64,
         Loc::Preempted(c) => 7 << 56 | c as u64,
-        Loc::XaLock(mm) => 8 << 56 | mm as u64,
+        Loc::XaLock(f) => 8 << 56 | f as u64,
     }
 }
 
@@ -114,7 +128,7 @@ impl Machine {
                     .as_ref()
                     .map_or(0, |h| h.steal_preempted[c as usize]) as u64
             }
-            Loc::XaLock(mm) => self.mms[mm as usize].xa_lock,
+            Loc::XaLock(f) => self.dax_files[f as usize].xa_lock,
         }
     }
 
@@ -124,7 +138,7 @@ impl Machine {
             Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_assign(c as usize, v != 0),
             Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm = v,
             Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy = v != 0,
-            Loc::XaLock(mm) => self.mms[mm as usize].xa_lock = v,
+            Loc::XaLock(f) => self.dax_files[f as usize].xa_lock = v,
             Loc::CsdLock(k) => {
                 if v != 0 {
                     self.csd_locked.insert(k);
@@ -157,6 +171,12 @@ impl Machine {
                 .access(&self.topo, &perf.profile.costs, cpu, line, write);
             env.charge(t);
         }
+    }
+
+    /// An atomic read-modify-write of a cost-only line (`misc_line`): transfer + locked op.
+    pub(crate) fn atomic_on_line<E: Env>(&mut self, env: &mut E, cpu: CpuId, line: LineId) {
+        self.touch_line(env, cpu, line, true);
+        self.charge(env, |c| c.atomic_rmw);
     }
 
     /// A load by `cpu`: its own buffered store if any, else memory.

@@ -37,12 +37,8 @@ pub struct Mm {
     pub space: AddressSpace,
     /// `mmap_sem` (now `mmap_lock`).
     pub mmap_sem: RwSem,
-    /// Pages written since the last writeback (the DAX mapping's dirty tags).
-    pub dirty: BTreeSet<Vpn>,
     /// Page-table pages unlinked and waiting to be freed after the flush.
     pub tables_to_free: Vec<PtPageId>,
-    /// The DAX mapping's `xa_lock` (`mapping->i_pages`): 0 free, else holder CPU + 1.
-    pub xa_lock: u64,
     /// Mainline lazy cpumask trimming: the next time (in ns) a flush may trim.
     pub next_trim_ns: u64,
     pub name: String,
@@ -56,9 +52,7 @@ impl Mm {
             cpumask: vec![0; nr_cpus.div_ceil(64).max(1)],
             space: AddressSpace::default(),
             mmap_sem: RwSem::default(),
-            dirty: BTreeSet::new(),
             tables_to_free: Vec::new(),
-            xa_lock: 0,
             next_trim_ns: 0,
             name,
         }
@@ -220,8 +214,21 @@ pub enum UserOp {
         npages: u64,
         writable: bool,
     },
-    /// `fdatasync()` on the DAX file mapped by this mm: write-protect and flush dirty pages.
-    Fdatasync,
+    /// `fdatasync()` on DAX file `file` (a [`DaxFile`] index): write-protect and flush its dirty
+    /// entries.
+    Fdatasync {
+        file: u32,
+    },
+    /// sysbench fileio's `file_get_rnd_request()` on the process-wide [`FileioGen`]: the next
+    /// request is a random block write or, after every `fsync_freq` writes, an fsync of each file
+    /// in turn. Leaves the request in the task (`op_base` / `fsync_file`).
+    FileioNext,
+    /// Execute the request [`UserOp::FileioNext`] chose: write the block (`npages` translations,
+    /// then `copy_pages` × 4 KiB copied under them) or `fdatasync()` the file.
+    FileioExec {
+        npages: u64,
+        copy_pages: u64,
+    },
     /// Reclaim-style batched unmap (`try_to_unmap` + `arch_tlbbatch_flush`) of pages.
     ReclaimUnmap {
         start: Vpn,
@@ -277,10 +284,45 @@ pub struct Task {
     pub loop_left: Vec<(u16, u32)>,
     /// Progress inside a multi-page op.
     pub op_progress: u64,
-    /// Random block chosen for the current TouchRandomBlock op.
+    /// Random block chosen for the current TouchRandomBlock / FileioExec op.
     pub op_base: Option<Vpn>,
+    /// File the current FileioExec op fsyncs.
+    pub fsync_file: Option<u32>,
     /// CPUs for SetAffinityNext.
     pub cpus: Vec<CpuId>,
     /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
     pub on_cpu: bool,
+}
+
+/// A file on a DAX filesystem (ext4-DAX) mapped into an mm at `[start, start + npages)`: its
+/// `struct address_space` as far as writeback goes — the xarray's dirty tags and `xa_lock`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DaxFile {
+    pub mm: MmId,
+    pub start: Vpn,
+    pub npages: u64,
+    /// Entries written since their last writeback (`PAGECACHE_TAG_DIRTY`).
+    pub dirty: BTreeSet<Vpn>,
+    /// `mapping->i_pages.xa_lock`: 0 free, else holder CPU + 1.
+    pub xa_lock: u64,
+}
+
+/// sysbench fileio's request generator (user space, `sb_fileio.c`: `file_get_rnd_request()`),
+/// whose state is process-wide: `req_performed`, `is_dirty` and `fsynced_file` are plain globals
+/// every thread writes, next to each other (one cache line), and every request ends with a
+/// `pthread_mutex_unlock(&sb_globals.exec_mutex)` (an atomic exchange on another line).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FileioGen {
+    /// The [`DaxFile`]s (`--file-num` of them), in file order.
+    pub files: Vec<u32>,
+    /// Mapping entries per file (4 KiB pages, or 2 MiB entries with DAX PMDs).
+    pub units_per_file: u64,
+    /// Entries one block spans (a block never straddles two entries' worth of translations
+    /// with PMDs: 1).
+    pub units_per_block: u64,
+    /// `--file-fsync-freq`.
+    pub fsync_freq: u64,
+    pub req_performed: u64,
+    pub is_dirty: bool,
+    pub fsynced_file: u32,
 }

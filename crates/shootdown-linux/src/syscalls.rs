@@ -12,7 +12,7 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, FlushMmRange, Frame, Syscall};
 use crate::machine::Machine;
-use crate::mem::{spin_key, Loc};
+use crate::mem::{misc_line, spin_key, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION};
 use crate::state::*;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
@@ -59,7 +59,6 @@ impl Machine {
             pte.present = false;
             pte.writable = false;
             self.oracle.pte_changed(pte);
-            m.dirty.remove(&v);
             n += 1;
         }
         if env.timed() {
@@ -90,22 +89,34 @@ impl Machine {
                 }
                 1 | 5 | 6 => {
                     let (vpn, write) = (*vpn, *write);
-                    let dax =
-                        self.dax_file[mm as usize].is_some_and(|(s, n)| vpn >= s && vpn < s + n);
-                    if dax && write && *pc != 6 {
+                    let dax = self.dax_file_of(mm, vpn);
+                    if let (Some(f), true, true) = (dax, write, *pc != 6) {
+                        if *pc == 1 {
+                            // ext4_dax_huge_fault(): a write fault runs inside a jbd2 handle
+                            // (ext4_journal_start_sb .. ext4_journal_stop): start_this_handle()
+                            // read-locks j_state_lock and bumps the running transaction's
+                            // t_updates / t_outstanding_credits, the stop undoes both. Every
+                            // writer of the filesystem shares these two lines.
+                            for line in [LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION] {
+                                for _ in 0..2 {
+                                    self.atomic_on_line(env, cpu, misc_line(line));
+                                }
+                            }
+                        }
                         // dax_iomap_fault() -> grab_mapping_entry(): the entry is found and
                         // locked under xa_lock_irq(&mapping->i_pages).
                         *pc = 5;
-                        if self.spin_trylock(env, cpu, Loc::XaLock(mm)).is_none() {
-                            return Flow::Spin(spin_key(Loc::XaLock(mm)));
+                        if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
+                            return Flow::Spin(spin_key(Loc::XaLock(f)));
                         }
                         self.charge(env, |c| c.xa_lock_hold);
                         *pc = 6;
                         return Flow::Next;
                     }
                     if *pc == 6 {
-                        self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                        self.spin_unlock(env, cpu, Loc::XaLock(dax.expect("locked a DAX file")));
                     }
+                    let dax = dax.is_some();
                     self.ensure_table(mm, vpn);
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
@@ -120,8 +131,8 @@ impl Machine {
                     }
                     if write {
                         pte.dirty = true;
-                        if dax {
-                            self.mms[mm as usize].dirty.insert(vpn);
+                        if let Some(f) = self.dax_file_of(mm, vpn) {
+                            self.dax_files[f as usize].dirty.insert(vpn);
                         }
                     }
                     // An upgrade (or a fill of an empty PTE) needs no flush: no version bump.
@@ -283,36 +294,53 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Fdatasync { pc, todo, i } => match *pc {
+            Syscall::Fdatasync { pc, file, todo, i } => match *pc {
                 0 => {
-                    // dax_writeback_mapping_range(): tag_pages_for_writeback() first, so the
-                    // writeback is bounded by what is dirty now, not what other threads dirty
-                    // while it runs.
-                    self.charge(env, |c| c.syscall_entry_exit);
-                    *todo = std::mem::take(&mut self.mms[mm as usize].dirty)
+                    // ext4_sync_file(): the fixed part (jbd2 checks, blkdev_issue_flush) is
+                    // fsync_base; the writeback of dirty entries follows.
+                    self.charge(env, |c| c.syscall_entry_exit + c.fsync_base);
+                    *pc = 3;
+                    Flow::Next
+                }
+                3 => {
+                    // dax_writeback_mapping_range(): tag_pages_for_writeback() under xa_lock
+                    // first, so the writeback is bounded by what is dirty now, not what other
+                    // threads dirty while it runs.
+                    let f = *file;
+                    if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
+                        return Flow::Spin(spin_key(Loc::XaLock(f)));
+                    }
+                    self.charge(env, |c| c.xa_lock_hold);
+                    *todo = std::mem::take(&mut self.dax_files[f as usize].dirty)
                         .into_iter()
                         .collect();
                     *i = 0;
+                    *pc = 4;
+                    Flow::Next
+                }
+                4 => {
+                    self.spin_unlock(env, cpu, Loc::XaLock(*file));
                     *pc = 1;
                     Flow::Next
                 }
                 5 | 7 => {
                     // dax_writeback_one(): lock the entry (5) and later clear its tags and
                     // unlock it (7), each under xa_lock_irq(&mapping->i_pages).
-                    if self.spin_trylock(env, cpu, Loc::XaLock(mm)).is_none() {
-                        return Flow::Spin(spin_key(Loc::XaLock(mm)));
+                    let f = *file;
+                    if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
+                        return Flow::Spin(spin_key(Loc::XaLock(f)));
                     }
                     self.charge(env, |c| c.xa_lock_hold);
                     *pc += 1;
                     Flow::Next
                 }
                 6 => {
-                    self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                    self.spin_unlock(env, cpu, Loc::XaLock(*file));
                     *pc = 2;
                     Flow::Next
                 }
                 8 => {
-                    self.spin_unlock(env, cpu, Loc::XaLock(mm));
+                    self.spin_unlock(env, cpu, Loc::XaLock(*file));
                     *pc = 1;
                     Flow::Next
                 }

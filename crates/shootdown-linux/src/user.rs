@@ -280,16 +280,45 @@ impl Machine {
                 },
                 env,
             ),
-            UserOp::Fdatasync => self.enter_syscall(
+            UserOp::Fdatasync { file } => self.enter_syscall(
                 cpu,
                 t,
                 Syscall::Fdatasync {
                     pc: 0,
+                    file,
                     todo: Vec::new(),
                     i: 0,
                 },
                 env,
             ),
+            UserOp::FileioNext => {
+                self.fileio_next(cpu, t, env);
+                self.tasks[t].pc += 1;
+            }
+            UserOp::FileioExec { npages, copy_pages } => {
+                if let Some(file) = self.tasks[t].fsync_file.take() {
+                    self.enter_syscall(
+                        cpu,
+                        t,
+                        Syscall::Fdatasync {
+                            pc: 0,
+                            file,
+                            todo: Vec::new(),
+                            i: 0,
+                        },
+                        env,
+                    );
+                } else {
+                    let base = self.tasks[t].op_base.expect("FileioNext chose a block");
+                    let v = base + self.tasks[t].op_progress;
+                    let pc = self.tasks[t].pc;
+                    self.user_touch_multi(cpu, v, true, npages, env);
+                    if self.tasks[t].pc != pc && env.timed() {
+                        // The rest of the block's memcpy, under translations now in the TLB.
+                        env.charge(Time(self.perf.profile.costs.user_touch_page.0 * copy_pages));
+                    }
+                }
+            }
             UserOp::ReclaimUnmap { start, npages } => self.enter_syscall(
                 cpu,
                 t,
@@ -387,6 +416,36 @@ impl Machine {
             }
         }
         Park::Run
+    }
+
+    /// sysbench's `file_get_rnd_request()` (sb_fileio.c) for the current task: every `fsync_freq`
+    /// writes (counted process-wide), the next `--file-num` requests fsync each file in turn;
+    /// otherwise a write of a uniformly random block. The counters are unsynchronized globals
+    /// every thread writes, and the request ends with `pthread_mutex_unlock(&exec_mutex)`.
+    fn fileio_next<E: Env>(&mut self, cpu: CpuId, t: usize, env: &mut E) {
+        use crate::mem::{misc_line, LINE_SB_EXEC_MUTEX, LINE_SB_FILEIO_STATE};
+        let Some(g) = self.fileio.as_mut() else {
+            panic!("FileioNext without a fileio generator (Machine::fileio)");
+        };
+        if g.fsync_freq != 0 && g.is_dirty && g.req_performed % g.fsync_freq == 0 {
+            self.tasks[t].fsync_file = Some(g.files[g.fsynced_file as usize]);
+            g.fsynced_file += 1;
+            if g.fsynced_file as usize == g.files.len() {
+                g.fsynced_file = 0;
+                g.is_dirty = false;
+            }
+        } else {
+            let blocks_per_file = (g.units_per_file / g.units_per_block).max(1);
+            let block = env.random(blocks_per_file * g.files.len() as u64);
+            let file = g.files[(block / blocks_per_file) as usize];
+            let start = self.dax_files[file as usize].start;
+            self.tasks[t].op_base = Some(start + (block % blocks_per_file) * g.units_per_block);
+            self.tasks[t].op_progress = 0;
+            g.req_performed += 1;
+            g.is_dirty = true;
+        }
+        self.touch_line(env, cpu, misc_line(LINE_SB_FILEIO_STATE), true);
+        self.atomic_on_line(env, cpu, misc_line(LINE_SB_EXEC_MUTEX));
     }
 
     fn enter_syscall<E: Env>(&mut self, cpu: CpuId, t: usize, s: Syscall, env: &mut E) {

@@ -7,7 +7,7 @@
 //!
 //! | kind | seed | what | metric |
 //! |---|---|---|---|
-//! | `sysbench_fileio` | 000 | random 16 KiB writes to an mmap'd DAX file, fdatasync every N | events per run (10 s) |
+//! | `sysbench_fileio` | 000 | random 16 KiB writes to 128 mmap'd DAX files, each fdatasync'd after every 100 writes | events per run (10 s) |
 //! | `madv_dontneed_pingpong` | 002 | MADV_DONTNEED + touch + sched_setaffinity to the other CPU | µs per iteration |
 //! | `pthread_mmap` | 002 | threads mmap / touch / munmap in rounds, contending on mmap_sem | seconds |
 //! | `ebizzy` | 001 | threads allocate, copy, search, free chunks (madvise flush per record), in VMs | records/s per VM |
@@ -38,15 +38,6 @@ pub enum Measure {
     /// Events counted after `from`, as a rate over the simulated window, scaled to a run of
     /// `run_seconds` (sysbench reports totals for a fixed-length run).
     EventsPerRun { from: Time, run_seconds: f64 },
-    /// Steady-state throughput from per-task cycle marks: each task's rate over its marks after
-    /// the first `warm` ones (`events_per_cycle` events per mark interval), summed over tasks and
-    /// scaled to a run of `run_seconds`. Unlike a fixed window this has no phase noise from
-    /// bursty cycles.
-    CycleRate {
-        warm: usize,
-        events_per_cycle: f64,
-        run_seconds: f64,
-    },
     /// Time between consecutive measured events, in microseconds.
     MicrosPerEvent,
     /// Time until every task finished, in seconds.
@@ -175,36 +166,6 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
             } else {
                 perf.events_measured as f64 / window * run_seconds
             }
-        }
-        Measure::CycleRate {
-            warm,
-            events_per_cycle,
-            run_seconds,
-        } => {
-            // System-wide rate: every thread's events between the moment the last thread
-            // finished warming up and the moment the last thread finished its last cycle (no
-            // thread exits, so all of them are running throughout).
-            let marks: Vec<&Vec<Time>> = perf.marks.iter().filter(|m| !m.is_empty()).collect();
-            let t0 = marks.iter().filter_map(|m| m.get(*warm)).max().copied();
-            let t1 = marks.iter().filter_map(|m| m.last()).max().copied();
-            if let (Some(t0), Some(t1)) = (t0, t1) {
-                if t1 > t0 && !perf.event_times.is_empty() {
-                    let lo = perf.event_times.partition_point(|t| *t < t0);
-                    let hi = perf.event_times.partition_point(|t| *t <= t1);
-                    return (hi - lo) as f64 / (t1 - t0).as_secs_f64() * run_seconds;
-                }
-            }
-            // Windows that do not overlap (very uneven threads): sum of per-thread rates.
-            let mut rate = 0.0;
-            for m in marks {
-                if m.len() > warm + 1 {
-                    let span = m[m.len() - 1].saturating_sub(m[*warm]).as_secs_f64();
-                    if span > 0.0 {
-                        rate += (m.len() - 1 - warm) as f64 * events_per_cycle / span;
-                    }
-                }
-            }
-            rate * run_seconds
         }
         Measure::MicrosPerEvent => match perf.first_event_at {
             Some(first) if perf.events_measured > 1 => {

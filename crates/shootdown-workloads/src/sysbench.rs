@@ -1,15 +1,20 @@
 //! Seed 000's benchmark: `sysbench fileio --file-test-mode=rndwr --file-io-mode=mmap
-//! --file-fsync-mode=fdatasync` on an ext4-DAX file on emulated pmem.
+//! --file-fsync-mode=fdatasync` on ext4-DAX files on emulated pmem.
 //!
-//! Each thread loops: write one block (`block_size` bytes) at a random block-aligned offset of
-//! the mmap'd file — a write-protect fault when the mapping entry is clean — and count one event;
-//! every `fsync_freq` events, `fdatasync()`, which on DAX write-protects each dirty mapping entry
-//! (`dax_writeback_one` → `pfn_mkclean`/`dax_entry_mkclean`) and flushes it from every CPU
-//! running the mm with a one-entry `flush_tlb_mm_range` (kernel-model.md §8.3(a)). All threads
-//! share the process's mm. The file starts mapped and clean (the steady state).
+//! sysbench 1.0 (`src/tests/fileio/sb_fileio.c`) with its defaults: `--file-num=128` files of
+//! `file_total_size / 128` each, every one mmap'd; `--file-block-size=16384`;
+//! `--file-fsync-freq=100`. Each request of each thread comes from `file_get_rnd_request()`,
+//! whose state is process-wide: after every 100 writes (counted over all threads) the next 128
+//! requests are `fdatasync()` of file 0, 1, … 127, whoever asks; otherwise the request writes one
+//! block at a uniformly random offset of the total size (a write-protect fault when the entry is
+//! clean: `ext4_dax_huge_fault` under a jbd2 handle and the file's `xa_lock`). Every request,
+//! write or fsync, is one sysbench event. On DAX, `fdatasync()` write-protects each dirty entry of
+//! that file (`dax_writeback_one` → `pfn_mkclean`/`dax_entry_mkclean`) and flushes it from every
+//! CPU running the mm with a one-entry `flush_tlb_mm_range` (kernel-model.md §8.3(a)). All
+//! threads share the process's mm. The files start mapped and clean (the steady state).
 //!
-//! `dax_pmd = true` (the default) maps the file with 2 MiB PMD entries, as ext4-DAX does when the
-//! pmem namespace and file extents are 2 MiB-aligned: one fault and one flush per dirty 2 MiB
+//! `dax_pmd = true` (the default) maps the files with 2 MiB PMD entries, as ext4-DAX does when
+//! the pmem namespace and file extents are 2 MiB-aligned: one fault and one flush per dirty 2 MiB
 //! entry instead of per 4 KiB page. This is an assumption (the seed does not say); with
 //! `dax_pmd = false` every 4 KiB page is its own entry.
 //!
@@ -18,30 +23,33 @@
 //! free) idles lazily with the mm loaded and stays in `mm_cpumask` — every flush then has a
 //! remote candidate to filter, even with one worker.
 //!
-//! Metric: steady-state events per run — all threads' events per second between the moment the
-//! last thread finished `warmup_cycles` write+fsync cycles and the moment the last thread
-//! finished `warmup_cycles + cycles`, times `run_seconds` (sysbench's default `--time=10`).
+//! Metric: events (writes and fsyncs) per second between `warmup_ms` and `warmup_ms +
+//! measure_ms` of simulated time, times `run_seconds` (sysbench's default `--time=10`).
 
 use crate::{place_threads, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
-use shootdown_linux::{Machine, UserOp};
+use shootdown_linux::{FileioGen, Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let threads = p.int("threads", 1, 1)? as usize;
     let file_mb = p.int("file_total_size_mb", 3072, 1)? as u64;
+    let num_files = p.int("file_num", 128, 1)? as u64;
     let block = p.int("block_size", 16384, 4096)? as u64;
-    let fsync_freq = p.int("fsync_freq", 100, 1)? as u32;
+    let fsync_freq = p.int("fsync_freq", 100, 0)? as u64;
     let user_ns = p.int("user_ns_per_request", 0, 0)? as u64;
     let dax_pmd = p.boolean("dax_pmd", true)?;
     let main_thread = p.boolean("main_thread", true)?;
-    let warmup_cycles = p.int("warmup_cycles", 1, 0)? as usize;
-    let cycles = p.int("cycles", 4, 1)? as usize;
+    let warmup_ms = p.num("warmup_ms", 2.0)?;
+    let measure_ms = p.num("measure_ms", 10.0)?;
     let run_seconds = p.num("run_seconds", 10.0)?;
     if block % 4096 != 0 {
         return Err((
             "block_size".into(),
             format!("must be a multiple of 4096 (got {block})"),
         ));
+    }
+    if measure_ms <= 0.0 {
+        return Err(("measure_ms".into(), "must be positive".into()));
     }
     let cpus = place_threads(&m.topo, threads)?;
     let mm = m.add_mm("sysbench");
@@ -53,45 +61,49 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             "blocks larger than 2 MiB need dax_pmd = false".into(),
         ));
     }
-    let entries = (file_mb * 256).div_ceil(unit);
-    let start = 0x10_0000; // 4 GiB
-    m.map_pages(mm, start, entries, false);
-    m.set_dax_file(mm, start, entries);
+    let file_pages = file_mb * 256 / num_files;
+    if file_pages < block / 4096 || (dax_pmd && file_pages < 512) {
+        return Err((
+            "file_num".into(),
+            format!(
+                "{num_files} files of {file_mb} MiB in total are smaller than one block{}",
+                if dax_pmd { " or one 2 MiB entry" } else { "" }
+            ),
+        ));
+    }
+    let units_per_file = file_pages / unit;
     let pages_per_block = block / 4096;
-    let mut prog = if dax_pmd {
-        // One translation per block (a random 2 MiB entry), the rest of the copy needs none.
-        vec![
-            UserOp::TouchRandomBlock {
-                start,
-                span: entries,
-                npages: 1,
-            },
-            UserOp::CopyPages {
-                pages: pages_per_block - 1,
-            },
-        ]
+    // 2 MiB-aligned, disjoint mappings, one per file (sysbench mmaps each file separately).
+    let mut start = 0x10_0000; // 4 GiB
+    let mut files = Vec::new();
+    for _ in 0..num_files {
+        m.map_pages(mm, start, units_per_file, false);
+        files.push(m.add_dax_file(mm, start, units_per_file));
+        start += units_per_file.div_ceil(512) * 512;
+    }
+    m.fileio = Some(FileioGen {
+        files,
+        units_per_file,
+        // With PMD entries a block is inside one entry: one translation.
+        units_per_block: if dax_pmd { 1 } else { pages_per_block },
+        fsync_freq,
+        req_performed: 0,
+        is_dirty: false,
+        fsynced_file: 0,
+    });
+    let (npages, copy_pages) = if dax_pmd {
+        (1, pages_per_block - 1)
     } else {
-        vec![UserOp::TouchRandomBlock {
-            start,
-            span: entries,
-            npages: pages_per_block,
-        }]
+        (pages_per_block, 0)
     };
+    let mut prog = vec![
+        UserOp::FileioNext,
+        UserOp::FileioExec { npages, copy_pages },
+    ];
     if user_ns > 0 {
         prog.push(UserOp::Compute { ns: user_ns });
     }
-    prog.push(UserOp::Event);
-    if fsync_freq > 1 {
-        prog.push(UserOp::Loop {
-            to: 0,
-            times: Some(fsync_freq - 1),
-        });
-    }
-    prog.extend([
-        UserOp::Fdatasync,
-        UserOp::Mark,
-        UserOp::Loop { to: 0, times: None },
-    ]);
+    prog.extend([UserOp::Event, UserOp::Loop { to: 0, times: None }]);
     for (i, &cpu) in cpus.iter().enumerate() {
         m.add_task(&format!("sysbench/{i}"), mm, cpu, prog.clone());
     }
@@ -125,16 +137,11 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             );
         }
     }
-    // Marks: one at each cycle end; the rate is taken over cycles after the warm-up.
-    m.perf.stop_after_marks = Some(warmup_cycles + 1 + cycles);
-    m.perf.log_events = true;
+    let from = Time::from_ns_f64(warmup_ms * 1e6);
+    m.perf.measure_from = from;
     Ok(Built {
         machine: m,
-        measure: Measure::CycleRate {
-            warm: warmup_cycles,
-            events_per_cycle: fsync_freq as f64,
-            run_seconds,
-        },
-        max_time: Time::from_ms(10_000),
+        measure: Measure::EventsPerRun { from, run_seconds },
+        max_time: Time::from_ns_f64((warmup_ms + measure_ms) * 1e6),
     })
 }
