@@ -84,6 +84,11 @@ pub trait Env {
     fn now(&self) -> Time;
     /// Add cost to the running step.
     fn charge(&mut self, t: Time);
+    /// Cost charged so far in the running step: `now() + elapsed()` is the moment the step has
+    /// reached (when a contended resource such as a cache line is requested).
+    fn elapsed(&self) -> Time {
+        Time::ZERO
+    }
     /// A deterministic random number in `0..n`.
     fn random(&mut self, n: u64) -> u64;
     /// Make sure `agent` runs no later than `at` (IPI arrival, wake-up of a sleeping task).

@@ -103,6 +103,9 @@ impl Env for StepEnv<'_> {
     fn charge(&mut self, t: Time) {
         self.charged += t;
     }
+    fn elapsed(&self) -> Time {
+        self.charged
+    }
     fn random(&mut self, n: u64) -> u64 {
         self.rng.below(n)
     }

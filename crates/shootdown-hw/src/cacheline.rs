@@ -5,6 +5,12 @@
 //! whereabouts imply: a hit if this CPU holds it, a transfer from the sibling, the socket or the
 //! other socket if another CPU modified it last. Ownership is performance state only; the
 //! explorer never sees it.
+//!
+//! A line is in one place at a time: ownership transfers (a read of a line another CPU modified,
+//! a read-for-ownership) are serialized per line, so CPUs hammering one line queue behind each
+//! other instead of all paying one transfer latency in parallel. A transfer requested at `at`
+//! starts when the previous one has completed (`busy_until`). Hits and reads of clean shared
+//! copies do not queue.
 
 use crate::profile::Costs;
 use crate::topology::{CpuId, Distance, Topology};
@@ -18,6 +24,8 @@ pub type LineId = u64;
 struct Line {
     owner: Option<u32>,
     sharers: Vec<u64>,
+    /// When the last ownership transfer of this line completes.
+    busy_until: Time,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -43,7 +51,8 @@ impl LineDirectory {
         }
     }
 
-    /// Cost of `cpu` reading (`write == false`) or writing `line`, updating ownership.
+    /// Cost of `cpu` reading (`write == false`) or writing `line` at time `at`, updating
+    /// ownership: the transfer latency plus any wait for transfers of the line still in flight.
     pub fn access(
         &mut self,
         topo: &Topology,
@@ -51,11 +60,13 @@ impl LineDirectory {
         cpu: CpuId,
         line: LineId,
         write: bool,
+        at: Time,
     ) -> Time {
         let words = self.words;
         let l = self.lines.entry(line).or_insert_with(|| Line {
             owner: None,
             sharers: vec![0; words],
+            busy_until: Time::ZERO,
         });
         let (w, b) = (cpu / 64, 1u64 << (cpu % 64));
         if l.owner == Some(cpu as u32) {
@@ -69,7 +80,11 @@ impl LineDirectory {
                 Some(o) => {
                     let o = o as usize;
                     l.sharers[o / 64] |= 1 << (o % 64);
-                    Self::transfer(costs, topo.distance(o, cpu))
+                    Self::queue(
+                        &mut l.busy_until,
+                        at,
+                        Self::transfer(costs, topo.distance(o, cpu)),
+                    )
                 }
                 None => costs.line_shared_read,
             };
@@ -98,10 +113,47 @@ impl LineDirectory {
                     .all(|x| *x == 0 || std::ptr::eq(x, &l.sharers[w]))
             {
                 cost = costs.l1_hit; // exclusive already: silent upgrade
+            } else {
+                cost = Self::queue(&mut l.busy_until, at, cost);
             }
             l.owner = Some(cpu as u32);
             l.sharers.iter_mut().for_each(|x| *x = 0);
             cost
         }
+    }
+
+    /// A transfer of `cost` requested at `at` behind the line's in-flight transfers: returns
+    /// the wait plus the transfer and books the line until it completes.
+    fn queue(busy_until: &mut Time, at: Time, cost: Time) -> Time {
+        let start = (*busy_until).max(at);
+        *busy_until = start + cost;
+        *busy_until - at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{CostProfile, Features};
+
+    #[test]
+    fn transfers_of_one_line_queue_but_hits_do_not() {
+        let topo = Topology::new(1, 4, 1).unwrap();
+        let p = CostProfile::uniform("t", 10.0, Features::modern());
+        let c = &p.costs;
+        let mut d = LineDirectory::new(4);
+        let t0 = Time::from_ns(1000);
+        // cpu0 takes the line; cpu1 and cpu2 want it at the same moment: cpu2 waits for cpu1's
+        // transfer before its own.
+        d.access(&topo, c, 0, 7, true, t0);
+        let a = d.access(&topo, c, 1, 7, true, t0 + c.l1_hit);
+        let b = d.access(&topo, c, 2, 7, true, t0 + c.l1_hit);
+        assert_eq!(a, c.line_same_socket);
+        assert_eq!(b, c.line_same_socket + c.line_same_socket);
+        // The owner's own accesses are hits, whatever is in flight.
+        assert_eq!(d.access(&topo, c, 2, 7, true, t0), c.l1_hit);
+        // Much later, nothing is in flight: one transfer.
+        let later = t0 + Time::from_ns(10_000);
+        assert_eq!(d.access(&topo, c, 3, 7, false, later), c.line_same_socket);
     }
 }

@@ -730,6 +730,9 @@ impl<E: Env> Env for HostEnv<'_, E> {
         self.charged += t;
         self.inner.charge(t);
     }
+    fn elapsed(&self) -> Time {
+        self.inner.elapsed()
+    }
     fn random(&mut self, n: u64) -> u64 {
         self.inner.random(n)
     }

@@ -165,10 +165,11 @@ impl Machine {
         if env.timed() {
             // Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
             let cpu = self.phys_cpu(cpu);
+            let at = env.now() + env.elapsed();
             let perf = &mut *self.perf;
             let t = perf
                 .lines
-                .access(&self.topo, &perf.profile.costs, cpu, line, write);
+                .access(&self.topo, &perf.profile.costs, cpu, line, write, at);
             env.charge(t);
         }
     }
@@ -194,10 +195,11 @@ impl Machine {
     pub(crate) fn load_overlapped<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
         if env.timed() {
             let line = line_of(self, loc);
+            let at = env.now() + env.elapsed();
             let perf = &mut *self.perf;
             let t = perf
                 .lines
-                .access(&self.topo, &perf.profile.costs, cpu, line, false);
+                .access(&self.topo, &perf.profile.costs, cpu, line, false, at);
             env.charge(Time(t.0 / perf.profile.features.mlp.max(1) as u64));
         }
         if let Some(v) = self.cpus[cpu].sb.forward(loc) {
