@@ -35,7 +35,7 @@ fn benches(c: &mut Criterion) {
         c,
         "sysbench_48_threads_mitigations",
         "experiments/seeds/seed000-sysbench-mitigations.toml",
-        &["experiment.rows=[48]", "workload.cycles=2"],
+        &["experiment.rows=[48]", "workload.measure_ms=2"],
     );
     bench_case(
         c,
