@@ -63,6 +63,10 @@ counters! {
     HostHousekeeping = "host.housekeeping",
     /// Host: halted vCPU threads woken by a kick.
     VcpuWakeups = "host.vcpu_wakeups",
+    /// Host: IPIs that reached a vCPU whose thread was preempted (taken when it runs again).
+    IpisToPreemptedVcpus = "host.ipis_to_preempted_vcpus",
+    /// Host: total microseconds those IPIs waited for their vCPU to be loaded again.
+    PreemptedIpiWaitUs = "host.preempted_ipi_wait_us",
     /// Workload events (the metric).
     Events = "events",
 }

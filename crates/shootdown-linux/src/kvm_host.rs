@@ -28,7 +28,9 @@
 //! mean interval `housekeeping_interval_us`) and running for an exponentially distributed time
 //! (mean `housekeeping_run_us`, capped at ten times that). A vCPU agent runs only while its thread is current on its pCPU; while
 //! descheduled it is parked and its clock jumps to the moment it is picked again. A guest that
-//! halts (HLT exit) blocks its thread (`kvm_vcpu_block`); an IPI to it kicks it awake.
+//! halts (HLT exit) blocks its thread (`kvm_vcpu_block`); an IPI to it kicks it awake. A guest
+//! booted with `idle=poll` never halts: its idle vCPU keeps running (polling) in guest mode
+//! until the host preempts it, like a busy-waiting one.
 //!
 //! Simplifications: no halt-polling, no pause-loop exiting / directed yield, no load balancing
 //! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one

@@ -736,17 +736,40 @@ impl Machine {
             (out, henv.charged, henv.wakes)
         };
         let guest = matches!(a, Action::Step(_) | Action::Interrupt(_));
+        let idle_poll = self.opts.idle == Idle::Poll;
         if guest
             && out.park == Park::Halt
             && self.vcpu_in_guest(v)
             && !(self.cpus[v].ipi_pending && self.irqs_enabled(v))
         {
-            self.host_block(v, now + charged, env);
+            if idle_poll {
+                // idle=poll: the guest's idle loop spins in guest mode and never executes HLT,
+                // so the vCPU thread stays runnable and keeps its pCPU until the host wants it.
+                if let Some(t) = self.host_next_preempt(v) {
+                    env.wake_by(v, t);
+                }
+            } else {
+                self.host_block(v, now + charged, env);
+            }
+        }
+        if let Action::VcpuLoad(_) = a {
+            // An IPI that waited for this vCPU's thread: how long, from its arrival to entry.
+            if self.vcpu_in_guest(v) && self.cpus[v].ipi_pending {
+                let waited = (now + charged).saturating_sub(self.perf.ipi_arrival[v]);
+                self.perf.counters.add(
+                    Counter::PreemptedIpiWaitUs,
+                    waited.as_us_f64().round() as u64,
+                );
+            }
         }
         for (w, at) in wakes {
             match self.host_ref().vcpus[w].mode {
                 VcpuMode::InGuest | VcpuMode::Entering(_) => env.wake(w, at),
-                VcpuMode::Runnable => {}
+                VcpuMode::Runnable => {
+                    if self.cpus[w].ipi_pending {
+                        self.perf.counters.inc(Counter::IpisToPreemptedVcpus);
+                    }
+                }
                 VcpuMode::Blocked => self.host_kick(w, at, env),
             }
         }

@@ -198,3 +198,60 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
     assert!(c.get(Counter::VcpuWakeups) + 2 >= c.get(Counter::KvmHaltExits));
     assert!(c.get(Counter::VcpuWakeups) > 0);
 }
+
+#[test]
+fn idle_poll_vcpus_never_halt_and_ipis_wait_for_preempted_ones() {
+    // pthread_mmap in small (seed 002): two threads on two vCPUs map, touch and unmap their
+    // own range, contending on mmap_sem. With idle=poll the guest never executes HLT: a vCPU
+    // whose thread sleeps on mmap_sem keeps polling in guest mode (lazy, still in mm_cpumask
+    // before the tlb_gen rework) until housekeeping preempts it, and a flush IPI to it then
+    // waits for the host to run it again.
+    let build = |idle: Idle| {
+        let topo = Topology::new(1, 2, 1).unwrap();
+        let prof = Arc::new(CostProfile::uniform("t", 100.0, Features::modern()));
+        let cfg = HostConfig {
+            vms: 1,
+            vcpus_per_vm: 2,
+            housekeeping_interval_us: 500,
+            housekeeping_run_us: 200,
+            ..HostConfig::default()
+        };
+        let mut opts = Options::default();
+        opts.idle = idle;
+        opts.lazy_tlb = LazyTlb::Legacy;
+        opts.pcid = false;
+        let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
+        let mm = m.add_mm("vm0");
+        for i in 0..2u64 {
+            let start = 0x40_0000 + i * 0x400;
+            let prog = vec![
+                UserOp::Mmap { start, npages: 8 },
+                UserOp::TouchRange {
+                    start,
+                    npages: 8,
+                    write: true,
+                },
+                UserOp::Munmap { start, npages: 8 },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(300),
+                },
+                UserOp::Exit,
+            ];
+            m.add_task(&format!("t{i}"), mm, i as usize, prog);
+        }
+        m
+    };
+    let mut poll = build(Idle::Poll);
+    assert_eq!(run(&mut poll, 1000), Stop::Finished);
+    let c = poll.counters();
+    assert_eq!(c.get(Counter::KvmHaltExits), 0, "{:?}", c.named());
+    assert!(c.get(Counter::MmapSemContended) > 0, "{:?}", c.named());
+    assert!(c.get(Counter::HostPreemptions) > 10, "{:?}", c.named());
+    assert!(c.get(Counter::IpisToPreemptedVcpus) > 0, "{:?}", c.named());
+    assert!(c.get(Counter::PreemptedIpiWaitUs) > 0, "{:?}", c.named());
+    // The same guest with idle=halt blocks its vCPU threads instead.
+    let mut halt = build(Idle::Halt);
+    assert_eq!(run(&mut halt, 1000), Stop::Finished);
+    assert!(halt.counters().get(Counter::KvmHaltExits) > 0);
+}

@@ -15,7 +15,8 @@
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
 //! `shootdown_linux::kvm_host`): the machine is then the vCPUs of `vms` VMs on the topology's
-//! pCPUs. Only the workloads that know about VMs (`ebizzy`, `vmexit_cpuid`) accept it.
+//! pCPUs. Only the workloads in [`HOST_KINDS`] accept it (`ebizzy`, `vmexit_cpuid`, and seed
+//! 002's two, which place their threads on CPU numbers and so run unchanged on one VM's vCPUs).
 
 pub mod ebizzy;
 pub mod madv_pingpong;
@@ -76,6 +77,14 @@ pub const KINDS: &[&str] = &[
     "vmexit_cpuid",
 ];
 
+/// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
+pub const HOST_KINDS: &[&str] = &[
+    "madv_dontneed_pingpong",
+    "pthread_mmap",
+    "ebizzy",
+    "vmexit_cpuid",
+];
+
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
 /// are `(key within the table, reason)`.
 pub fn host_config(t: &toml::Table, pcpus: usize) -> Result<HostConfig, ParamError> {
@@ -127,11 +136,12 @@ pub fn build(
     let machine = match host {
         None => Machine::new(topo.clone(), profile, opts, MemoryModel::Sc),
         Some(cfg) => {
-            if !matches!(kind.as_str(), "ebizzy" | "vmexit_cpuid") {
+            if !HOST_KINDS.contains(&kind.as_str()) {
                 return Err((
                     "kind".into(),
                     format!(
-                        "workload '{kind}' runs natively: [host] is for ebizzy and vmexit_cpuid"
+                        "workload '{kind}' runs natively: [host] is for {}",
+                        HOST_KINDS.join(", ")
                     ),
                 ));
             }

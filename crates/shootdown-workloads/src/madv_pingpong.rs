@@ -13,13 +13,11 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let cpu_a = p.int("cpu_a", 0, 0)? as usize;
     let cpu_b = p.int("cpu_b", 1, 0)? as usize;
     for (k, c) in [("cpu_a", cpu_a), ("cpu_b", cpu_b)] {
-        if c >= m.topo.nr_cpus() {
+        // On a host the CPUs are the VM's vCPUs, not the topology's pCPUs.
+        if c >= m.cpus.len() {
             return Err((
                 k.into(),
-                format!(
-                    "CPU {c} does not exist (the topology has {})",
-                    m.topo.nr_cpus()
-                ),
+                format!("CPU {c} does not exist (the machine has {})", m.cpus.len()),
             ));
         }
     }
