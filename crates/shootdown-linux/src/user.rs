@@ -11,6 +11,16 @@ use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
 use shootdown_hw::tlb::TlbEntry;
 use shootdown_hw::CpuId;
 
+/// A fresh `fdatasync()` frame for DAX file `file`.
+fn fdatasync(file: u32) -> Syscall {
+    Syscall::Fdatasync {
+        pc: 0,
+        file,
+        todo: Vec::new(),
+        i: 0,
+    }
+}
+
 /// An access that needs the page-fault handler.
 pub(crate) struct Fault;
 
@@ -280,34 +290,14 @@ impl Machine {
                 },
                 env,
             ),
-            UserOp::Fdatasync { file } => self.enter_syscall(
-                cpu,
-                t,
-                Syscall::Fdatasync {
-                    pc: 0,
-                    file,
-                    todo: Vec::new(),
-                    i: 0,
-                },
-                env,
-            ),
+            UserOp::Fdatasync { file } => self.enter_syscall(cpu, t, fdatasync(file), env),
             UserOp::FileioNext => {
                 self.fileio_next(cpu, t, env);
                 self.tasks[t].pc += 1;
             }
             UserOp::FileioExec { npages, copy_pages } => {
                 if let Some(file) = self.tasks[t].fsync_file.take() {
-                    self.enter_syscall(
-                        cpu,
-                        t,
-                        Syscall::Fdatasync {
-                            pc: 0,
-                            file,
-                            todo: Vec::new(),
-                            i: 0,
-                        },
-                        env,
-                    );
+                    self.enter_syscall(cpu, t, fdatasync(file), env);
                 } else {
                     let base = self.tasks[t].op_base.expect("FileioNext chose a block");
                     let v = base + self.tasks[t].op_progress;
