@@ -43,15 +43,8 @@ pub struct Perf {
     pub events_measured: u64,
     pub first_event_at: Option<Time>,
     pub last_event_at: Time,
-    /// Times of every `Event` (in execution order, hence sorted), when `log_events` is on.
-    pub event_times: Vec<Time>,
-    pub log_events: bool,
     /// Per task: times of its `Mark` ops.
     pub marks: Vec<Vec<Time>>,
-    /// Stop (finished) once every user task has this many marks.
-    pub stop_after_marks: Option<usize>,
-    /// User tasks that have reached `stop_after_marks` marks.
-    pub tasks_marked_enough: usize,
     /// User tasks not yet exited (kept in step with task states so `finished` is O(1)).
     pub user_tasks_alive: usize,
     /// Translation uses the oracle checked.
@@ -171,11 +164,7 @@ impl Machine {
                 events_measured: 0,
                 first_event_at: None,
                 last_event_at: Time::ZERO,
-                event_times: Vec::new(),
-                log_events: false,
                 marks: Vec::new(),
-                stop_after_marks: None,
-                tasks_marked_enough: 0,
                 user_tasks_alive: 0,
                 uses_checked: 0,
                 violation: None,
@@ -712,10 +701,7 @@ impl Model for Machine {
     }
 
     fn finished(&self) -> bool {
-        match self.perf.stop_after_marks {
-            Some(_) => self.perf.tasks_marked_enough >= self.perf.user_tasks_alive,
-            None => self.perf.user_tasks_alive == 0,
-        }
+        self.perf.user_tasks_alive == 0
     }
 }
 

@@ -163,15 +163,19 @@ impl Machine {
         write: bool,
     ) {
         if env.timed() {
-            // Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
-            let cpu = self.phys_cpu(cpu);
-            let at = env.now() + env.elapsed();
-            let perf = &mut *self.perf;
-            let t = perf
-                .lines
-                .access(&self.topo, &perf.profile.costs, cpu, line, write, at);
+            let t = self.line_cost(env, cpu, line, write);
             env.charge(t);
         }
+    }
+
+    /// What an access to `line` by `cpu` costs now (timed driver only), updating the line's
+    /// whereabouts. Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
+    fn line_cost<E: Env>(&mut self, env: &E, cpu: CpuId, line: LineId, write: bool) -> Time {
+        let cpu = self.phys_cpu(cpu);
+        let at = env.now() + env.elapsed();
+        let perf = &mut *self.perf;
+        perf.lines
+            .access(&self.topo, &perf.profile.costs, cpu, line, write, at)
     }
 
     /// An atomic read-modify-write of a cost-only line (`misc_line`): transfer + locked op.
@@ -195,12 +199,8 @@ impl Machine {
     pub(crate) fn load_overlapped<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
         if env.timed() {
             let line = line_of(self, loc);
-            let at = env.now() + env.elapsed();
-            let perf = &mut *self.perf;
-            let t = perf
-                .lines
-                .access(&self.topo, &perf.profile.costs, cpu, line, false, at);
-            env.charge(Time(t.0 / perf.profile.features.mlp.max(1) as u64));
+            let t = self.line_cost(env, cpu, line, false);
+            env.charge(Time(t.0 / self.perf.profile.features.mlp.max(1) as u64));
         }
         if let Some(v) = self.cpus[cpu].sb.forward(loc) {
             return v;

@@ -43,6 +43,16 @@ impl Machine {
         })
     }
 
+    /// `xa_lock_irq(&mapping->i_pages)` of DAX file `file` and the section it guards
+    /// (`xa_lock_hold`); `Some` is the spin to park on while another CPU holds it.
+    fn xa_lock<E: Env>(&mut self, env: &mut E, cpu: CpuId, file: u32) -> Option<Flow> {
+        if self.spin_trylock(env, cpu, Loc::XaLock(file)).is_none() {
+            return Some(Flow::Spin(spin_key(Loc::XaLock(file))));
+        }
+        self.charge(env, |c| c.xa_lock_hold);
+        None
+    }
+
     /// Clear every present PTE in the range (a downgrade: bumps versions). Returns how many.
     fn zap_range<E: Env>(&mut self, mm: MmId, start: Vpn, npages: u64, env: &mut E) -> u64 {
         let mut n = 0;
@@ -106,17 +116,15 @@ impl Machine {
                         // dax_iomap_fault() -> grab_mapping_entry(): the entry is found and
                         // locked under xa_lock_irq(&mapping->i_pages).
                         *pc = 5;
-                        if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
-                            return Flow::Spin(spin_key(Loc::XaLock(f)));
+                        if let Some(spin) = self.xa_lock(env, cpu, f) {
+                            return spin;
                         }
-                        self.charge(env, |c| c.xa_lock_hold);
                         *pc = 6;
                         return Flow::Next;
                     }
                     if *pc == 6 {
                         self.spin_unlock(env, cpu, Loc::XaLock(dax.expect("locked a DAX file")));
                     }
-                    let dax = dax.is_some();
                     self.ensure_table(mm, vpn);
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
@@ -124,14 +132,14 @@ impl Machine {
                         self.next_pfn += 1;
                         pte.pfn = self.next_pfn;
                         pte.present = true;
-                        pte.writable = write || !dax;
+                        pte.writable = write || dax.is_none();
                     } else if write && !pte.writable {
                         self.charge(env, |c| c.pte_update);
                         pte.writable = true;
                     }
                     if write {
                         pte.dirty = true;
-                        if let Some(f) = self.dax_file_of(mm, vpn) {
+                        if let Some(f) = dax {
                             self.dax_files[f as usize].dirty.insert(vpn);
                         }
                     }
@@ -307,10 +315,9 @@ impl Machine {
                     // first, so the writeback is bounded by what is dirty now, not what other
                     // threads dirty while it runs.
                     let f = *file;
-                    if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
-                        return Flow::Spin(spin_key(Loc::XaLock(f)));
+                    if let Some(spin) = self.xa_lock(env, cpu, f) {
+                        return spin;
                     }
-                    self.charge(env, |c| c.xa_lock_hold);
                     *todo = std::mem::take(&mut self.dax_files[f as usize].dirty)
                         .into_iter()
                         .collect();
@@ -326,11 +333,9 @@ impl Machine {
                 5 | 7 => {
                     // dax_writeback_one(): lock the entry (5) and later clear its tags and
                     // unlock it (7), each under xa_lock_irq(&mapping->i_pages).
-                    let f = *file;
-                    if self.spin_trylock(env, cpu, Loc::XaLock(f)).is_none() {
-                        return Flow::Spin(spin_key(Loc::XaLock(f)));
+                    if let Some(spin) = self.xa_lock(env, cpu, *file) {
+                        return spin;
                     }
-                    self.charge(env, |c| c.xa_lock_hold);
                     *pc += 1;
                     Flow::Next
                 }

@@ -336,9 +336,6 @@ impl Machine {
             }
             UserOp::Event => {
                 self.perf.counters.inc(Counter::Events);
-                if self.perf.log_events {
-                    self.perf.event_times.push(env.now());
-                }
                 if env.now() >= self.perf.measure_from {
                     self.perf.events_measured += 1;
                     self.perf.first_event_at.get_or_insert(env.now());
@@ -353,9 +350,6 @@ impl Machine {
                     marks.resize(t + 1, Vec::new());
                 }
                 marks[t].push(now);
-                if Some(marks[t].len()) == self.perf.stop_after_marks {
-                    self.perf.tasks_marked_enough += 1;
-                }
                 self.tasks[t].pc += 1;
             }
             UserOp::CopyPages { pages } => {
