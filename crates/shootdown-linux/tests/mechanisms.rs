@@ -19,6 +19,19 @@ fn machine(opts: Options, cpus: usize) -> Machine {
     )
 }
 
+/// Run the 2-CPU machine `m` with RNG `seed` until its tasks finish, within `max_ms` of simulated
+/// time and `max_steps` steps.
+fn run_to_completion(m: &mut Machine, seed: u64, max_ms: u64, max_steps: u64) {
+    let st = TimedDriver::new(2, seed, 0).run(
+        m,
+        Limits {
+            max_time: Time::from_ms(max_ms),
+            max_steps,
+        },
+    );
+    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+}
+
 /// cpu1 has `mm` loaded in ASID 0 at generation `local`; `mm` is at `mm_gen`; run one remote
 /// `flush_tlb_func` for page 0x10 carrying `new_gen` to completion.
 fn run_flush_func(local: u64, mm_gen: u64, new_gen: u64) -> Machine {
@@ -167,15 +180,7 @@ fn lazy_scenario(lazy_tlb: LazyTlb) -> Counters {
             UserOp::Exit,
         ],
     );
-    let mut d = TimedDriver::new(2, 7, 0);
-    let st = d.run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 100_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_completion(&mut m, 7, 10, 100_000);
     m.counters().clone()
 }
 
@@ -254,15 +259,7 @@ fn fdatasync_writes_back_only_its_own_file() {
             UserOp::Exit,
         ],
     );
-    let mut d = TimedDriver::new(2, 1, 0);
-    let st = d.run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 100_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_completion(&mut m, 1, 10, 100_000);
     assert_eq!(m.counters().get(Counter::PageFaults), 3);
     // File a's two entries were written back (one flush each), file b's entry is still dirty.
     assert_eq!(m.counters().get(Counter::NrTlbLocalFlushOne), 2);
@@ -297,7 +294,6 @@ fn fileio_generator_fsyncs_every_file_after_fsync_freq_writes() {
         is_dirty: false,
         fsynced_file: 0,
     });
-    m.perf.log_events = true;
     let prog = vec![
         UserOp::FileioNext,
         UserOp::FileioExec {
@@ -313,15 +309,7 @@ fn fileio_generator_fsyncs_every_file_after_fsync_freq_writes() {
     ];
     m.add_task("t0", mm, 0, prog.clone());
     m.add_task("t1", mm, 1, prog);
-    let mut d = TimedDriver::new(2, 3, 0);
-    let st = d.run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(100),
-            max_steps: 1_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_completion(&mut m, 3, 100, 1_000_000);
     let g = m.fileio.as_ref().unwrap();
     // 32 requests = cycles of 5 writes + 3 fsyncs: 4 cycles, all files synced each time.
     assert_eq!(m.counters().get(Counter::Events), 32);
