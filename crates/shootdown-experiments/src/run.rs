@@ -65,6 +65,7 @@ fn run_one(
     )
     .map_err(|(k, r)| ConfigError::new(&exp.path, format!("workload.{k}"), r))?;
     let mut m = built.machine;
+    m.age_asid_rotors(p.seed);
     let agents = m.cpus.len();
     let mut driver = TimedDriver::new(agents, p.seed, 0);
     if trace {

@@ -212,6 +212,19 @@ impl Machine {
         m
     }
 
+    /// A machine that has been up a while: other processes have run on every CPU since boot,
+    /// so each CPU's `cpu_tlbstate.next_asid` rotor (`choose_new_asid`) stands anywhere in
+    /// `0..TLB_NR_DYN_ASIDS`, drawn uniformly from `seed`. A workload's mm then gets a
+    /// different `ctxs[]` slot on different CPUs — which matters for cost, since `ctxs[0..2]`
+    /// share a cache line with `is_lazy` before v5.13 (`mem::tlbstate_ctx_line`). A fresh
+    /// machine (the checker's) hands the first user mm ASID 1 everywhere.
+    pub fn age_asid_rotors(&mut self, seed: u64) {
+        let mut rng = shootdown_engine::rng::DetRng::new(seed, 0xa51d);
+        for c in &mut self.cpus {
+            c.tlbstate.next_asid = rng.below(TLB_NR_DYN_ASIDS as u64) as u16;
+        }
+    }
+
     /// Create a process address space (`mm_alloc`); `ctx_id`s are never reused.
     pub fn add_mm(&mut self, name: &str) -> MmId {
         let id = self.mms.len() as MmId;

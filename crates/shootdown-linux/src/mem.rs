@@ -46,19 +46,18 @@ pub enum MemoryModel {
 /// Cache-line identities: which variables share a line is the point (kernel-model.md §1.2).
 pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
     const MM: u64 = 1 << 56;
-    const TLBSTATE: u64 = 2 << 56;
     const TLBSTATE_SHARED: u64 = 3 << 56;
     const CSD: u64 = 4 << 56;
     match loc {
         Loc::TlbGen(mm) => MM | (mm as u64) << 24,
         // 512 bits of cpumask per 64-byte line.
         Loc::CpumaskBit(mm, c) => MM | (mm as u64) << 24 | (1 + c as u64 / 512),
-        Loc::LoadedMm(c) => TLBSTATE | c as u64,
+        Loc::LoadedMm(c) => tlbstate_line(c as CpuId, 0),
         Loc::IsLazy(c) => {
             if m.opts.tlbstate_shared {
                 TLBSTATE_SHARED | c as u64
             } else {
-                TLBSTATE | c as u64
+                tlbstate_line(c as CpuId, 20)
             }
         }
         Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
@@ -82,10 +81,26 @@ pub(crate) const LINE_JBD2_STATE_LOCK: u64 = 3;
 /// jbd2: the running transaction's `t_updates` / `t_outstanding_credits`.
 pub(crate) const LINE_JBD2_TRANSACTION: u64 = 4;
 
-/// The per-CPU `cpu_tlbstate` line, for private writes (ctxs, loaded_mm_asid) that still move
-/// the line when another CPU has been reading `is_lazy` from it.
-pub(crate) fn tlbstate_line(cpu: CpuId) -> LineId {
-    (2u64 << 56) | cpu as u64
+/// Byte offsets in `struct tlb_state` as laid out from v4.15 until `cpu_tlbstate_shared` split
+/// it (v5.13): `loaded_mm` 0, `last_user_mm_ibpb` 8, `loaded_mm_asid` 16, `next_asid` 18,
+/// `is_lazy` 20, `invalidate_other` 21, `user_pcid_flush_mask` 22, `cr4` 24, then
+/// `ctxs[TLB_NR_DYN_ASIDS]` of 16 bytes from 32. The per-CPU variable is cache-line aligned.
+pub(crate) const TLBSTATE_ASID_OFFSET: u64 = 16;
+pub(crate) const TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET: u64 = 22;
+const TLBSTATE_CTXS_OFFSET: u64 = 32;
+
+/// The `cpu_tlbstate` line holding byte `offset` of `cpu`'s struct: what a CPU-private write
+/// (`loaded_mm_asid`, `user_pcid_flush_mask`, `ctxs[]`) moves when other CPUs have been reading
+/// `is_lazy` (offset 20) from line 0. `loaded_mm` and `is_lazy` themselves are [`Loc`]s.
+pub(crate) fn tlbstate_line(cpu: CpuId, offset: u64) -> LineId {
+    (2u64 << 56) | (offset / 64) << 32 | cpu as u64
+}
+
+/// The line of `cpu_tlbstate.ctxs[asid]`: `ctxs[0]` and `ctxs[1]` share line 0 with `is_lazy`,
+/// `ctxs[2..6]` are on line 1. Which slot a process gets on a CPU depends on what ran there
+/// before ([`Machine::age_asid_rotors`]).
+pub(crate) fn tlbstate_ctx_line(cpu: CpuId, asid: u16) -> LineId {
+    tlbstate_line(cpu, TLBSTATE_CTXS_OFFSET + 16 * asid as u64)
 }
 /// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
 pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
@@ -278,5 +293,29 @@ impl Machine {
         if env.timed() {
             env.charge(t(&self.perf.profile.costs));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `struct tlb_state` before v5.13: `ctxs[0]` and `ctxs[1]` share `is_lazy`'s line (the
+    /// false sharing seed 000 removed), the other slots do not; the PTI flush mask is on it too.
+    #[test]
+    fn tlbstate_lines_follow_the_struct_layout() {
+        let lazy_line = tlbstate_line(3, 20);
+        assert_eq!(tlbstate_line(3, 0), lazy_line);
+        assert_eq!(tlbstate_ctx_line(3, 0), lazy_line);
+        assert_eq!(tlbstate_ctx_line(3, 1), lazy_line);
+        for asid in 2..crate::state::TLB_NR_DYN_ASIDS as u16 {
+            assert_ne!(tlbstate_ctx_line(3, asid), lazy_line);
+            assert_eq!(tlbstate_ctx_line(3, asid), tlbstate_ctx_line(3, 2));
+        }
+        assert_eq!(
+            tlbstate_line(3, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
+            lazy_line
+        );
+        assert_ne!(tlbstate_line(4, 20), lazy_line);
     }
 }

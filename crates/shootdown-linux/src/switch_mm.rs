@@ -7,7 +7,7 @@
 
 use crate::frame::{Flow, SwitchMm};
 use crate::machine::Machine;
-use crate::mem::{tlbstate_line, Loc};
+use crate::mem::{tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_ASID_OFFSET};
 use crate::options::LazyTlb;
 use crate::state::*;
 use shootdown_engine::Env;
@@ -38,7 +38,10 @@ impl Machine {
             };
         }
         ts.loaded_mm_asid = s.asid;
-        self.touch_line(env, cpu, tlbstate_line(cpu), true);
+        if s.need_flush {
+            self.touch_line(env, cpu, tlbstate_ctx_line(cpu, s.asid), true);
+        }
+        self.touch_line(env, cpu, tlbstate_line(cpu, TLBSTATE_ASID_OFFSET), true);
         self.say(|| {
             format!(
                 "CR3 <- mm{} asid {} ({}), ctxs[{}].tlb_gen = {}",

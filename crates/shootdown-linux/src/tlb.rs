@@ -4,7 +4,9 @@
 use crate::counters::Counter;
 use crate::frame::{CallCond, Flow, FlushFunc, FlushMmRange, Frame, SmpCallMany, SwitchMm};
 use crate::machine::Machine;
-use crate::mem::{flush_info_line, tlbstate_line, Loc};
+use crate::mem::{
+    flush_info_line, tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET,
+};
 use crate::options::{LazyTlb, SmpCall};
 use crate::state::*;
 use shootdown_engine::Env;
@@ -15,7 +17,7 @@ impl Machine {
     /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
     /// (flushing only if it is behind `gen`), else take the next slot round-robin and flush.
     /// Simplification: no `invalidate_other` (PTI kernel-mapping flushes), no global ASIDs.
-    pub(crate) fn choose_new_asid(&mut self, cpu: CpuId, next: MmId, gen: u64) -> (u16, bool) {
+    pub fn choose_new_asid(&mut self, cpu: CpuId, next: MmId, gen: u64) -> (u16, bool) {
         if !self.pcid_enabled() {
             return (0, true);
         }
@@ -47,12 +49,9 @@ impl Machine {
     ) {
         self.fence(cpu);
         let kp = self.kern_pcid(asid);
-        let c = &mut self.cpus[cpu];
         if need_flush {
-            if self.pti {
-                c.tlbstate.user_pcid_flush_mask |= 1 << asid;
-            }
-            c.tlb.flush_pcid(kp);
+            self.invalidate_user_asid(cpu, asid, env);
+            self.cpus[cpu].tlb.flush_pcid(kp);
             self.perf.counters.inc(Counter::FlushOnTaskSwitch);
             self.charge(env, |c| c.cr3_write_flush);
         } else {
@@ -79,9 +78,25 @@ impl Machine {
                 self.cpus[cpu].tlb.invlpg(up, vpn);
                 self.charge(env, |c| c.invpcid_single);
             } else {
-                self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
+                self.invalidate_user_asid(cpu, asid, env);
             }
         }
+    }
+
+    /// `invalidate_user_asid(asid)`: under PTI, mark the user PCID for a flush at the next
+    /// return to user (`SWITCH_TO_USER_CR3`): a write to `cpu_tlbstate.user_pcid_flush_mask`,
+    /// on the line other CPUs read `is_lazy` from before v5.13.
+    fn invalidate_user_asid<E: Env>(&mut self, cpu: CpuId, asid: u16, env: &mut E) {
+        if !self.pti {
+            return;
+        }
+        self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
+        self.touch_line(
+            env,
+            cpu,
+            tlbstate_line(cpu, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
+            true,
+        );
     }
 
     /// `native_flush_tlb_local()`: defer the user-PCID flush, rewrite CR3 (flushes the current
@@ -90,9 +105,7 @@ impl Machine {
         self.fence(cpu);
         let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         let kp = self.kern_pcid(asid);
-        if self.pti {
-            self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
-        }
+        self.invalidate_user_asid(cpu, asid, env);
         self.cpus[cpu].tlb.flush_pcid(kp);
         self.charge(env, |c| c.cr3_write_flush);
         self.perf.counters.inc(Counter::Cr3Writes);
@@ -398,7 +411,7 @@ impl Machine {
                     env,
                 );
                 self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen = s.mm_gen;
-                self.touch_line(env, cpu, tlbstate_line(cpu), true);
+                self.touch_line(env, cpu, tlbstate_ctx_line(cpu, s.asid), true);
                 Flow::Return
             }
             5 => {

@@ -5,6 +5,7 @@
 use crate::counters::Counter;
 use crate::frame::{Frame, Syscall};
 use crate::machine::Machine;
+use crate::mem::{tlbstate_line, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET};
 use crate::state::*;
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
@@ -200,6 +201,12 @@ impl Machine {
             let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
             if self.cpus[cpu].tlbstate.user_pcid_flush_mask & (1 << asid) != 0 {
                 self.cpus[cpu].tlbstate.user_pcid_flush_mask &= !(1 << asid);
+                self.touch_line(
+                    env,
+                    cpu,
+                    tlbstate_line(cpu, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
+                    true,
+                );
                 let up = self.user_pcid(asid);
                 self.cpus[cpu].tlb.flush_pcid(up);
                 self.charge(env, |c| c.cr3_write_flush);

@@ -319,3 +319,27 @@ fn fileio_generator_fsyncs_every_file_after_fsync_freq_writes() {
     // Every dirty entry was written back by some fsync: nothing is left dirty.
     assert!(m.dax_files.iter().all(|f| f.dirty.is_empty()));
 }
+
+/// An aged machine hands a process the ASID slot each CPU's rotor points at (so different
+/// slots on different CPUs), the same ones for the same seed; a fresh machine gives ASID 1.
+#[test]
+fn aged_asid_rotors_decide_the_slot_a_process_gets() {
+    let slots = |age: Option<u64>| {
+        let mut m = machine(Options::default(), 16);
+        if let Some(seed) = age {
+            m.age_asid_rotors(seed);
+        }
+        let rotors: Vec<u16> = m.cpus.iter().map(|c| c.tlbstate.next_asid).collect();
+        let mm = m.add_mm("p");
+        let got: Vec<u16> = (0..16).map(|cpu| m.choose_new_asid(cpu, mm, 1).0).collect();
+        (rotors, got)
+    };
+    let (_, fresh) = slots(None);
+    assert!(fresh.iter().all(|&a| a == 1), "{fresh:?}");
+    let (rotors, aged) = slots(Some(7));
+    assert_eq!(aged, rotors, "the slot is where the rotor stood");
+    assert!(aged.iter().all(|&a| (a as usize) < state::TLB_NR_DYN_ASIDS));
+    assert!(aged.iter().any(|&a| a != aged[0]), "{aged:?}");
+    assert_eq!(slots(Some(7)).1, aged, "deterministic in the seed");
+    assert_ne!(slots(Some(8)).1, aged);
+}
