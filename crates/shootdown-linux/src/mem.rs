@@ -57,7 +57,7 @@ pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
             if m.opts.tlbstate_shared {
                 TLBSTATE_SHARED | c as u64
             } else {
-                tlbstate_line(c as CpuId, 20)
+                tlbstate_line(c as CpuId, TLBSTATE_IS_LAZY_OFFSET)
             }
         }
         Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
@@ -86,12 +86,13 @@ pub(crate) const LINE_JBD2_TRANSACTION: u64 = 4;
 /// `is_lazy` 20, `invalidate_other` 21, `user_pcid_flush_mask` 22, `cr4` 24, then
 /// `ctxs[TLB_NR_DYN_ASIDS]` of 16 bytes from 32. The per-CPU variable is cache-line aligned.
 pub(crate) const TLBSTATE_ASID_OFFSET: u64 = 16;
+const TLBSTATE_IS_LAZY_OFFSET: u64 = 20;
 pub(crate) const TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET: u64 = 22;
 const TLBSTATE_CTXS_OFFSET: u64 = 32;
 
 /// The `cpu_tlbstate` line holding byte `offset` of `cpu`'s struct: what a CPU-private write
 /// (`loaded_mm_asid`, `user_pcid_flush_mask`, `ctxs[]`) moves when other CPUs have been reading
-/// `is_lazy` (offset 20) from line 0. `loaded_mm` and `is_lazy` themselves are [`Loc`]s.
+/// `is_lazy` from line 0. `loaded_mm` and `is_lazy` themselves are [`Loc`]s.
 pub(crate) fn tlbstate_line(cpu: CpuId, offset: u64) -> LineId {
     (2u64 << 56) | (offset / 64) << 32 | cpu as u64
 }
@@ -304,7 +305,7 @@ mod tests {
     /// false sharing seed 000 removed), the other slots do not; the PTI flush mask is on it too.
     #[test]
     fn tlbstate_lines_follow_the_struct_layout() {
-        let lazy_line = tlbstate_line(3, 20);
+        let lazy_line = tlbstate_line(3, TLBSTATE_IS_LAZY_OFFSET);
         assert_eq!(tlbstate_line(3, 0), lazy_line);
         assert_eq!(tlbstate_ctx_line(3, 0), lazy_line);
         assert_eq!(tlbstate_ctx_line(3, 1), lazy_line);
@@ -316,6 +317,6 @@ mod tests {
             tlbstate_line(3, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
             lazy_line
         );
-        assert_ne!(tlbstate_line(4, 20), lazy_line);
+        assert_ne!(tlbstate_line(4, TLBSTATE_IS_LAZY_OFFSET), lazy_line);
     }
 }
