@@ -21,7 +21,7 @@ use crate::state::*;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Model, Outcome, Park, StepKind, Time, Unhashed, Violation};
 use shootdown_hw::oracle::Oracle;
-use shootdown_hw::pagetable::{PtPages, Vpn};
+use shootdown_hw::pagetable::{PtPages, Pte, Vpn};
 use shootdown_hw::tlb::Tlb;
 use shootdown_hw::{CostProfile, CpuId, Topology};
 use std::collections::{BTreeMap, BTreeSet};
@@ -260,13 +260,34 @@ impl Machine {
 
     /// Populate PTEs directly (pre-faulted memory), creating page-table pages as needed.
     pub fn map_pages(&mut self, mm: MmId, start: Vpn, npages: u64, writable: bool) {
-        for vpn in start..start + npages {
+        if npages == 0 {
+            return;
+        }
+        let end = start + npages;
+        // One page-table page per 512-page group: allocate each once, not once per page.
+        let mut vpn = start;
+        while vpn < end {
             self.ensure_table(mm, vpn);
-            let mut pte = self.mms[mm as usize].space.pte(vpn);
-            pte.present = true;
-            pte.writable = writable;
-            pte.pfn = (vpn & 0xffff_ffff) as u32;
-            self.mms[mm as usize].space.ptes.insert(vpn, pte);
+            vpn = (vpn / 512 + 1) * 512;
+        }
+        let pte_at = |old: Option<&Pte>, vpn: Vpn| Pte {
+            present: true,
+            writable,
+            pfn: (vpn & 0xffff_ffff) as u32,
+            ..old.copied().unwrap_or(Pte::NONE)
+        };
+        let ptes = &mut self.mms[mm as usize].space.ptes;
+        if ptes.range(start..end).next().is_none() {
+            // Fresh range (workload set-up maps up to millions of pages): build the new entries
+            // as a tree in one pass and merge it, instead of one insertion per page.
+            let mut fresh: BTreeMap<Vpn, Pte> =
+                (start..end).map(|v| (v, pte_at(None, v))).collect();
+            ptes.append(&mut fresh);
+        } else {
+            for vpn in start..end {
+                let pte = pte_at(ptes.get(&vpn), vpn);
+                ptes.insert(vpn, pte);
+            }
         }
     }
 

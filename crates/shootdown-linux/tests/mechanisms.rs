@@ -343,3 +343,28 @@ fn aged_asid_rotors_decide_the_slot_a_process_gets() {
     assert_eq!(slots(Some(7)).1, aged, "deterministic in the seed");
     assert_ne!(slots(Some(8)).1, aged);
 }
+
+/// `map_pages` over a fresh range and over one that overlaps existing entries: every page ends
+/// present with the new protection, and an existing entry keeps its version history.
+#[test]
+fn map_pages_fresh_and_overlapping_ranges() {
+    let mut m = machine(Options::default(), 2);
+    let mm = m.add_mm("p");
+    m.map_pages(mm, 1000, 8, false);
+    m.map_pages(mm, 0, 4, false); // fresh, below the existing entries
+    let mut old = m.mms[mm as usize].space.pte(1004);
+    old.version = 3;
+    m.mms[mm as usize].space.ptes.insert(1004, old);
+    m.map_pages(mm, 1004, 8, true); // overlaps 1004..1008
+    let space = &m.mms[mm as usize].space;
+    assert_eq!(space.ptes.len(), 16);
+    for v in (0..4).chain(1000..1004) {
+        assert!(space.pte(v).present && !space.pte(v).writable, "{v}");
+    }
+    for v in 1004..1012 {
+        assert!(space.pte(v).present && space.pte(v).writable, "{v}");
+    }
+    assert_eq!(space.pte(1004).version, 3);
+    // Page-table pages: one per 512-page group touched (0..4 is group 0, 1000..1012 group 1).
+    assert_eq!(space.pmd.len(), 2);
+}
