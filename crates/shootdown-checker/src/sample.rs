@@ -176,43 +176,31 @@ pub fn sample<M: Model>(
     let mut transitions = 0u64;
     let mut expected = 64usize;
     let mut done = 0;
+    let mut violation = None;
+    let mut path = vec![];
+    let mut exhausted_budget = false;
     for r in 0..runs {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let (v, path) = run_one(init, strat, &mut rng, expected, &mut seen, &mut transitions);
+        let (v, p) = run_one(init, strat, &mut rng, expected, &mut seen, &mut transitions);
         done = r + 1;
-        expected = expected.max(path.len());
+        expected = expected.max(p.len());
         if let Some(v) = v {
-            let path = shorten(init, path, v.invariant);
-            let v = replay_violation(init, &path).map(|x| x.1).unwrap_or(v);
-            return SampleResult {
-                violation: Some(v),
-                path,
-                states: seen.len() as u64,
-                transitions,
-                seconds: t0.elapsed().as_secs_f64(),
-                runs: done,
-                exhausted_budget: false,
-            };
+            path = shorten(init, p, v.invariant);
+            violation = Some(replay_violation(init, &path).map(|x| x.1).unwrap_or(v));
+            break;
         }
         if seen.len() as u64 >= max_states {
-            return SampleResult {
-                violation: None,
-                path: vec![],
-                states: seen.len() as u64,
-                transitions,
-                seconds: t0.elapsed().as_secs_f64(),
-                runs: done,
-                exhausted_budget: true,
-            };
+            exhausted_budget = true;
+            break;
         }
     }
     SampleResult {
-        violation: None,
-        path: vec![],
+        violation,
+        path,
         states: seen.len() as u64,
         transitions,
         seconds: t0.elapsed().as_secs_f64(),
         runs: done,
-        exhausted_budget: false,
+        exhausted_budget,
     }
 }
