@@ -168,10 +168,12 @@ pub enum Syscall {
         writable: bool,
     },
     /// `todo`: the entries tagged TOWRITE when the call started (`tag_pages_for_writeback`).
+    /// With `msync`, the call is `msync(MS_SYNC)` over the whole mapping of the file.
     Fdatasync {
         pc: u8,
         /// The `Machine::dax_files` index of the file.
         file: u32,
+        msync: bool,
         todo: Vec<Vpn>,
         i: usize,
     },
@@ -242,6 +244,7 @@ impl Frame {
                 Syscall::Munmap { .. } => "munmap",
                 Syscall::Mmap { .. } => "mmap",
                 Syscall::Mprotect { .. } => "mprotect",
+                Syscall::Fdatasync { msync: true, .. } => "msync(MS_SYNC)",
                 Syscall::Fdatasync { .. } => "fdatasync",
                 Syscall::ReclaimUnmap { .. } => "try_to_unmap(TTU_BATCH_FLUSH)",
                 Syscall::SetAffinity { .. } => "sched_setaffinity",

@@ -103,6 +103,11 @@ pub(crate) fn tlbstate_line(cpu: CpuId, offset: u64) -> LineId {
 pub(crate) fn tlbstate_ctx_line(cpu: CpuId, asid: u16) -> LineId {
     tlbstate_line(cpu, TLBSTATE_CTXS_OFFSET + 16 * asid as u64)
 }
+/// `struct file` of a DAX file (a `Machine::dax_files` index): `f_count`, which `msync()`'s
+/// `get_file()` / `fput()` bump.
+pub(crate) fn struct_file_line(file: u32) -> LineId {
+    (11u64 << 56) | file as u64
+}
 /// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
 pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
     (5u64 << 56) | cpu as u64

@@ -12,7 +12,9 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, FlushMmRange, Frame, Syscall};
 use crate::machine::Machine;
-use crate::mem::{misc_line, spin_key, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION};
+use crate::mem::{
+    misc_line, spin_key, struct_file_line, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION,
+};
 use crate::state::*;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
@@ -302,11 +304,38 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Fdatasync { pc, file, todo, i } => match *pc {
+            Syscall::Fdatasync {
+                pc,
+                file,
+                msync,
+                todo,
+                i,
+            } => match *pc {
                 0 => {
+                    self.charge(env, |c| c.syscall_entry_exit);
+                    if *msync {
+                        // msync(): find the VMA under mmap_sem held for read (pc 9).
+                        *pc = 9;
+                        return Flow::Call(Frame::RwSemDown {
+                            pc: 0,
+                            mm,
+                            write: false,
+                        });
+                    }
                     // ext4_sync_file(): the fixed part (jbd2 checks, blkdev_issue_flush) is
                     // fsync_base; the writeback of dirty entries follows.
-                    self.charge(env, |c| c.syscall_entry_exit + c.fsync_base);
+                    self.charge(env, |c| c.fsync_base);
+                    *pc = 3;
+                    Flow::Next
+                }
+                9 => {
+                    // msync() with MS_SYNC on a shared file mapping: find_vma() (a vmacache
+                    // hit, folded into the syscall cost), get_file(), drop mmap_sem, then
+                    // vfs_fsync_range(datasync=1) = ext4_sync_file() as for fdatasync().
+                    // MS_INVALIDATE only checks VM_LOCKED.
+                    self.atomic_on_line(env, cpu, struct_file_line(*file));
+                    self.rwsem_up(cpu, mm, false, env);
+                    self.charge(env, |c| c.fsync_base);
                     *pc = 3;
                     Flow::Next
                 }
@@ -351,6 +380,10 @@ impl Machine {
                 }
                 1 => {
                     if todo.get(*i).is_none() {
+                        if *msync {
+                            // fput(); the whole file was one range, so no second lookup.
+                            self.atomic_on_line(env, cpu, struct_file_line(*file));
+                        }
                         return Flow::Return;
                     }
                     *pc = 5;

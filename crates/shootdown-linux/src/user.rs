@@ -12,11 +12,13 @@ use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
 use shootdown_hw::tlb::TlbEntry;
 use shootdown_hw::CpuId;
 
-/// A fresh `fdatasync()` frame for DAX file `file`.
-fn fdatasync(file: u32) -> Syscall {
+/// A fresh `fdatasync()` (or, with `msync`, `msync(MS_SYNC)` of its whole mapping) frame for DAX
+/// file `file`.
+fn fdatasync(file: u32, msync: bool) -> Syscall {
     Syscall::Fdatasync {
         pc: 0,
         file,
+        msync,
         todo: Vec::new(),
         i: 0,
     }
@@ -297,14 +299,17 @@ impl Machine {
                 },
                 env,
             ),
-            UserOp::Fdatasync { file } => self.enter_syscall(cpu, t, fdatasync(file), env),
+            UserOp::Fdatasync { file } => self.enter_syscall(cpu, t, fdatasync(file, false), env),
             UserOp::FileioNext => {
                 self.fileio_next(cpu, t, env);
                 self.tasks[t].pc += 1;
             }
             UserOp::FileioExec { npages, copy_pages } => {
                 if let Some(file) = self.tasks[t].fsync_file.take() {
-                    self.enter_syscall(cpu, t, fdatasync(file), env);
+                    // sb_fileio.c file_do_fsync(): in mmap mode on a 64-bit build the fsync
+                    // request is msync(MS_SYNC | MS_INVALIDATE) of the file's mapping, whatever
+                    // --file-fsync-mode says.
+                    self.enter_syscall(cpu, t, fdatasync(file, true), env);
                 } else {
                     let base = self.tasks[t].op_base.expect("FileioNext chose a block");
                     let v = base + self.tasks[t].op_progress;

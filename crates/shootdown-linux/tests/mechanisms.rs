@@ -320,6 +320,57 @@ fn fileio_generator_fsyncs_every_file_after_fsync_freq_writes() {
     assert!(m.dax_files.iter().all(|f| f.dirty.is_empty()));
 }
 
+/// In mmap mode sysbench fsyncs with `msync(MS_SYNC)`, which read-locks `mmap_sem` around
+/// `find_vma()`: with a writer inside (another thread's munmap) it waits. A plain `fdatasync()`
+/// never touches `mmap_sem` and completes.
+#[test]
+fn sysbench_fsync_is_msync_and_waits_for_mmap_sem() {
+    for msync in [true, false] {
+        let mut m = machine(Options::default(), 2);
+        let mm = m.add_mm("sysbench");
+        m.map_pages(mm, 0, 4, false);
+        let f = m.add_dax_file(mm, 0, 4);
+        // The next request is an fsync: 5 writes done, fsync_freq 5, files dirty.
+        m.fileio = Some(FileioGen {
+            files: vec![f],
+            units_per_file: 4,
+            units_per_block: 1,
+            fsync_freq: 5,
+            req_performed: 5,
+            is_dirty: true,
+            fsynced_file: 0,
+        });
+        let request = if msync {
+            vec![
+                UserOp::FileioNext,
+                UserOp::FileioExec {
+                    npages: 1,
+                    copy_pages: 0,
+                },
+            ]
+        } else {
+            vec![UserOp::Fdatasync { file: f }]
+        };
+        let prog = [request, vec![UserOp::Event, UserOp::Exit]].concat();
+        m.add_task("t0", mm, 0, prog);
+        m.mms[mm as usize].mmap_sem.writer = true;
+        let st = TimedDriver::new(2, 1, 0).run(
+            &mut m,
+            Limits {
+                max_time: Time::from_ms(10),
+                max_steps: 100_000,
+            },
+        );
+        let contended = m.counters().get(Counter::MmapSemContended);
+        let events = m.counters().get(Counter::Events);
+        if msync {
+            assert_eq!((contended, events), (1, 0), "{st:?}");
+        } else {
+            assert_eq!((contended, events), (0, 1), "{st:?}");
+        }
+    }
+}
+
 /// An aged machine hands a process the ASID slot each CPU's rotor points at (so different
 /// slots on different CPUs), the same ones for the same seed; a fresh machine gives ASID 1.
 #[test]

@@ -5,11 +5,14 @@
 //! `file_total_size / 128` each, every one mmap'd; `--file-block-size=16384`;
 //! `--file-fsync-freq=100`. Each request of each thread comes from `file_get_rnd_request()`,
 //! whose state is process-wide: after every 100 writes (counted over all threads) the next 128
-//! requests are `fdatasync()` of file 0, 1, … 127, whoever asks; otherwise the request writes one
+//! requests are fsyncs of file 0, 1, … 127, whoever asks; otherwise the request writes one
 //! block at a uniformly random offset of the total size (a write-protect fault when the entry is
 //! clean: `ext4_dax_huge_fault` under a jbd2 handle and the file's `xa_lock`). Every request,
-//! write or fsync, is one sysbench event. On DAX, `fdatasync()` write-protects each dirty entry of
-//! that file (`dax_writeback_one` → `pfn_mkclean`/`dax_entry_mkclean`) and flushes it from every
+//! write or fsync, is one sysbench event. In mmap mode a 64-bit sysbench fsyncs with
+//! `msync(MS_SYNC | MS_INVALIDATE)` of the file's whole mapping (`file_do_fsync()`;
+//! `--file-fsync-mode` only matters in sync/async mode): `find_vma` under `mmap_sem` held for read,
+//! then `vfs_fsync_range(datasync=1)`, the same `ext4_sync_file()` as `fdatasync()`. On DAX that
+//! write-protects each dirty entry of that file (`dax_writeback_one` → `pfn_mkclean`/`dax_entry_mkclean`) and flushes it from every
 //! CPU running the mm with a one-entry `flush_tlb_mm_range` (kernel-model.md §8.3(a)). All
 //! threads share the process's mm. The files start mapped and clean (the steady state).
 //!
