@@ -259,12 +259,10 @@ impl TimedDriver {
                 }
                 Park::Done => self.state[agent] = AgentState::Done,
             }
-            for i in 0..wakes.len() {
-                let (a, at) = wakes[i];
+            for &(a, at) in &wakes {
                 self.schedule(a, at.max(now));
             }
-            for i in 0..deadlines.len() {
-                let (a, at) = deadlines[i];
+            for &(a, at) in &deadlines {
                 let at = at.max(now);
                 if self.state[a] == AgentState::Spinning {
                     if self.spin_deadline[a].map_or(true, |d| at < d) {
