@@ -5,6 +5,7 @@
 //!   and (conservatively, as the SDM allows) every PSC entry of the current PCID;
 //! * a CR3 write without NOFLUSH drops every non-global entry (and PSC entry) of the new PCID;
 //! * with NOFLUSH nothing is dropped.
+//!
 //! Entries record the mm they were filled for and the PTE version they were filled from, for
 //! the oracle. Eviction when full picks a victim with the run's RNG (deterministic).
 
@@ -31,11 +32,14 @@ pub struct TlbEntry {
 
 type Key = (Pcid, Vpn);
 
+/// Paging-structure cache: (PCID, table index) -> the page-table page it points at.
+type PscMap = BTreeMap<(Pcid, PtIndex), PtPageId>;
+
 #[derive(Clone, Debug)]
 pub struct Tlb {
     entries: Vec<(Key, TlbEntry)>,
     index: FxHashMap<Key, usize>,
-    psc: BTreeMap<(Pcid, PtIndex), PtPageId>,
+    psc: PscMap,
     capacity: usize,
     psc_capacity: usize,
 }
@@ -132,7 +136,7 @@ impl Tlb {
         self.psc.clear();
     }
 
-    fn canonical(&self) -> (Vec<(Key, TlbEntry)>, &BTreeMap<(Pcid, PtIndex), PtPageId>) {
+    fn canonical(&self) -> (Vec<(Key, TlbEntry)>, &PscMap) {
         let mut v = self.entries.clone();
         v.sort_by_key(|(k, _)| *k);
         (v, &self.psc)

@@ -10,11 +10,13 @@ use std::sync::Arc;
 
 fn run(seed: u64, threads: usize, concurrent: bool) -> (Vec<u64>, Time, u64) {
     let topo = Topology::new(1, 4, 1).unwrap();
-    let mut opts = Options::default();
-    opts.smp_call = if concurrent {
-        SmpCall::Concurrent
-    } else {
-        SmpCall::RemoteThenLocal
+    let opts = Options {
+        smp_call: if concurrent {
+            SmpCall::Concurrent
+        } else {
+            SmpCall::RemoteThenLocal
+        },
+        ..Options::default()
     };
     let mut m = Machine::new(
         topo,

@@ -113,8 +113,10 @@ fn overcommitted(pv: bool) -> Machine {
         timeslice_us: 500,
         ..HostConfig::default()
     };
-    let mut opts = Options::default();
-    opts.pv_tlb_flush = pv;
+    let opts = Options {
+        pv_tlb_flush: pv,
+        ..Options::default()
+    };
     let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
     for vm in 0..2 {
         flushers(&mut m, vm, 4);
@@ -216,10 +218,12 @@ fn idle_poll_vcpus_never_halt_and_ipis_wait_for_preempted_ones() {
             housekeeping_run_us: 200,
             ..HostConfig::default()
         };
-        let mut opts = Options::default();
-        opts.idle = idle;
-        opts.lazy_tlb = LazyTlb::Legacy;
-        opts.pcid = false;
+        let opts = Options {
+            idle,
+            lazy_tlb: LazyTlb::Legacy,
+            pcid: false,
+            ..Options::default()
+        };
         let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
         let mm = m.add_mm("vm0");
         for i in 0..2u64 {

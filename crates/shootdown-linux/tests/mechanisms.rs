@@ -145,9 +145,11 @@ fn batched_flush_with_generation_zero_is_not_skipped() {
 /// cpu1 runs a thread of the mm, then exits (goes idle: lazy); cpu0's thread then madvises (no
 /// tables freed) and munmaps a whole page-table page (tables freed). Returns the counters.
 fn lazy_scenario(lazy_tlb: LazyTlb) -> Counters {
-    let mut opts = Options::default();
-    opts.lazy_tlb = lazy_tlb;
-    opts.pcid = lazy_tlb != LazyTlb::Legacy;
+    let opts = Options {
+        lazy_tlb,
+        pcid: lazy_tlb != LazyTlb::Legacy,
+        ..Options::default()
+    };
     let mut m = machine(opts, 2);
     let mm = m.add_mm("mm1");
     m.map_pages(mm, 0, 1024, true);

@@ -3,7 +3,10 @@
 //! turns every user error into `ConfigError` (a `ValueError`) whose message is one line,
 //! `FILE: KEY: REASON`.
 
-#![allow(unexpected_cfgs)] // pyo3 0.22's create_exception! tests a feature this crate lacks
+#![allow(unexpected_cfgs)]
+// pyo3 0.22's create_exception! tests a feature this crate lacks
+// pyo3 0.22's #[pyfunction] expansion converts PyErr into PyErr (PyO3#4828, fixed in 0.23.5).
+#![allow(clippy::useless_conversion)]
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
@@ -57,6 +60,7 @@ fn run_points(
 /// Run one point with tracing and write a Chrome/Perfetto trace JSON to `out_path`.
 #[pyfunction]
 #[pyo3(signature = (path, sets, quick, row_index, variant, out_path, max_ms=2.0))]
+#[allow(clippy::too_many_arguments)] // the signature is the Python API
 fn trace(
     py: Python<'_>,
     path: PathBuf,
@@ -106,7 +110,7 @@ fn bench_run(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> P
 /// Explore (or sample) a checker scenario.
 #[pyfunction]
 #[pyo3(signature = (scenario, mutant, memory_model, max_states, sample, seed, strategy))]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the signature is the Python API
 fn check(
     py: Python<'_>,
     scenario: PathBuf,

@@ -17,6 +17,7 @@
 //!   flush of the mm, IPIs to every other vCPU running it (or, with PV TLB flush, the
 //!   `KVM_VCPU_FLUSH_TLB` flag for preempted ones);
 //! * one event.
+//!
 //! The coarse work is cut into steps of `compute_slice_ns` so that interrupts are not held
 //! back for the whole of it (a step is atomic for the timed driver).
 //! Threads are spread round-robin over the VM's vCPUs and stay there; each has its own heap
