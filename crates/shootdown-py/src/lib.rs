@@ -3,8 +3,8 @@
 //! turns every user error into `ConfigError` (a `ValueError`) whose message is one line,
 //! `FILE: KEY: REASON`.
 
+// pyo3 0.22's create_exception! tests a feature this crate lacks.
 #![allow(unexpected_cfgs)]
-// pyo3 0.22's create_exception! tests a feature this crate lacks
 // pyo3 0.22's #[pyfunction] expansion converts PyErr into PyErr (PyO3#4828, fixed in 0.23.5).
 #![allow(clippy::useless_conversion)]
 
