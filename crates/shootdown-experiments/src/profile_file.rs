@@ -1,6 +1,11 @@
 //! Profile files (`profiles/<name>.toml`): `[profile]` (name, description, inherits),
 //! `[features]` and `[cost]` (each cost a number of ns or `{ value, source }`). A profile may
 //! inherit another and override any subset; the result must define every cost key.
+//!
+//! An experiment may add one more layer on top, its `[profile_override]` table (`cost` and
+//! `features` subtables, same syntax), for sensitivity studies such as
+//! `--set profile_override.cost.ipi_latency_same_socket=600`. The resulting profile's name lists
+//! the overridden keys, so every output shows that it is not the machine's profile.
 
 use crate::ConfigError;
 use shootdown_hw::profile::Costs;
@@ -32,8 +37,14 @@ fn read_toml(path: &Path) -> Result<toml::Table, ConfigError> {
         .map_err(|e| ConfigError::new(path, "", format!("malformed TOML: {}", e.message())))
 }
 
-/// Load a profile by name, following `inherits`.
-pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostProfile, ConfigError> {
+/// Load a profile by name, following `inherits`; then apply `overlay` (an experiment's
+/// `[profile_override]` table, `from` being that experiment) last.
+pub fn load_profile(
+    name: &str,
+    dirs: &[PathBuf],
+    from: &Path,
+    overlay: Option<&toml::Table>,
+) -> Result<CostProfile, ConfigError> {
     let mut chain = Vec::new();
     let mut cur = name.to_string();
     let mut files = Vec::new();
@@ -85,23 +96,65 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
             None => break,
         }
     }
+    let mut shown_name = name.to_string();
+    if let Some(o) = overlay {
+        let mut keys = Vec::new();
+        for (k, v) in o {
+            if k != "features" && k != "cost" {
+                return Err(ConfigError::new(
+                    from,
+                    format!("profile_override.{k}"),
+                    "unknown section (expected cost, features)",
+                ));
+            }
+            let t = v.as_table().ok_or_else(|| {
+                ConfigError::new(from, format!("profile_override.{k}"), "expected a table")
+            })?;
+            keys.extend(t.keys().map(|n| format!("{k}.{n}")));
+        }
+        if !keys.is_empty() {
+            shown_name = format!("{name} + override({})", keys.join(", "));
+        }
+        // The experiment file is the most derived layer; errors name it and the full key.
+        let mut layer = o.clone();
+        for sect in ["features", "cost"] {
+            if let Some(toml::Value::Table(t)) = layer.remove(sect) {
+                layer.insert(sect.into(), toml::Value::Table(t));
+            }
+        }
+        files.insert(0, (from.to_path_buf(), layer));
+    }
+    // A key missing everywhere is the most derived profile file's to define.
+    let top = files
+        .iter()
+        .map(|(p, _)| p.clone())
+        .find(|p| overlay.is_none() || p != from)
+        .expect("at least one profile file");
+    // Where an error points: a profile file's own key, or the experiment's override key.
+    let key_in = |p: &Path, key: String| -> String {
+        if overlay.is_some() && p == from {
+            format!("profile_override.{key}")
+        } else {
+            key
+        }
+    };
     // Apply from the root ancestor down.
     let mut feats: BTreeMap<String, (toml::Value, PathBuf)> = BTreeMap::new();
     let mut costs: BTreeMap<String, f64> = BTreeMap::new();
     let mut cost_src: BTreeMap<String, PathBuf> = BTreeMap::new();
     for (path, t) in files.iter().rev() {
         if let Some(f) = t.get("features") {
-            let f = f
-                .as_table()
-                .ok_or_else(|| ConfigError::new(path, "features", "expected a table"))?;
+            let f = f.as_table().ok_or_else(|| {
+                ConfigError::new(path, key_in(path, "features".into()), "expected a table")
+            })?;
             for (k, v) in f {
                 feats.insert(k.clone(), (v.clone(), path.clone()));
             }
         }
         if let Some(c) = t.get("cost") {
-            let c = c
-                .as_table()
-                .ok_or_else(|| ConfigError::new(path, "cost", "expected a table"))?;
+            let c = c.as_table().ok_or_else(|| {
+                ConfigError::new(path, key_in(path, "cost".into()), "expected a table")
+            })?;
             for (k, v) in c {
                 let key = format!("cost.{k}");
                 let n = match v {
@@ -112,7 +165,7 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
                             if tk != "value" && tk != "source" {
                                 return Err(ConfigError::new(
                                     path,
-                                    format!("{key}.{tk}"),
+                                    key_in(path, format!("{key}.{tk}")),
                                     "unknown key (expected value, source)",
                                 ));
                             }
@@ -123,7 +176,7 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
                             _ => {
                                 return Err(ConfigError::new(
                                     path,
-                                    format!("{key}.value"),
+                                    key_in(path, format!("{key}.value")),
                                     "expected a number of nanoseconds",
                                 ))
                             }
@@ -132,7 +185,7 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
                     _ => {
                         return Err(ConfigError::new(
                             path,
-                            key,
+                            key_in(path, key),
                             "expected a number of ns or { value, source }",
                         ))
                     }
@@ -143,25 +196,18 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
         }
     }
     let costs = Costs::from_ns_map(&costs).map_err(|(k, reason)| {
-        let file = cost_src
-            .get(&k)
-            .cloned()
-            .unwrap_or_else(|| files[0].0.clone());
-        ConfigError::new(&file, format!("cost.{k}"), reason)
+        let file = cost_src.get(&k).cloned().unwrap_or_else(|| top.clone());
+        ConfigError::new(&file, key_in(&file, format!("cost.{k}")), reason)
     })?;
     let get_bool = |k: &str| -> Result<bool, ConfigError> {
         match feats.get(k) {
             Some((toml::Value::Boolean(b), _)) => Ok(*b),
             Some((_, p)) => Err(ConfigError::new(
                 p,
-                format!("features.{k}"),
+                key_in(p, format!("features.{k}")),
                 "expected true or false",
             )),
-            None => Err(ConfigError::new(
-                &files[0].0,
-                format!("features.{k}"),
-                "missing",
-            )),
+            None => Err(ConfigError::new(&top, format!("features.{k}"), "missing")),
         }
     };
     let get_count = |k: &str| -> Result<usize, ConfigError> {
@@ -169,14 +215,10 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
             Some((toml::Value::Integer(i), _)) if *i >= 1 => Ok(*i as usize),
             Some((_, p)) => Err(ConfigError::new(
                 p,
-                format!("features.{k}"),
+                key_in(p, format!("features.{k}")),
                 "expected a positive integer",
             )),
-            None => Err(ConfigError::new(
-                &files[0].0,
-                format!("features.{k}"),
-                "missing",
-            )),
+            None => Err(ConfigError::new(&top, format!("features.{k}"), "missing")),
         }
     };
     for (k, (_, p)) in &feats {
@@ -192,7 +234,7 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
         {
             return Err(ConfigError::new(
                 p,
-                format!("features.{k}"),
+                key_in(p, format!("features.{k}")),
                 "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp)",
             ));
         }
@@ -211,7 +253,7 @@ pub fn load_profile(name: &str, dirs: &[PathBuf], from: &Path) -> Result<CostPro
         },
     };
     Ok(CostProfile {
-        name: name.to_string(),
+        name: shown_name,
         features,
         costs,
     })

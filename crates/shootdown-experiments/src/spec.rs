@@ -162,6 +162,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             "quick",
             "variants",
             "published",
+            "profile_override",
         ],
     )?;
 
@@ -424,7 +425,18 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
     }
 
     let dirs = profile_dir_list(path);
-    let profile = Arc::new(crate::load_profile(&profile_name, &dirs, path)?);
+    let overlay = match doc.get("profile_override") {
+        None => None,
+        Some(toml::Value::Table(t)) => Some(t),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "profile_override",
+                "expected a table with cost and/or features",
+            ))
+        }
+    };
+    let profile = Arc::new(crate::load_profile(&profile_name, &dirs, path, overlay)?);
     let exp = Experiment {
         path: path.to_path_buf(),
         name,

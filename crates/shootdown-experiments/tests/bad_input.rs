@@ -188,3 +188,79 @@ fn negative_costs_in_profiles_are_rejected() {
         "{e}"
     );
 }
+
+/// `[profile_override]` (here through `--set`) layers costs and features over the named
+/// profile for sensitivity studies; the profile's name then says which keys were overridden.
+#[test]
+fn profile_override_layers_over_the_profile_and_names_itself() {
+    let dir = repo().join("target").join("bad-input-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("override.toml");
+    std::fs::write(&p, GOOD).unwrap();
+    let base = load(&p, &[]).unwrap();
+    let sets = [
+        "profile_override.cost.ipi_latency_same_socket=600".to_string(),
+        "profile_override.features.mlp=4".to_string(),
+    ];
+    let e = load(&p, &sets).unwrap();
+    assert_eq!(e.profile.costs.ipi_latency_same_socket.0, 600_000); // ps
+    assert_eq!(e.profile.features.mlp, 4);
+    assert_eq!(e.profile.costs.invlpg, base.profile.costs.invlpg);
+    assert_eq!(
+        e.profile.name,
+        "skylake-laptop-kvm-guest + override(cost.ipi_latency_same_socket, features.mlp)"
+    );
+    assert_eq!(base.profile.name, "skylake-laptop-kvm-guest");
+}
+
+#[test]
+fn bad_profile_overrides_are_rejected() {
+    expect(
+        "ovr1.toml",
+        GOOD,
+        &["profile_override.cost.ipi_latncy=600"],
+        "profile_override.cost.ipi_latncy",
+        "unknown cost key",
+    );
+    expect(
+        "ovr2.toml",
+        GOOD,
+        &["profile_override.cost.invlpg=-3"],
+        "profile_override.cost.invlpg",
+        "non-negative",
+    );
+    expect(
+        "ovr3.toml",
+        GOOD,
+        &["profile_override.costs.invlpg=3"],
+        "profile_override.costs",
+        "unknown section",
+    );
+    expect(
+        "ovr4.toml",
+        GOOD,
+        &["profile_override.features.pti=maybe"],
+        "profile_override.features.pti",
+        "expected true or false",
+    );
+}
+
+/// The seed experiments run their machines' profiles as they are: an override there would be a
+/// per-table fudge factor.
+#[test]
+fn seed_experiments_do_not_override_their_profiles() {
+    let dir = repo().join("experiments").join("seeds");
+    let mut n = 0;
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let p = f.unwrap().path();
+        if p.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let doc: toml::Table = toml::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert!(!doc.contains_key("profile_override"), "{}", p.display());
+        let e = load(&p, &[]).unwrap();
+        assert!(!e.profile.name.contains("override"), "{}", p.display());
+        n += 1;
+    }
+    assert!(n >= 5, "found the seed experiments");
+}
