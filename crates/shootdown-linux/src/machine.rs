@@ -35,6 +35,8 @@ pub struct Perf {
     pub counters: Counters,
     /// When each CPU's pending IPI arrives.
     pub ipi_arrival: Vec<Time>,
+    /// Per CPU: interruptible work in progress ([`Machine::charge_interruptible`]).
+    pub busy: Vec<Busy>,
     /// When each CPU's current task started its time slice.
     pub slice_start: Vec<Time>,
     pub next_flow_id: u64,
@@ -56,6 +58,24 @@ pub struct Perf {
     pub labels: Vec<String>,
     /// Host scheduling timers (machines with a host only).
     pub host: HostPerf,
+}
+
+/// Work a native CPU does with interrupts enabled and that publishes nothing when it ends (user
+/// code, exception and syscall entry, a writeback's cache flushes): the timed driver parks the
+/// CPU for it instead of folding it into one step, so an IPI arriving meanwhile is taken at its
+/// arrival and the rest of the work resumes after the handler. A step's own cost is otherwise
+/// indivisible: an interrupt waits for the step to end.
+///
+/// Simplification: only without a host. On a host a parked guest step reads as HLT to the host
+/// layer, so guests keep step-boundary delivery.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Busy {
+    /// Charged by the running step, to become a park at its end.
+    pending: Time,
+    /// The parked work ends here (wake-up time of the CPU).
+    until: Time,
+    /// What an interrupt cut off, resumed when its handler has returned.
+    left: Time,
 }
 
 /// An explorer/timed-driver action.
@@ -158,6 +178,7 @@ impl Machine {
                 lines: shootdown_hw::cacheline::LineDirectory::new(topo.nr_cpus()),
                 counters: Counters::new(),
                 ipi_arrival: vec![Time::ZERO; n],
+                busy: vec![Busy::default(); n],
                 slice_start: vec![Time::ZERO; n],
                 next_flow_id: 1,
                 measure_from: Time::ZERO,
@@ -364,6 +385,74 @@ impl Machine {
     }
 
     /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
+    /// Charge `cost` of interruptible work to `cpu`'s running step (see [`Busy`]).
+    pub(crate) fn charge_interruptible<E: Env>(&mut self, env: &mut E, cpu: CpuId, cost: Time) {
+        if !env.timed() {
+            return;
+        }
+        if self.host.is_some() {
+            env.charge(cost);
+        } else {
+            self.perf.busy[cpu].pending += cost;
+        }
+    }
+
+    /// Timed, native: before `a` runs, account for interruptible work in progress. An interrupt
+    /// cuts the work off (the rest is resumed after the handler); a step woken before the work
+    /// ends, or the first step after a handler, parks for what is left (`Some` = a no-op step).
+    fn busy_before<E: Env>(&mut self, a: Action, env: &mut E) -> Option<()> {
+        let now = env.now();
+        match a {
+            Action::Interrupt(c) => {
+                let b = &mut self.perf.busy[c as usize];
+                if b.until > now {
+                    b.left += b.until - now;
+                }
+                b.until = Time::ZERO;
+                None
+            }
+            Action::Step(c) => {
+                let c = c as usize;
+                let irq_idle = self.cpus[c].irq_stack.is_empty();
+                let b = &mut self.perf.busy[c];
+                if b.until > now {
+                    b.pending = b.until - now;
+                    b.until = Time::ZERO;
+                    return Some(());
+                }
+                b.until = Time::ZERO;
+                if irq_idle && b.left > Time::ZERO {
+                    b.pending = std::mem::take(&mut b.left);
+                    return Some(());
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Timed, native: after a step, turn the interruptible work it charged into a park until the
+    /// work ends (only if the CPU goes on running with interrupts enabled; else it is charged).
+    fn busy_after<E: Env>(&mut self, a: Action, park: Park, env: &mut E) -> Park {
+        let (Action::Step(c) | Action::Interrupt(c)) = a else {
+            return park;
+        };
+        let c = c as usize;
+        let pending = std::mem::take(&mut self.perf.busy[c].pending);
+        if pending == Time::ZERO {
+            return park;
+        }
+        if park == Park::Run && self.irqs_enabled(c) {
+            let until = env.now() + env.elapsed() + pending;
+            self.perf.busy[c].until = until;
+            env.wake(c, until);
+            Park::Halt
+        } else {
+            env.charge(pending);
+            park
+        }
+    }
+
     pub fn irqs_enabled(&self, cpu: CpuId) -> bool {
         let c = &self.cpus[cpu];
         if !c.irq_stack.is_empty() || c.irq_off > 0 {
@@ -815,6 +904,15 @@ impl Machine {
                 };
             }
         }
+        let native_timed = env.timed() && self.host.is_none();
+        if native_timed && self.busy_before(a, env).is_some() {
+            let park = self.busy_after(a, Park::Run, env);
+            return Outcome {
+                park,
+                kind: StepKind::Local,
+                violation: None,
+            };
+        }
         let (park, kind) = match a {
             Action::VcpuPut(c) => (self.vcpu_put_step(c as usize, env), StepKind::Shared),
             Action::VcpuLoad(c) => (self.vcpu_load_step(c as usize, env), StepKind::Shared),
@@ -830,6 +928,11 @@ impl Machine {
                 self.speculative_fill(c as usize, vpn, env);
                 (Park::Run, StepKind::Shared)
             }
+        };
+        let park = if native_timed {
+            self.busy_after(a, park, env)
+        } else {
+            park
         };
         // An IPI that arrived while this CPU had interrupts off must still be taken: a CPU that
         // now parks (spins or halts) with interrupts on is woken for it.

@@ -90,7 +90,8 @@ impl Machine {
         match s {
             Syscall::PageFault { pc, vpn, write } => match *pc {
                 0 => {
-                    self.charge(env, |c| c.page_fault_entry_exit);
+                    let entry = self.perf.profile.costs.page_fault_entry_exit;
+                    self.charge_interruptible(env, cpu, entry);
                     self.perf.counters.inc(Counter::PageFaults);
                     *pc = 1;
                     Flow::Call(Frame::RwSemDown {
@@ -312,7 +313,8 @@ impl Machine {
                 i,
             } => match *pc {
                 0 => {
-                    self.charge(env, |c| c.syscall_entry_exit);
+                    let entry = self.perf.profile.costs.syscall_entry_exit;
+                    self.charge_interruptible(env, cpu, entry);
                     if *msync {
                         // msync(): find the VMA under mmap_sem held for read (pc 9).
                         *pc = 9;
@@ -324,7 +326,8 @@ impl Machine {
                     }
                     // ext4_sync_file(): the fixed part (jbd2 checks, blkdev_issue_flush) is
                     // fsync_base; the writeback of dirty entries follows.
-                    self.charge(env, |c| c.fsync_base);
+                    let base = self.perf.profile.costs.fsync_base;
+                    self.charge_interruptible(env, cpu, base);
                     *pc = 3;
                     Flow::Next
                 }
@@ -335,7 +338,8 @@ impl Machine {
                     // MS_INVALIDATE only checks VM_LOCKED.
                     self.atomic_on_line(env, cpu, struct_file_line(*file));
                     self.rwsem_up(cpu, mm, false, env);
-                    self.charge(env, |c| c.fsync_base);
+                    let base = self.perf.profile.costs.fsync_base;
+                    self.charge_interruptible(env, cpu, base);
                     *pc = 3;
                     Flow::Next
                 }
@@ -389,13 +393,20 @@ impl Machine {
                     *pc = 5;
                     Flow::Next
                 }
+                10 => {
+                    // dax_flush(): the cache-line writeback of the entry, after the mkclean and
+                    // with interrupts on; then back to xa_lock to clear the tags (pc 7).
+                    let wb = self.perf.profile.costs.dax_writeback_page;
+                    self.charge_interruptible(env, cpu, wb);
+                    *pc = 7;
+                    Flow::Next
+                }
                 _ => {
-                    // pfn_mkclean() write-protects the entry and flushes it from every CPU
-                    // running the mm; then back to xa_lock to clear the tags (pc 7).
+                    // dax_entry_mkclean() write-protects the entry and flushes it from every CPU
+                    // running the mm; then the writeback (pc 10).
                     let v = todo[*i];
                     *i += 1;
-                    *pc = 7;
-                    self.charge(env, |c| c.dax_writeback_page);
+                    *pc = 10;
                     let m = &mut self.mms[mm as usize];
                     let Some(pte) = m.space.ptes.get_mut(&v) else {
                         return Flow::Next;

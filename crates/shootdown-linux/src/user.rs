@@ -260,7 +260,7 @@ impl Machine {
                 self.user_touch_multi(cpu, v, true, npages, env);
             }
             UserOp::Compute { ns } => {
-                env.charge(Time::from_ns(ns));
+                self.charge_interruptible(env, cpu, Time::from_ns(ns));
                 self.tasks[t].pc += 1;
             }
             UserOp::Mmap { .. } => self.enter_syscall(cpu, t, Syscall::Mmap { pc: 0 }, env),
@@ -317,7 +317,8 @@ impl Machine {
                     self.user_touch_multi(cpu, v, true, npages, env);
                     if self.tasks[t].pc != pc && env.timed() {
                         // The rest of the block's memcpy, under translations now in the TLB.
-                        env.charge(Time(self.perf.profile.costs.user_touch_page.0 * copy_pages));
+                        let copy = Time(self.perf.profile.costs.user_touch_page.0 * copy_pages);
+                        self.charge_interruptible(env, cpu, copy);
                     }
                 }
             }
@@ -366,7 +367,8 @@ impl Machine {
             }
             UserOp::CopyPages { pages } => {
                 if env.timed() {
-                    env.charge(Time(self.perf.profile.costs.user_touch_page.0 * pages));
+                    let copy = Time(self.perf.profile.costs.user_touch_page.0 * pages);
+                    self.charge_interruptible(env, cpu, copy);
                 }
                 self.tasks[t].pc += 1;
             }
@@ -460,7 +462,10 @@ impl Machine {
     ) -> bool {
         match self.user_access(cpu, vpn, write, env) {
             Ok(()) => {
-                self.charge(env, |c| c.user_touch_page);
+                if env.timed() {
+                    let touch = self.perf.profile.costs.user_touch_page;
+                    self.charge_interruptible(env, cpu, touch);
+                }
                 if advance {
                     self.tasks[self.cpus[cpu].curr as usize].pc += 1;
                 }

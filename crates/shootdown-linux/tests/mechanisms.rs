@@ -421,3 +421,53 @@ fn map_pages_fresh_and_overlapping_ranges() {
     // Page-table pages: one per 512-page group touched (0..4 is group 0, 1000..1012 group 1).
     assert_eq!(space.pmd.len(), 2);
 }
+
+/// An IPI that arrives while its target runs interruptible work (here user code) is taken at its
+/// arrival: cpu1's `madvise` flush completes long before cpu0's 200 µs of computation ends,
+/// instead of waiting for it as it would if the computation were one indivisible step.
+#[test]
+fn an_ipi_interrupts_long_user_work() {
+    let mut m = machine(Options::default(), 2);
+    let mm = m.add_mm("p");
+    m.map_pages(mm, 0, 2, false);
+    let a = m.add_task(
+        "computes",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0,
+                write: false,
+            },
+            UserOp::Compute { ns: 200_000 },
+            UserOp::Mark,
+            UserOp::Exit,
+        ],
+    );
+    let b = m.add_task(
+        "flushes",
+        mm,
+        1,
+        vec![
+            UserOp::Touch {
+                vpn: 1,
+                write: false,
+            },
+            UserOp::Compute { ns: 1_000 },
+            UserOp::MadviseDontneed {
+                start: 1,
+                npages: 1,
+            },
+            UserOp::Mark,
+            UserOp::Exit,
+        ],
+    );
+    run_to_completion(&mut m, 1, 10, 100_000);
+    assert!(m.counters().get(Counter::CallFunctionIpis) >= 1);
+    let (computed, flushed) = (m.perf.marks[a as usize][0], m.perf.marks[b as usize][0]);
+    assert!(computed >= Time::from_ns(200_000), "{computed:?}");
+    assert!(
+        flushed < Time::from_ns(20_000),
+        "the flush waited for the computation: {flushed:?}"
+    );
+}
