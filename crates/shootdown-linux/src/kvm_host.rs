@@ -486,6 +486,7 @@ impl Machine {
     pub(crate) fn vcpu_put_step<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
         // The exit orders the guest's stores before anything the host does.
         self.fence(v);
+        self.suspend_busy(v, env.now());
         self.vm_exit(env);
         self.perf.counters.inc(Counter::HostPreemptions);
         self.say(|| format!("preempt vcpu{v}: VM exit, kvm_sched_out, vcpu_put"));

@@ -60,14 +60,12 @@ pub struct Perf {
     pub host: HostPerf,
 }
 
-/// Work a native CPU does with interrupts enabled and that publishes nothing when it ends (user
+/// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user
 /// code, exception and syscall entry, a writeback's cache flushes): the timed driver parks the
 /// CPU for it instead of folding it into one step, so an IPI arriving meanwhile is taken at its
 /// arrival and the rest of the work resumes after the handler. A step's own cost is otherwise
 /// indivisible: an interrupt waits for the step to end.
-///
-/// Simplification: only without a host. On a host a parked guest step reads as HLT to the host
-/// layer, so guests keep step-boundary delivery.
+/// On a host the work of a vCPU stops while the host has it descheduled (`vcpu_put`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Busy {
     /// Charged by the running step, to become a park at its end.
@@ -387,14 +385,24 @@ impl Machine {
     /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
     /// Charge `cost` of interruptible work to `cpu`'s running step (see [`Busy`]).
     pub(crate) fn charge_interruptible<E: Env>(&mut self, env: &mut E, cpu: CpuId, cost: Time) {
-        if !env.timed() {
-            return;
-        }
-        if self.host.is_some() {
-            env.charge(cost);
-        } else {
+        if env.timed() {
             self.perf.busy[cpu].pending += cost;
         }
+    }
+
+    /// The CPU (a vCPU the host deschedules) stops its interruptible work now; the rest is
+    /// resumed when it next runs with an empty interrupt stack.
+    pub(crate) fn suspend_busy(&mut self, cpu: CpuId, now: Time) {
+        let b = &mut self.perf.busy[cpu];
+        if b.until > now {
+            b.left += b.until - now;
+        }
+        b.until = Time::ZERO;
+    }
+
+    /// Parked for interruptible work (not halted, not spinning).
+    pub(crate) fn is_busy(&self, cpu: CpuId) -> bool {
+        self.perf.busy[cpu].until > Time::ZERO
     }
 
     /// Timed, native: before `a` runs, account for interruptible work in progress. An interrupt
@@ -404,11 +412,7 @@ impl Machine {
         let now = env.now();
         match a {
             Action::Interrupt(c) => {
-                let b = &mut self.perf.busy[c as usize];
-                if b.until > now {
-                    b.left += b.until - now;
-                }
-                b.until = Time::ZERO;
+                self.suspend_busy(c as usize, now);
                 None
             }
             Action::Step(c) => {
@@ -851,7 +855,8 @@ impl Machine {
             && self.vcpu_in_guest(v)
             && !(self.cpus[v].ipi_pending && self.irqs_enabled(v))
         {
-            if idle_poll {
+            // Parked for interruptible work, the vCPU is running guest code, not halted.
+            if idle_poll || self.is_busy(v) {
                 // idle=poll: the guest's idle loop spins in guest mode and never executes HLT,
                 // so the vCPU thread stays runnable and keeps its pCPU until the host wants it.
                 if let Some(t) = self.host_next_preempt(v) {
@@ -904,8 +909,8 @@ impl Machine {
                 };
             }
         }
-        let native_timed = env.timed() && self.host.is_none();
-        if native_timed && self.busy_before(a, env).is_some() {
+        let timed = env.timed();
+        if timed && self.busy_before(a, env).is_some() {
             let park = self.busy_after(a, Park::Run, env);
             return Outcome {
                 park,
@@ -929,7 +934,7 @@ impl Machine {
                 (Park::Run, StepKind::Shared)
             }
         };
-        let park = if native_timed {
+        let park = if timed {
             self.busy_after(a, park, env)
         } else {
             park

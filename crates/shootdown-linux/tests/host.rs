@@ -259,3 +259,30 @@ fn idle_poll_vcpus_never_halt_and_ipis_wait_for_preempted_ones() {
     assert_eq!(run(&mut halt, 1000), Stop::Finished);
     assert!(halt.counters().get(Counter::KvmHaltExits) > 0);
 }
+
+/// Interruptible work (here 3 ms of user computation) only advances while the host runs the
+/// vCPU: sharing one pCPU round robin with another VM in 1 ms slices, it ends after about 6 ms,
+/// not 3.
+#[test]
+fn guest_work_stops_while_its_vcpu_is_descheduled() {
+    let mut m = host(2, 1, 1, |_| {});
+    let mm0 = m.add_mm("vm0");
+    let t = m.add_task(
+        "long",
+        mm0,
+        0,
+        vec![
+            UserOp::Compute { ns: 3_000_000 },
+            UserOp::Mark,
+            UserOp::Exit,
+        ],
+    );
+    let mm1 = m.add_mm("vm1");
+    compute_loop(&mut m, 1, mm1);
+    assert_eq!(run(&mut m, 20), Stop::TimeLimit);
+    let done = m.perf.marks[t as usize][0];
+    assert!(
+        done >= Time::from_us(5_000) && done <= Time::from_us(7_000),
+        "{done:?}"
+    );
+}
