@@ -261,7 +261,7 @@ fn idle_poll_vcpus_never_halt_and_ipis_wait_for_preempted_ones() {
 }
 
 /// Interruptible work (here 3 ms of user computation) only advances while the host runs the
-/// vCPU: sharing one pCPU round robin with another VM in 1 ms slices, it ends after about 6 ms,
+/// vCPU: sharing one pCPU round robin with another VM in 1 ms slices, it ends after about 5 ms,
 /// not 3.
 #[test]
 fn guest_work_stops_while_its_vcpu_is_descheduled() {
