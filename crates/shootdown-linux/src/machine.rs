@@ -382,7 +382,6 @@ impl Machine {
         self.pcid_hw && self.opts.pcid
     }
 
-    /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
     /// Charge `cost` of interruptible work to `cpu`'s running step (see [`Busy`]).
     pub(crate) fn charge_interruptible<E: Env>(&mut self, env: &mut E, cpu: CpuId, cost: Time) {
         if env.timed() {
@@ -405,7 +404,7 @@ impl Machine {
         self.perf.busy[cpu].until > Time::ZERO
     }
 
-    /// Timed, native: before `a` runs, account for interruptible work in progress. An interrupt
+    /// Timed driver: before `a` runs, account for interruptible work in progress. An interrupt
     /// cuts the work off (the rest is resumed after the handler); a step woken before the work
     /// ends, or the first step after a handler, parks for what is left (`Some` = a no-op step).
     fn busy_before<E: Env>(&mut self, a: Action, env: &mut E) -> Option<()> {
@@ -435,7 +434,7 @@ impl Machine {
         }
     }
 
-    /// Timed, native: after a step, turn the interruptible work it charged into a park until the
+    /// Timed driver: after a step, turn the interruptible work it charged into a park until the
     /// work ends (only if the CPU goes on running with interrupts enabled; else it is charged).
     fn busy_after<E: Env>(&mut self, a: Action, park: Park, env: &mut E) -> Park {
         let (Action::Step(c) | Action::Interrupt(c)) = a else {
@@ -457,6 +456,7 @@ impl Machine {
         }
     }
 
+    /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
     pub fn irqs_enabled(&self, cpu: CpuId) -> bool {
         let c = &self.cpus[cpu];
         if !c.irq_stack.is_empty() || c.irq_off > 0 {
