@@ -382,9 +382,15 @@ impl Machine {
         self.pcid_hw && self.opts.pcid
     }
 
-    /// Charge `cost` of interruptible work to `cpu`'s running step (see [`Busy`]).
-    pub(crate) fn charge_interruptible<E: Env>(&mut self, env: &mut E, cpu: CpuId, cost: Time) {
+    /// Like [`Machine::charge`], for interruptible work of `cpu`'s running step (see [`Busy`]).
+    pub(crate) fn charge_interruptible<E: Env>(
+        &mut self,
+        env: &mut E,
+        cpu: CpuId,
+        t: impl Fn(&shootdown_hw::profile::Costs) -> Time,
+    ) {
         if env.timed() {
+            let cost = t(&self.perf.profile.costs);
             self.perf.busy[cpu].pending += cost;
         }
     }

@@ -90,8 +90,7 @@ impl Machine {
         match s {
             Syscall::PageFault { pc, vpn, write } => match *pc {
                 0 => {
-                    let entry = self.perf.profile.costs.page_fault_entry_exit;
-                    self.charge_interruptible(env, cpu, entry);
+                    self.charge_interruptible(env, cpu, |c| c.page_fault_entry_exit);
                     self.perf.counters.inc(Counter::PageFaults);
                     *pc = 1;
                     Flow::Call(Frame::RwSemDown {
@@ -313,8 +312,7 @@ impl Machine {
                 i,
             } => match *pc {
                 0 => {
-                    let entry = self.perf.profile.costs.syscall_entry_exit;
-                    self.charge_interruptible(env, cpu, entry);
+                    self.charge_interruptible(env, cpu, |c| c.syscall_entry_exit);
                     if *msync {
                         // msync(): find the VMA under mmap_sem held for read (pc 9).
                         *pc = 9;
@@ -326,8 +324,7 @@ impl Machine {
                     }
                     // ext4_sync_file(): the fixed part (jbd2 checks, blkdev_issue_flush) is
                     // fsync_base; the writeback of dirty entries follows.
-                    let base = self.perf.profile.costs.fsync_base;
-                    self.charge_interruptible(env, cpu, base);
+                    self.charge_interruptible(env, cpu, |c| c.fsync_base);
                     *pc = 3;
                     Flow::Next
                 }
@@ -338,8 +335,7 @@ impl Machine {
                     // MS_INVALIDATE only checks VM_LOCKED.
                     self.atomic_on_line(env, cpu, struct_file_line(*file));
                     self.rwsem_up(cpu, mm, false, env);
-                    let base = self.perf.profile.costs.fsync_base;
-                    self.charge_interruptible(env, cpu, base);
+                    self.charge_interruptible(env, cpu, |c| c.fsync_base);
                     *pc = 3;
                     Flow::Next
                 }
@@ -396,8 +392,7 @@ impl Machine {
                 10 => {
                     // dax_flush(): the cache-line writeback of the entry, after the mkclean and
                     // with interrupts on; then back to xa_lock to clear the tags (pc 7).
-                    let wb = self.perf.profile.costs.dax_writeback_page;
-                    self.charge_interruptible(env, cpu, wb);
+                    self.charge_interruptible(env, cpu, |c| c.dax_writeback_page);
                     *pc = 7;
                     Flow::Next
                 }

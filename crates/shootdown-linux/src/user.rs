@@ -260,7 +260,7 @@ impl Machine {
                 self.user_touch_multi(cpu, v, true, npages, env);
             }
             UserOp::Compute { ns } => {
-                self.charge_interruptible(env, cpu, Time::from_ns(ns));
+                self.charge_interruptible(env, cpu, |_| Time::from_ns(ns));
                 self.tasks[t].pc += 1;
             }
             UserOp::Mmap { .. } => self.enter_syscall(cpu, t, Syscall::Mmap { pc: 0 }, env),
@@ -315,10 +315,11 @@ impl Machine {
                     let v = base + self.tasks[t].op_progress;
                     let pc = self.tasks[t].pc;
                     self.user_touch_multi(cpu, v, true, npages, env);
-                    if self.tasks[t].pc != pc && env.timed() {
+                    if self.tasks[t].pc != pc {
                         // The rest of the block's memcpy, under translations now in the TLB.
-                        let copy = Time(self.perf.profile.costs.user_touch_page.0 * copy_pages);
-                        self.charge_interruptible(env, cpu, copy);
+                        self.charge_interruptible(env, cpu, |c| {
+                            Time(c.user_touch_page.0 * copy_pages)
+                        });
                     }
                 }
             }
@@ -366,10 +367,7 @@ impl Machine {
                 self.tasks[t].pc += 1;
             }
             UserOp::CopyPages { pages } => {
-                if env.timed() {
-                    let copy = Time(self.perf.profile.costs.user_touch_page.0 * pages);
-                    self.charge_interruptible(env, cpu, copy);
-                }
+                self.charge_interruptible(env, cpu, |c| Time(c.user_touch_page.0 * pages));
                 self.tasks[t].pc += 1;
             }
             UserOp::Cpuid => {
@@ -462,10 +460,7 @@ impl Machine {
     ) -> bool {
         match self.user_access(cpu, vpn, write, env) {
             Ok(()) => {
-                if env.timed() {
-                    let touch = self.perf.profile.costs.user_touch_page;
-                    self.charge_interruptible(env, cpu, touch);
-                }
+                self.charge_interruptible(env, cpu, |c| c.user_touch_page);
                 if advance {
                     self.tasks[self.cpus[cpu].curr as usize].pc += 1;
                 }
