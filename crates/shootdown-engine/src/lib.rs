@@ -14,6 +14,7 @@
 //! no-ops or fixed choices, so a protocol's behaviour never depends on the driver.
 
 pub mod model;
+pub mod profile;
 pub mod rng;
 pub mod time;
 pub mod timed;

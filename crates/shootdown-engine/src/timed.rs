@@ -10,6 +10,7 @@
 //! count or hash-map order enters it.
 
 use crate::model::{AgentId, Env, Model, Park, Violation};
+use crate::profile::{Profile, Profiler};
 use crate::rng::DetRng;
 use crate::time::Time;
 use crate::trace::{Stamped, TraceEvent};
@@ -78,8 +79,24 @@ pub struct TimedDriver {
     /// notification ran it first.
     spin_deadline: Vec<Option<Time>>,
     rng: DetRng,
-    trace: Option<Vec<Stamped>>,
+    trace: Option<TraceSink>,
     steps: u64,
+}
+
+/// Where trace events go: kept for a timeline, or folded into a profile as they come.
+#[derive(Debug)]
+enum TraceSink {
+    Record(Vec<Stamped>),
+    Profile(Profiler),
+}
+
+impl TraceSink {
+    fn take(&mut self, at: Time, ev: TraceEvent) {
+        match self {
+            TraceSink::Record(v) => v.push(Stamped { at, ev }),
+            TraceSink::Profile(p) => p.record(at, &ev),
+        }
+    }
 }
 
 struct StepEnv<'a> {
@@ -90,7 +107,7 @@ struct StepEnv<'a> {
     deadlines: &'a mut Vec<(AgentId, Time)>,
     notified: bool,
     keys: &'a mut Vec<u64>,
-    trace: Option<&'a mut Vec<Stamped>>,
+    trace: Option<&'a mut TraceSink>,
 }
 
 impl Env for StepEnv<'_> {
@@ -127,7 +144,7 @@ impl Env for StepEnv<'_> {
     fn trace(&mut self, ev: TraceEvent) {
         let at = self.now + self.charged;
         if let Some(t) = self.trace.as_mut() {
-            t.push(Stamped { at, ev });
+            t.take(at, ev);
         }
     }
 }
@@ -155,12 +172,35 @@ impl TimedDriver {
 
     /// Record trace events from now on.
     pub fn enable_trace(&mut self) {
-        self.trace = Some(Vec::new());
+        self.trace = Some(TraceSink::Record(Vec::new()));
     }
 
     /// Recorded trace events (empty unless [`TimedDriver::enable_trace`] was called).
     pub fn take_trace(&mut self) -> Vec<Stamped> {
-        self.trace.take().unwrap_or_default()
+        match self.trace.take() {
+            Some(TraceSink::Record(v)) => v,
+            other => {
+                self.trace = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Profile where agent time goes after `from` (instead of recording a timeline): see
+    /// [`crate::profile`].
+    pub fn enable_profile(&mut self, from: Time) {
+        self.trace = Some(TraceSink::Profile(Profiler::new(self.clocks.len(), from)));
+    }
+
+    /// The profile up to `end` (`None` unless [`TimedDriver::enable_profile`] was called).
+    pub fn take_profile(&mut self, end: Time) -> Option<Profile> {
+        match self.trace.take() {
+            Some(TraceSink::Profile(p)) => Some(p.finish(end)),
+            other => {
+                self.trace = other;
+                None
+            }
+        }
     }
 
     /// Clock of an agent.
