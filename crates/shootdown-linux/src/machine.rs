@@ -56,6 +56,8 @@ pub struct Perf {
     /// Record step descriptions (explorer counterexample replay only).
     pub labels_on: bool,
     pub labels: Vec<String>,
+    /// Per CPU: whether its timeline has opened the running task's slices yet.
+    pub trace_started: Vec<bool>,
     /// Host scheduling timers (machines with a host only).
     pub host: HostPerf,
 }
@@ -189,6 +191,7 @@ impl Machine {
                 violation: None,
                 labels_on: false,
                 labels: Vec::new(),
+                trace_started: vec![false; n],
                 host: HostPerf::default(),
                 profile: profile.clone(),
             }),
@@ -536,7 +539,45 @@ impl Machine {
         self.push_frame(cpu, at, f);
     }
 
+    /// Open `task`'s slices on `cpu`'s timeline: a bottom slice (`user` or `idle`, with the
+    /// task's name) and one per kernel frame on its stack, outermost first. With
+    /// [`Machine::trace_task_out`] at every context switch, each CPU's track shows exactly what
+    /// runs on that CPU, and a task's half-done kernel call reappears when it runs again.
+    pub(crate) fn trace_task_in<E: Env>(&self, cpu: CpuId, task: TaskId, env: &mut E) {
+        let t = &self.tasks[task as usize];
+        env.trace(TraceEvent::Begin {
+            agent: cpu,
+            name: if t.mm.is_some() { "user" } else { "idle" },
+            detail: Some(t.name.clone()),
+        });
+        for f in &t.stack {
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: f.name(),
+                detail: None,
+            });
+        }
+    }
+
+    /// Close `task`'s slices on `cpu`'s timeline (see [`Machine::trace_task_in`]); `popped`
+    /// counts its frames being stepped (off its stack) that have open slices.
+    pub(crate) fn trace_task_out<E: Env>(
+        &self,
+        cpu: CpuId,
+        task: TaskId,
+        popped: usize,
+        env: &mut E,
+    ) {
+        for _ in 0..self.tasks[task as usize].stack.len() + popped + 1 {
+            env.trace(TraceEvent::End { agent: cpu });
+        }
+    }
+
     fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        if env.tracing() && !self.perf.trace_started[cpu] {
+            self.perf.trace_started[cpu] = true;
+            self.trace_task_in(cpu, self.cpus[cpu].curr, env);
+        }
         let (at, frame) = self.pop_frame(cpu);
         let Some(mut f) = frame else {
             return if self.is_idle(cpu) {
@@ -604,6 +645,19 @@ impl Machine {
         let c = &mut self.cpus[cpu];
         c.ipi_pending = false;
         let was_halted = std::mem::replace(&mut c.halted, false);
+        // The slice opens before the entry cost so that a profile counts it in the handler.
+        if env.tracing() {
+            env.trace(TraceEvent::FlowIn {
+                agent: cpu,
+                id: cpu as u64,
+                name: "CALL_FUNCTION IPI",
+            });
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: "call_function_interrupt",
+                detail: None,
+            });
+        }
         if env.timed() {
             let costs = &self.perf.profile.costs;
             let mut t = costs.irq_entry_exit;
@@ -618,18 +672,6 @@ impl Machine {
                     .add(crate::counters::Counter::KvmExits, 2);
             }
             env.charge(t);
-        }
-        if env.tracing() {
-            env.trace(TraceEvent::FlowIn {
-                agent: cpu,
-                id: cpu as u64,
-                name: "CALL_FUNCTION IPI",
-            });
-            env.trace(TraceEvent::Begin {
-                agent: cpu,
-                name: "call_function_interrupt",
-                detail: None,
-            });
         }
         self.cpus[cpu]
             .irq_stack

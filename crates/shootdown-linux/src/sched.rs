@@ -110,13 +110,15 @@ impl Machine {
                 self.perf.slice_start[cpu] = env.now();
                 env.notify_key(crate::mem::on_cpu_key(prev));
                 if env.tracing() {
+                    // This __schedule frame is off prev's stack while it is stepped.
+                    self.trace_task_out(cpu, prev, 1, env);
                     let name = self.tasks[next as usize].name.clone();
-                    env.trace(TraceEvent::End { agent: cpu });
                     env.trace(TraceEvent::Instant {
                         agent: cpu,
                         name: "sched_switch",
                         detail: Some(name),
                     });
+                    self.trace_task_in(cpu, next, env);
                 }
                 let nn = self.tasks[next as usize].name.clone();
                 self.say(|| format!("finish_task_switch: now running {nn}"));
