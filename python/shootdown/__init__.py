@@ -15,7 +15,7 @@ parallel, summarizes, compares with published numbers, caches sweeps and prints 
 
 from __future__ import annotations
 
-from . import paths, plot, records, report, schema
+from . import paths, plot, profiling, records, report, schema
 from ._bridge import ConfigError, NativeUnavailableError
 from ._version import __version__
 from .api import (
@@ -24,6 +24,7 @@ from .api import (
     check_list,
     default_threads,
     plan,
+    profile,
     reproduce,
     run,
     seed_experiments,
@@ -46,6 +47,8 @@ __all__ = [
     "paths",
     "plan",
     "plot",
+    "profile",
+    "profiling",
     "records",
     "report",
     "reproduce",

@@ -1,4 +1,4 @@
-"""The user-facing Python API: plan, run, summarize, reproduce, check, trace, bench.
+"""The user-facing Python API: plan, run, summarize, reproduce, check, trace, profile, bench.
 
 Every function is a thin layer over ``shootdown._native`` (Rust). Simulation results are
 deterministic: they depend on the experiment file, its ``--set`` overrides, the profile, the
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 import pandas as pd
 
-from . import paths
+from . import paths, profiling
 from ._bridge import ConfigError, call
 from .records import (
     build_records,
@@ -39,6 +39,7 @@ __all__ = [
     "check",
     "check_list",
     "trace",
+    "profile",
     "bench",
 ]
 
@@ -338,6 +339,58 @@ def trace(
     name = _variant_name(the_plan, path, variant)
     call("trace", _existing_file(path), _sets(sets), bool(quick), index, name, str(out))
     return Path(out)
+
+
+def profile(
+    path: PathLike,
+    row: Any = None,
+    variants: Optional[Sequence[str]] = None,
+    sets: Sequence[str] = (),
+    quick: bool = False,
+    threads: Optional[int] = None,
+) -> pd.DataFrame:
+    """Profile one row of an experiment: where each variant's CPU time goes, per kernel function.
+
+    Runs every repetition of the row for each variant (the same runs as :func:`run`, with the
+    same results) and folds their trace events into per-function totals over the measured
+    window; see :mod:`shootdown.profiling`.
+
+    Args:
+        path: the experiment file.
+        row: the row *value* (e.g. ``4`` threads); default the first row.
+        variants: variant names or labels; default all, baseline first.
+        sets, quick, threads: as for :func:`run`.
+
+    Returns:
+        A long frame, one row per (run, function): ``row, variant, label, rep, value, events,
+        function, calls, exclusive_ns, inclusive_ns``. Pass it to
+        :func:`shootdown.profiling.summarize_profile` for per-event figures and the change
+        between variants.
+    """
+    the_plan = plan(path, sets, quick)
+    index = _row_index(the_plan, path, row)
+    wanted_row = the_plan["rows"][index]
+    names = (
+        [v["name"] for v in the_plan["variants"]]
+        if variants is None
+        else [_variant_name(the_plan, path, v) for v in variants]
+    )
+    indices = [
+        p["index"]
+        for p in the_plan["points"]
+        if row_key(p["row"]) == row_key(wanted_row) and p["variant"] in names
+    ]
+    results = call(
+        "profile_points",
+        _existing_file(path),
+        _sets(sets),
+        bool(quick),
+        indices,
+        threads or default_threads(),
+    )
+    frame = profiling.profile_frame(the_plan, results)
+    frame.attrs["path"] = str(path)
+    return frame
 
 
 def bench(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> BenchResult:

@@ -28,7 +28,7 @@ try:  # recent typer releases ship their own copy of click; older ones use the c
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
-from . import api, paths, records, report
+from . import api, paths, profiling, records, report
 from ._bridge import ConfigError, NativeUnavailableError
 from ._version import __version__
 
@@ -401,6 +401,50 @@ def trace(
     """Write a Chrome/Perfetto trace (JSON) of one run."""
     written = api.trace(file, out, row=row, variant=variant, sets=list(sets or []), quick=quick)
     _note(f"wrote {written} (open in https://ui.perfetto.dev)")
+
+
+@app.command()
+def profile(
+    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    row: Optional[str] = typer.Option(None, "--row", help="Row value (default: first row)."),
+    variants: Optional[List[str]] = typer.Option(
+        None, "--variant", help="Variant name or label; repeatable (default: all)."
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", "-s", metavar="KEY=VALUE", help="Override a key (TOML value); repeatable."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    top: int = typer.Option(15, "--top", min=1, help="Show the N functions that changed most."),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-j", min=1, help="Worker threads."),
+) -> None:
+    """Where each variant's CPU time goes, per kernel function, per workload event.
+
+    Runs every repetition of one row and compares the variants function by function
+    (exclusive time per event, calls per event, inclusive time per call).
+    """
+    frame = api.profile(
+        file,
+        row=row,
+        variants=variants or None,
+        sets=list(sets or []),
+        quick=quick,
+        threads=threads,
+    )
+    summary = profiling.summarize_profile(frame)
+    if fmt is OutFormat.table:
+        the_plan = frame.attrs["plan"]
+        exp = the_plan["experiment"]
+        shown_row = frame["row"].iloc[0] if len(frame) else row
+        title = f"{exp.get('title') or exp['name']} · {exp.get('row_key') or 'row'} = {shown_row}"
+        reps = frame.drop_duplicates(["variant", "rep"]).groupby("variant").size()
+        title += f" · {int(reps.max()) if len(reps) else 0} repetition(s) per variant"
+        _emit(profiling.format_profile(summary, title, top=top), out)
+    elif fmt is OutFormat.json:
+        _emit(summary.to_json(orient="records", force_ascii=False), out)
+    else:
+        _emit(summary.to_csv(index=False), out)
 
 
 @app.command()

@@ -75,3 +75,39 @@ def test_config_error_from_rust_is_one_line(runner, real_native) -> None:
     assert len(lines) == 1 and lines[0].startswith("shootdown: error: ")
     assert file.name in lines[0] and "no_such_table" in lines[0]
     assert issubclass(shootdown.ConfigError, ValueError)
+
+
+def test_profile_compares_variants_per_function(runner, real_native) -> None:
+    import shootdown
+    from shootdown import profiling
+
+    file = shootdown.seed_experiments(["000"], quick=True)[0][0]
+    sets = [
+        "experiment.repetitions=1",
+        "workload.warmup_ms=0.2",
+        "workload.measure_ms=0.5",
+    ]
+    frame = shootdown.profile(file, row=4, sets=sets, threads=2)
+    assert set(frame["variant"]) == {"before", "after"}
+    # Per run, the exclusive times of all slices add up to all CPU time of the window.
+    for _, run in frame.groupby(["variant", "rep"]):
+        total = run.loc[run["function"] == profiling.TOTAL, "exclusive_ns"].sum()
+        rest = run.loc[run["function"] != profiling.TOTAL, "exclusive_ns"].sum()
+        assert abs(rest - total) <= 1e-6 * total
+    summary = profiling.summarize_profile(frame)
+    flush = summary.set_index("function").loc["flush_tlb_mm_range"]
+    assert flush["before:calls/event"] > 0
+    assert flush["after:calls/event"] > 0
+    assert "Δ after:ns/event" in summary.columns
+
+    args = ["profile", str(file), "--row", "4", "--top", "3"]
+    result = runner.invoke(app, args + sum((["--set", s] for s in sets), []))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("threads = 4 · 1 repetition(s) per variant")
+    assert "Δ after ns/ev" in lines[2]
+    # 3 functions, then idle and the total.
+    assert lines[-4].startswith("idle") and lines[-3].startswith("total")
+
+    bad = runner.invoke(app, args + ["--variant", "nope"])
+    assert bad.exit_code == 2 and "no variant nope" in bad.stderr

@@ -15,7 +15,9 @@ mod spec;
 
 pub use error::ConfigError;
 pub use profile_file::load_profile;
-pub use run::{run_point, run_points, trace_point, PointResult};
+pub use run::{
+    profile_point, profile_points, run_point, run_points, trace_point, PointProfile, PointResult,
+};
 pub use spec::{Experiment, Point, PublishedCell, VariantSpec};
 
 use std::path::{Path, PathBuf};

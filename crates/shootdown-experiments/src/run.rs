@@ -6,6 +6,7 @@ use crate::spec::{Experiment, Point};
 use crate::ConfigError;
 use rayon::prelude::*;
 use serde::Serialize;
+use shootdown_engine::profile::Profile;
 use shootdown_engine::timed::{Limits, Stop, TimedDriver};
 use shootdown_engine::Time;
 use std::collections::BTreeMap;
@@ -38,20 +39,40 @@ pub(crate) fn validate_workload(exp: &Experiment, w: &toml::Table) -> Result<(),
         .map_err(|(k, r)| ConfigError::new(&exp.path, format!("workload.{k}"), r))
 }
 
+/// What a run records besides its result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    Nothing,
+    /// The timeline (every trace event).
+    Trace,
+    /// A flat profile of the measured window.
+    Profile,
+}
+
+/// What a run recorded.
+#[derive(Default)]
+struct Captured {
+    trace: Vec<shootdown_engine::trace::Stamped>,
+    profile: Option<Profile>,
+    events_measured: u64,
+}
+
+/// One run's profile: where its CPUs' time went while the metric was measured.
+#[derive(Clone, Debug)]
+pub struct PointProfile {
+    pub point: PointResult,
+    pub profile: Profile,
+    /// Workload events in the profiled window (to normalise per event).
+    pub events: u64,
+}
+
 fn run_one(
     exp: &Experiment,
     p: &Point,
     quick: bool,
-    trace: bool,
+    capture: Capture,
     max_time: Option<Time>,
-) -> Result<
-    (
-        PointResult,
-        Vec<shootdown_engine::trace::Stamped>,
-        Vec<String>,
-    ),
-    ConfigError,
-> {
+) -> Result<(PointResult, Captured, Vec<String>), ConfigError> {
     let start = Instant::now();
     let w = exp.workload_table(quick, p.row_index)?;
     let variant = exp.variant(&p.variant).ok_or_else(|| {
@@ -68,8 +89,10 @@ fn run_one(
     m.age_asid_rotors(p.seed);
     let agents = m.cpus.len();
     let mut driver = TimedDriver::new(agents, p.seed, 0);
-    if trace {
-        driver.enable_trace();
+    match capture {
+        Capture::Nothing => {}
+        Capture::Trace => driver.enable_trace(),
+        Capture::Profile => driver.enable_profile(m.perf.measure_from),
     }
     let limit = max_time
         .map(|t| t.min(built.max_time))
@@ -121,12 +144,72 @@ fn run_one(
         uses_checked: m.perf.uses_checked,
         violations,
     };
-    Ok((r, driver.take_trace(), names))
+    let captured = Captured {
+        trace: driver.take_trace(),
+        profile: driver.take_profile(stats.end),
+        events_measured: m.perf.events_measured,
+    };
+    Ok((r, captured, names))
 }
 
 /// Run one point.
 pub fn run_point(exp: &Experiment, p: &Point, quick: bool) -> Result<PointResult, ConfigError> {
-    run_one(exp, p, quick, false, None).map(|(r, _, _)| r)
+    run_one(exp, p, quick, Capture::Nothing, None).map(|(r, _, _)| r)
+}
+
+/// Run one point and profile it (see [`shootdown_engine::profile`]): the time of every CPU
+/// from the start of the measurement to the end of the run, per kernel function.
+pub fn profile_point(
+    exp: &Experiment,
+    p: &Point,
+    quick: bool,
+) -> Result<PointProfile, ConfigError> {
+    let (point, c, _) = run_one(exp, p, quick, Capture::Profile, None)?;
+    Ok(PointProfile {
+        point,
+        profile: c.profile.expect("profiling was enabled"),
+        events: c.events_measured,
+    })
+}
+
+/// [`profile_point`] for the points with these indices, on `threads` worker threads (0 = all
+/// cores); in index order.
+pub fn profile_points(
+    exp: &Experiment,
+    quick: bool,
+    indices: &[usize],
+    threads: usize,
+) -> Result<Vec<PointProfile>, ConfigError> {
+    let points = exp.points(quick);
+    check_indices(exp, indices, points.len())?;
+    let pool = thread_pool(exp, threads)?;
+    let out: Vec<Result<PointProfile, ConfigError>> = pool.install(|| {
+        indices
+            .par_iter()
+            .map(|&i| profile_point(exp, &points[i], quick))
+            .collect()
+    });
+    let mut res = out.into_iter().collect::<Result<Vec<_>, _>>()?;
+    res.sort_by_key(|r| r.point.index);
+    Ok(res)
+}
+
+fn check_indices(exp: &Experiment, indices: &[usize], n: usize) -> Result<(), ConfigError> {
+    match indices.iter().find(|&&i| i >= n) {
+        Some(i) => Err(ConfigError::new(
+            &exp.path,
+            "points",
+            format!("no point {i} (the plan has {n})"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn thread_pool(exp: &Experiment, threads: usize) -> Result<rayon::ThreadPool, ConfigError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| ConfigError::new(&exp.path, "", format!("thread pool: {e}")))
 }
 
 /// Run the points with these indices on `threads` worker threads (0 = all cores); results come
@@ -138,19 +221,8 @@ pub fn run_points(
     threads: usize,
 ) -> Result<Vec<PointResult>, ConfigError> {
     let points = exp.points(quick);
-    for &i in indices {
-        if i >= points.len() {
-            return Err(ConfigError::new(
-                &exp.path,
-                "points",
-                format!("no point {i} (the plan has {})", points.len()),
-            ));
-        }
-    }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| ConfigError::new(&exp.path, "", format!("thread pool: {e}")))?;
+    check_indices(exp, indices, points.len())?;
+    let pool = thread_pool(exp, threads)?;
     let mut out: Vec<Result<PointResult, ConfigError>> = pool.install(|| {
         indices
             .par_iter()
@@ -186,12 +258,18 @@ pub fn trace_point(
                 format!("no point for row {row_index}, variant '{variant}'"),
             )
         })?;
-    let (r, events, names) = run_one(exp, p, quick, true, Some(Time::from_ns_f64(max_ms * 1e6)))?;
+    let (r, captured, names) = run_one(
+        exp,
+        p,
+        quick,
+        Capture::Trace,
+        Some(Time::from_ns_f64(max_ms * 1e6)),
+    )?;
     let f = std::fs::File::create(out)
         .map_err(|e| ConfigError::new(out, "", format!("cannot write trace: {e}")))?;
     shootdown_engine::trace::write_chrome_trace(
         std::io::BufWriter::new(f),
-        &events,
+        &captured.trace,
         &names,
         &exp.name,
     )

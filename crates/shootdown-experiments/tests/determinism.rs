@@ -1,6 +1,6 @@
 //! Results are identical whatever the number of worker threads, and across repeated runs.
 
-use shootdown_experiments::{load, run_points};
+use shootdown_experiments::{load, profile_points, run_points};
 use std::path::Path;
 
 #[test]
@@ -20,5 +20,46 @@ fn same_results_on_one_and_two_threads() {
         assert_eq!(x.steps, y.steps);
         assert_eq!(x.counters, y.counters);
         assert_eq!(x.sim_ns.to_bits(), y.sim_ns.to_bits());
+    }
+}
+
+/// Profiling observes a run without changing it: same value, steps and counters as the plain
+/// run, and its per-function exclusive times account for every CPU moment of the window.
+#[test]
+fn profiling_does_not_perturb_the_run_and_accounts_for_all_cpu_time() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let exp = load(
+        &root.join("experiments/seeds/seed000-sysbench-no-mitigations.toml"),
+        &[
+            "experiment.rows=[4]".into(),
+            "experiment.repetitions=1".into(),
+            "workload.warmup_ms=0.2".into(),
+            "workload.measure_ms=0.5".into(),
+        ],
+    )
+    .unwrap();
+    let idx: Vec<usize> = (0..exp.points(false).len()).collect();
+    let plain = run_points(&exp, false, &idx, 1).unwrap();
+    let profiled = profile_points(&exp, false, &idx, 2).unwrap();
+    assert_eq!(plain.len(), profiled.len());
+    for (x, p) in plain.iter().zip(&profiled) {
+        let y = &p.point;
+        assert_eq!(x.value.to_bits(), y.value.to_bits());
+        assert_eq!(x.steps, y.steps);
+        assert_eq!(x.counters, y.counters);
+        let prof = &p.profile;
+        let excl: u64 = prof.functions.values().map(|f| f.exclusive.0).sum();
+        assert_eq!(excl + prof.outside.0, prof.total.0);
+        // 48 CPUs × (end − 0.2 ms): the window the metric measures.
+        assert_eq!(prof.total.0, 48 * (y.sim_ns * 1000.0) as u64 - 48 * 200_000_000);
+        assert!(p.events > 0);
+        for f in ["flush_tlb_mm_range", "smp_call_function_many_cond", "user", "idle"] {
+            assert!(prof.functions[f].exclusive.0 > 0, "{f} has no time");
+        }
+        // Each flush is one call of flush_tlb_mm_range and one of smp_call_function_many_cond
+        // (up to the flushes of the 4 threads that straddle the start of the window).
+        let calls = |f: &str| prof.functions[f].calls;
+        let (a, b) = (calls("flush_tlb_mm_range"), calls("smp_call_function_many_cond"));
+        assert!(a > 100 && a.abs_diff(b) <= 4, "{a} flushes, {b} smp calls");
     }
 }

@@ -57,6 +57,56 @@ fn run_points(
     json(&res)
 }
 
+/// Profile the points with these indices: per run, the CPU time of every kernel function in the
+/// measured window (see `shootdown_engine::profile`).
+#[pyfunction]
+fn profile_points(
+    py: Python<'_>,
+    path: PathBuf,
+    sets: Vec<String>,
+    quick: bool,
+    indices: Vec<usize>,
+    threads: usize,
+) -> PyResult<String> {
+    let res = py
+        .allow_threads(|| {
+            let exp = shootdown_experiments::load(&path, &sets)?;
+            shootdown_experiments::profile_points(&exp, quick, &indices, threads)
+        })
+        .map_err(cfg_err)?;
+    let ns = |t: shootdown_engine::Time| t.as_ns_f64();
+    let out: Vec<serde_json::Value> = res
+        .iter()
+        .map(|r| {
+            let functions: Vec<serde_json::Value> = r
+                .profile
+                .functions
+                .iter()
+                .map(|(name, f)| {
+                    serde_json::json!({
+                        "function": name,
+                        "calls": f.calls,
+                        "exclusive_ns": ns(f.exclusive),
+                        "inclusive_ns": ns(f.inclusive),
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "index": r.point.index,
+                "row": r.point.row,
+                "variant": r.point.variant,
+                "rep": r.point.rep,
+                "value": r.point.value,
+                "events": r.events,
+                "total_ns": ns(r.profile.total),
+                "outside_ns": ns(r.profile.outside),
+                "functions": functions,
+            })
+        })
+        .collect();
+    json(&out)
+}
+
 /// Run one point with tracing and write a Chrome/Perfetto trace JSON to `out_path`.
 #[pyfunction]
 #[pyo3(signature = (path, sets, quick, row_index, variant, out_path, max_ms=2.0))]
@@ -153,6 +203,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(run_points, m)?)?;
     m.add_function(wrap_pyfunction!(trace, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_points, m)?)?;
     m.add_function(wrap_pyfunction!(bench_run, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(check_list, m)?)?;
