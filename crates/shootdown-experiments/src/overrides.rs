@@ -1,6 +1,7 @@
 //! `--set KEY=VALUE`: override any key of an experiment file before it is validated. KEY is a
 //! dotted path (`workload.threads`, `variants.after.options.smp_call`); VALUE is a TOML value,
-//! or a bare string when it does not parse as one.
+//! or a bare string when it does not parse as one — except a value that opens an array, an
+//! inline table or a quoted string, which must parse (a typo there is an error, not a string).
 
 use crate::ConfigError;
 use std::path::Path;
@@ -24,6 +25,20 @@ pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), 
         }
         let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
             Ok(mut t) => t.remove("v").expect("parsed"),
+            Err(e) if raw.trim_start().starts_with(['[', '{', '"', '\'']) => {
+                let why = e
+                    .message()
+                    .lines()
+                    .next()
+                    .unwrap_or("invalid")
+                    .trim()
+                    .to_string();
+                return Err(ConfigError::new(
+                    path,
+                    key,
+                    format!("--set: invalid TOML value {}: {why}", raw.trim()),
+                ));
+            }
             Err(_) => toml::Value::String(raw.trim().to_string()),
         };
         let segs: Vec<&str> = key.split('.').collect();
@@ -51,6 +66,32 @@ pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_malformed_array_or_inline_table_is_an_error_naming_the_key() {
+        for (set, why) in [
+            ("experiment.rows=[1,2", "invalid TOML value [1,2"),
+            ("variants.after.options={a=1,a=2}", "duplicate key"),
+            ("workload.name=\"open", "invalid TOML value \"open"),
+        ] {
+            let mut t = toml::Table::new();
+            let e = apply(Path::new("x.toml"), &mut t, &[set.to_string()]).unwrap_err();
+            let msg = e.to_string();
+            let key = set.split('=').next().unwrap();
+            assert!(msg.starts_with(&format!("x.toml: {key}: --set: ")), "{msg}");
+            assert!(msg.contains(why), "{msg}");
+            assert_eq!(msg.lines().count(), 1, "{msg}");
+        }
+        // A bare word is still a string.
+        let mut t = toml::Table::new();
+        apply(
+            Path::new("x.toml"),
+            &mut t,
+            &["a.b=remote_then_local".into()],
+        )
+        .unwrap();
+        assert_eq!(t["a"]["b"].as_str(), Some("remote_then_local"));
+    }
     #[test]
     fn sets_nested_values_with_types() {
         let mut t: toml::Table = toml::from_str("[workload]\nthreads = 1").unwrap();

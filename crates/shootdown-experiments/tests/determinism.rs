@@ -51,15 +51,26 @@ fn profiling_does_not_perturb_the_run_and_accounts_for_all_cpu_time() {
         let excl: u64 = prof.functions.values().map(|f| f.exclusive.0).sum();
         assert_eq!(excl + prof.outside.0, prof.total.0);
         // 48 CPUs × (end − 0.2 ms): the window the metric measures.
-        assert_eq!(prof.total.0, 48 * (y.sim_ns * 1000.0) as u64 - 48 * 200_000_000);
+        assert_eq!(
+            prof.total.0,
+            48 * (y.sim_ns * 1000.0) as u64 - 48 * 200_000_000
+        );
         assert!(p.events > 0);
-        for f in ["flush_tlb_mm_range", "smp_call_function_many_cond", "user", "idle"] {
+        for f in [
+            "flush_tlb_mm_range",
+            "smp_call_function_many_cond",
+            "user",
+            "idle",
+        ] {
             assert!(prof.functions[f].exclusive.0 > 0, "{f} has no time");
         }
         // Each flush is one call of flush_tlb_mm_range and one of smp_call_function_many_cond
         // (up to the flushes of the 4 threads that straddle the start of the window).
         let calls = |f: &str| prof.functions[f].calls;
-        let (a, b) = (calls("flush_tlb_mm_range"), calls("smp_call_function_many_cond"));
+        let (a, b) = (
+            calls("flush_tlb_mm_range"),
+            calls("smp_call_function_many_cond"),
+        );
         assert!(a > 100 && a.abs_diff(b) <= 4, "{a} flushes, {b} smp calls");
     }
 }
