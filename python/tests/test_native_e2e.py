@@ -109,5 +109,12 @@ def test_profile_compares_variants_per_function(runner, real_native) -> None:
     # 3 functions, then idle and the total.
     assert lines[-4].startswith("idle") and lines[-3].startswith("total")
 
+    as_csv = runner.invoke(
+        app, args + ["--variant", "after", "-f", "csv"] + sum((["--set", s] for s in sets), [])
+    )
+    assert as_csv.exit_code == 0, as_csv.stderr
+    header = as_csv.stdout.splitlines()[0].split(",")
+    assert header[:2] == ["function", "after:calls/event"] and not any("Δ" in h for h in header)
+
     bad = runner.invoke(app, args + ["--variant", "nope"])
     assert bad.exit_code == 2 and "no variant nope" in bad.stderr
