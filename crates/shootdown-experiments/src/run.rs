@@ -180,36 +180,9 @@ pub fn profile_points(
     indices: &[usize],
     threads: usize,
 ) -> Result<Vec<PointProfile>, ConfigError> {
-    let points = exp.points(quick);
-    check_indices(exp, indices, points.len())?;
-    let pool = thread_pool(exp, threads)?;
-    let out: Vec<Result<PointProfile, ConfigError>> = pool.install(|| {
-        indices
-            .par_iter()
-            .map(|&i| profile_point(exp, &points[i], quick))
-            .collect()
-    });
-    let mut res = out.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut res = on_points(exp, quick, indices, threads, profile_point)?;
     res.sort_by_key(|r| r.point.index);
     Ok(res)
-}
-
-fn check_indices(exp: &Experiment, indices: &[usize], n: usize) -> Result<(), ConfigError> {
-    match indices.iter().find(|&&i| i >= n) {
-        Some(i) => Err(ConfigError::new(
-            &exp.path,
-            "points",
-            format!("no point {i} (the plan has {n})"),
-        )),
-        None => Ok(()),
-    }
-}
-
-fn thread_pool(exp: &Experiment, threads: usize) -> Result<rayon::ThreadPool, ConfigError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| ConfigError::new(&exp.path, "", format!("thread pool: {e}")))
 }
 
 /// Run the points with these indices on `threads` worker threads (0 = all cores); results come
@@ -220,21 +193,39 @@ pub fn run_points(
     indices: &[usize],
     threads: usize,
 ) -> Result<Vec<PointResult>, ConfigError> {
-    let points = exp.points(quick);
-    check_indices(exp, indices, points.len())?;
-    let pool = thread_pool(exp, threads)?;
-    let mut out: Vec<Result<PointResult, ConfigError>> = pool.install(|| {
-        indices
-            .par_iter()
-            .map(|&i| run_point(exp, &points[i], quick))
-            .collect()
-    });
-    let mut res = Vec::with_capacity(out.len());
-    for r in out.drain(..) {
-        res.push(r?);
-    }
+    let mut res = on_points(exp, quick, indices, threads, run_point)?;
     res.sort_by_key(|r| r.index);
     Ok(res)
+}
+
+/// `f` on the points with these indices, in parallel on `threads` worker threads (0 = all
+/// cores); the first error wins.
+fn on_points<T: Send>(
+    exp: &Experiment,
+    quick: bool,
+    indices: &[usize],
+    threads: usize,
+    f: impl Fn(&Experiment, &Point, bool) -> Result<T, ConfigError> + Sync,
+) -> Result<Vec<T>, ConfigError> {
+    let points = exp.points(quick);
+    if let Some(i) = indices.iter().find(|&&i| i >= points.len()) {
+        return Err(ConfigError::new(
+            &exp.path,
+            "points",
+            format!("no point {i} (the plan has {})", points.len()),
+        ));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| ConfigError::new(&exp.path, "", format!("thread pool: {e}")))?;
+    let out: Vec<Result<T, ConfigError>> = pool.install(|| {
+        indices
+            .par_iter()
+            .map(|&i| f(exp, &points[i], quick))
+            .collect()
+    });
+    out.into_iter().collect()
 }
 
 /// Run one point with tracing on (at most `max_ms` of simulated time) and write a Chrome/Perfetto

@@ -28,14 +28,24 @@ fn json(v: &impl serde::Serialize) -> PyResult<String> {
     serde_json::to_string(v).map_err(|e| cfg_err(format!("-: -: cannot encode result: {e}")))
 }
 
+/// Load the experiment at `path` with `sets` and run `f` on it, without the GIL.
+fn on_experiment<T: Send>(
+    py: Python<'_>,
+    path: &std::path::Path,
+    sets: &[String],
+    f: impl FnOnce(&shootdown_experiments::Experiment) -> Result<T, shootdown_experiments::ConfigError>
+        + Send,
+) -> PyResult<T> {
+    py.allow_threads(|| f(&shootdown_experiments::load(path, sets)?))
+        .map_err(cfg_err)
+}
+
 /// Expand an experiment file into its plan: experiment metadata, variants, rows, published
 /// numbers and the points to run.
 #[pyfunction]
 fn plan(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> PyResult<String> {
-    let exp = py
-        .allow_threads(|| shootdown_experiments::load(&path, &sets))
-        .map_err(cfg_err)?;
-    json(&exp.plan_json(quick))
+    let plan = on_experiment(py, &path, &sets, |exp| Ok(exp.plan_json(quick)))?;
+    json(&plan)
 }
 
 /// Run the points with these indices (in parallel on `threads` threads; 0 = all cores).
@@ -48,12 +58,9 @@ fn run_points(
     indices: Vec<usize>,
     threads: usize,
 ) -> PyResult<String> {
-    let res = py
-        .allow_threads(|| {
-            let exp = shootdown_experiments::load(&path, &sets)?;
-            shootdown_experiments::run_points(&exp, quick, &indices, threads)
-        })
-        .map_err(cfg_err)?;
+    let res = on_experiment(py, &path, &sets, |exp| {
+        shootdown_experiments::run_points(exp, quick, &indices, threads)
+    })?;
     json(&res)
 }
 
@@ -68,12 +75,9 @@ fn profile_points(
     indices: Vec<usize>,
     threads: usize,
 ) -> PyResult<String> {
-    let res = py
-        .allow_threads(|| {
-            let exp = shootdown_experiments::load(&path, &sets)?;
-            shootdown_experiments::profile_points(&exp, quick, &indices, threads)
-        })
-        .map_err(cfg_err)?;
+    let res = on_experiment(py, &path, &sets, |exp| {
+        shootdown_experiments::profile_points(exp, quick, &indices, threads)
+    })?;
     let ns = |t: shootdown_engine::Time| t.as_ns_f64();
     let out: Vec<serde_json::Value> = res
         .iter()
@@ -121,12 +125,9 @@ fn trace(
     out_path: PathBuf,
     max_ms: f64,
 ) -> PyResult<String> {
-    let r = py
-        .allow_threads(|| {
-            let exp = shootdown_experiments::load(&path, &sets)?;
-            shootdown_experiments::trace_point(&exp, quick, row_index, &variant, max_ms, &out_path)
-        })
-        .map_err(cfg_err)?;
+    let r = on_experiment(py, &path, &sets, |exp| {
+        shootdown_experiments::trace_point(exp, quick, row_index, &variant, max_ms, &out_path)
+    })?;
     json(&r)
 }
 
@@ -134,17 +135,14 @@ fn trace(
 #[pyfunction]
 #[pyo3(name = "bench")]
 fn bench_run(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> PyResult<String> {
-    let r = py
-        .allow_threads(|| {
-            let exp = shootdown_experiments::load(&path, &sets)?;
-            let p = exp
-                .points(quick)
-                .into_iter()
-                .next()
-                .expect("an experiment has at least one point");
-            shootdown_experiments::run_point(&exp, &p, quick)
-        })
-        .map_err(cfg_err)?;
+    let r = on_experiment(py, &path, &sets, |exp| {
+        let p = exp
+            .points(quick)
+            .into_iter()
+            .next()
+            .expect("an experiment has at least one point");
+        shootdown_experiments::run_point(exp, &p, quick)
+    })?;
     let v = serde_json::json!({
         "steps": r.steps,
         "wall_s": r.wall_s,
