@@ -25,7 +25,6 @@ from .schema import Plan
 
 __all__ = [
     "IDLE",
-    "USER",
     "OUTSIDE",
     "TOTAL",
     "profile_frame",
@@ -35,8 +34,6 @@ __all__ = [
 
 #: The bottom slice of an idle CPU.
 IDLE = "idle"
-#: The bottom slice of a CPU running a user task (exclusive: user-mode time).
-USER = "user"
 #: Pseudo-function: CPU time with no slice open (a CPU before its first step).
 OUTSIDE = "(no slice)"
 #: Pseudo-function: all CPU time (CPUs × measured window).
@@ -114,18 +111,14 @@ def summarize_profile(frame: pd.DataFrame, baseline: Optional[str] = None) -> pd
     variants = list(dict.fromkeys(frame["variant"]))
     baseline = baseline or variants[0]
     events = frame.drop_duplicates(["variant", "rep"]).groupby("variant")["events"].sum()
-    sums = frame.groupby(["function", "variant"])[["calls", "exclusive_ns", "inclusive_ns"]].sum()
+    sums = frame.groupby(["variant", "function"])[["calls", "exclusive_ns", "inclusive_ns"]].sum()
     out = pd.DataFrame(index=sorted(set(frame["function"])))
     for v in variants:
-        n = float(events.get(v, 0)) or float("nan")
-        part = sums.xs(v, level="variant") if v in sums.index.get_level_values(1) else None
-        calls = part["calls"] if part is not None else pd.Series(dtype=float)
-        excl = part["exclusive_ns"] if part is not None else pd.Series(dtype=float)
-        incl = part["inclusive_ns"] if part is not None else pd.Series(dtype=float)
-        out[f"{v}:calls/event"] = (calls / n).reindex(out.index).fillna(0.0)
-        out[f"{v}:ns/event"] = (excl / n).reindex(out.index).fillna(0.0)
-        per_call = (incl / calls.where(calls > 0)).reindex(out.index)
-        out[f"{v}:ns/call"] = per_call
+        n = float(events[v]) or float("nan")
+        part = sums.loc[v].reindex(out.index)  # a function a variant never ran: NaN, then 0
+        out[f"{v}:calls/event"] = (part["calls"] / n).fillna(0.0)
+        out[f"{v}:ns/event"] = (part["exclusive_ns"] / n).fillna(0.0)
+        out[f"{v}:ns/call"] = part["inclusive_ns"] / part["calls"].where(part["calls"] > 0)
     for v in variants:
         if v != baseline:
             out[f"Δ {v}:ns/event"] = out[f"{v}:ns/event"] - out[f"{baseline}:ns/event"]
@@ -170,7 +163,7 @@ def format_profile(summary: pd.DataFrame, title: str = "", top: Optional[int] = 
     rows = []
     for _, r in body.iterrows():
         line = [str(r["function"])]
-        no_calls = r["function"] in (IDLE, USER, OUTSIDE, TOTAL)
+        no_calls = r["function"] in (OUTSIDE, TOTAL)
         for v in variants:
             line += [
                 "-" if no_calls else _num(r[f"{v}:calls/event"], 3),
