@@ -40,7 +40,7 @@ pub(crate) fn validate_workload(exp: &Experiment, w: &toml::Table) -> Result<(),
 }
 
 /// What a run records besides its result.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Capture {
     Nothing,
     /// The timeline (every trace event).
@@ -50,7 +50,6 @@ enum Capture {
 }
 
 /// What a run recorded.
-#[derive(Default)]
 struct Captured {
     trace: Vec<shootdown_engine::trace::Stamped>,
     profile: Option<Profile>,
@@ -180,9 +179,7 @@ pub fn profile_points(
     indices: &[usize],
     threads: usize,
 ) -> Result<Vec<PointProfile>, ConfigError> {
-    let mut res = on_points(exp, quick, indices, threads, profile_point)?;
-    res.sort_by_key(|r| r.point.index);
-    Ok(res)
+    on_points(exp, quick, indices, threads, profile_point)
 }
 
 /// Run the points with these indices on `threads` worker threads (0 = all cores); results come
@@ -193,13 +190,12 @@ pub fn run_points(
     indices: &[usize],
     threads: usize,
 ) -> Result<Vec<PointResult>, ConfigError> {
-    let mut res = on_points(exp, quick, indices, threads, run_point)?;
-    res.sort_by_key(|r| r.index);
-    Ok(res)
+    on_points(exp, quick, indices, threads, run_point)
 }
 
 /// `f` on the points with these indices, in parallel on `threads` worker threads (0 = all
-/// cores); the first error wins.
+/// cores); results in index order (a point's index is its position in the plan); the first
+/// error wins.
 fn on_points<T: Send>(
     exp: &Experiment,
     quick: bool,
@@ -219,8 +215,10 @@ fn on_points<T: Send>(
         .num_threads(threads)
         .build()
         .map_err(|e| ConfigError::new(&exp.path, "", format!("thread pool: {e}")))?;
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
     let out: Vec<Result<T, ConfigError>> = pool.install(|| {
-        indices
+        sorted
             .par_iter()
             .map(|&i| f(exp, &points[i], quick))
             .collect()
