@@ -5,6 +5,7 @@ use serde::Serialize;
 use shootdown_engine::rng::mix_seed;
 use shootdown_hw::{CostProfile, Topology};
 use shootdown_linux::{OptValue, Options};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -119,20 +120,27 @@ fn string(path: &Path, t: &toml::Table, sect: &str, key: &str) -> Result<String,
     }
 }
 
+/// Repetitions of one point: far more than any table needs, few enough to finish.
+const MAX_REPETITIONS: i64 = 1000;
+
 fn uint(
     path: &Path,
     t: &toml::Table,
     sect: &str,
     key: &str,
     default: Option<i64>,
-    min: i64,
+    range: RangeInclusive<i64>,
 ) -> Result<i64, ConfigError> {
     match t.get(key) {
-        Some(toml::Value::Integer(i)) if *i >= min => Ok(*i),
+        Some(toml::Value::Integer(i)) if range.contains(i) => Ok(*i),
         Some(toml::Value::Integer(i)) => Err(ConfigError::new(
             path,
             format!("{sect}.{key}"),
-            format!("must be at least {min} (got {i})"),
+            format!(
+                "must be between {} and {} (got {i})",
+                range.start(),
+                range.end()
+            ),
         )),
         Some(_) => Err(ConfigError::new(
             path,
@@ -207,16 +215,23 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
     let profile_name = string(path, e, "experiment", "profile")?;
     let metric = string(path, e, "experiment", "metric")?;
     let unit = string(path, e, "experiment", "unit")?;
-    let repetitions = uint(path, e, "experiment", "repetitions", Some(1), 1)? as usize;
+    let repetitions = uint(
+        path,
+        e,
+        "experiment",
+        "repetitions",
+        Some(1),
+        1..=MAX_REPETITIONS,
+    )? as usize;
     let quick_repetitions = uint(
         path,
         e,
         "experiment",
         "quick_repetitions",
         Some(repetitions.min(2) as i64),
-        1,
+        1..=MAX_REPETITIONS,
     )? as usize;
-    let rng_seed = uint(path, e, "experiment", "rng_seed", Some(1), 0)? as u64;
+    let rng_seed = uint(path, e, "experiment", "rng_seed", Some(1), 0..=i64::MAX)? as u64;
     let row_key = match e.get("row_key") {
         None => None,
         Some(toml::Value::String(s)) => Some(s.clone()),
@@ -270,9 +285,30 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         &["sockets", "cores_per_socket", "threads_per_core"],
     )?;
     let topology = Topology::new(
-        uint(path, t, "topology", "sockets", None, 0)? as usize,
-        uint(path, t, "topology", "cores_per_socket", None, 0)? as usize,
-        uint(path, t, "topology", "threads_per_core", Some(1), 0)? as usize,
+        uint(
+            path,
+            t,
+            "topology",
+            "sockets",
+            None,
+            0..=shootdown_hw::MAX_CPUS as i64,
+        )? as usize,
+        uint(
+            path,
+            t,
+            "topology",
+            "cores_per_socket",
+            None,
+            0..=shootdown_hw::MAX_CPUS as i64,
+        )? as usize,
+        uint(
+            path,
+            t,
+            "topology",
+            "threads_per_core",
+            Some(1),
+            0..=shootdown_hw::MAX_CPUS as i64,
+        )? as usize,
     )
     .map_err(|(k, r)| ConfigError::new(path, format!("topology.{k}"), r))?;
 

@@ -104,7 +104,7 @@ fn impossible_topologies_are_rejected() {
         GOOD,
         &["topology.threads_per_core=-2"],
         "topology.threads_per_core",
-        "at least 0",
+        "must be between 0 and 16384 (got -2)",
     );
     expect(
         "topo3.toml",
@@ -112,6 +112,13 @@ fn impossible_topologies_are_rejected() {
         &["workload.cpu_b=7"],
         "workload.cpu_b",
         "does not exist",
+    );
+    expect(
+        "topo5.toml",
+        GOOD,
+        &["topology.cores_per_socket=9000", "topology.sockets=9000"],
+        "topology.cores_per_socket",
+        "9000 x 9000 x 1 logical CPUs is more than the 16384 supported",
     );
     let sys = GOOD
         .replace("madv_dontneed_pingpong", "sysbench_fileio")
@@ -149,6 +156,15 @@ fn malformed_files_and_values_are_rejected() {
         "no profile 'nosuchmachine'",
     );
     expect("mal4.toml", GOOD, &["oops"], "oops", "KEY=VALUE");
+    // Counts are bounded above too: a typo'd size fails at load, not by overflow or an
+    // endless run.
+    expect(
+        "mal5.toml",
+        GOOD,
+        &["workload.iterations=20000000000"],
+        "workload.iterations",
+        "must be between 1 and 1000000000 (got 20000000000)",
+    );
     let e = load(Path::new("/nonexistent/exp.toml"), &[])
         .unwrap_err()
         .to_string();
@@ -184,7 +200,9 @@ fn negative_costs_in_profiles_are_rejected() {
     std::fs::write(&p, GOOD.replace("skylake-laptop-kvm-guest", "broken")).unwrap();
     let e = load(&p, &[]).unwrap_err().to_string();
     assert!(
-        e.contains("broken.toml") && e.contains("cost.invlpg") && e.contains("non-negative"),
+        e.contains("broken.toml")
+            && e.contains("cost.invlpg")
+            && e.contains("between 0 and 1000000000 (got -5)"),
         "{e}"
     );
 }
@@ -227,7 +245,14 @@ fn bad_profile_overrides_are_rejected() {
         GOOD,
         &["profile_override.cost.invlpg=-3"],
         "profile_override.cost.invlpg",
-        "non-negative",
+        "between 0 and 1000000000 (got -3)",
+    );
+    expect(
+        "ovr5.toml",
+        GOOD,
+        &["profile_override.cost.invlpg=1e300"],
+        "profile_override.cost.invlpg",
+        "between 0 and 1000000000 (got 1e300)",
     );
     expect(
         "ovr3.toml",

@@ -18,4 +18,4 @@ pub mod tlb;
 pub mod topology;
 
 pub use profile::{CostProfile, Features};
-pub use topology::{CpuId, Distance, Topology};
+pub use topology::{CpuId, Distance, Topology, MAX_CPUS};

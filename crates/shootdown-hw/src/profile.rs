@@ -22,14 +22,18 @@ macro_rules! cost_keys {
 
         impl Costs {
             /// Build from `key → nanoseconds`; every key must be present, none unknown, none
-            /// negative or non-finite. Errors are `(key, reason)`.
+            /// negative, non-finite or above [`MAX_COST_NS`]. Errors are `(key, reason)`.
             pub fn from_ns_map(map: &BTreeMap<String, f64>) -> Result<Costs, (String, String)> {
                 for (k, v) in map {
                     if !COST_KEYS.iter().any(|(n, _)| n == k) {
                         return Err((k.clone(), "unknown cost key".into()));
                     }
-                    if !v.is_finite() || *v < 0.0 {
-                        return Err((k.clone(), format!("cost must be a finite, non-negative number of ns (got {v})")));
+                    // One second bounds every cost: far above any real one, and low enough that
+                    // sums of costs cannot overflow simulated time.
+                    if !v.is_finite() || !(0.0..=MAX_COST_NS).contains(v) {
+                        // Exponent form for huge values, which Display spells out digit by digit.
+                        let got = if v.abs() >= 1e12 { format!("{v:e}") } else { format!("{v}") };
+                        return Err((k.clone(), format!("cost must be a number of ns between 0 and {MAX_COST_NS} (got {got})")));
                     }
                 }
                 Ok(Costs {
@@ -40,6 +44,9 @@ macro_rules! cost_keys {
         }
     };
 }
+
+/// The largest cost a profile may give, in ns (one second).
+pub const MAX_COST_NS: f64 = 1e9;
 
 cost_keys! {
     /// Access to a shared kernel cache line already held by this CPU.
@@ -202,13 +209,15 @@ mod tests {
         assert_eq!(Costs::from_ns_map(&m).unwrap_err().0, "invlpg");
     }
     #[test]
-    fn rejects_negative_and_unknown() {
+    fn rejects_negative_huge_and_unknown() {
         let mut m = full();
         m.insert("invlpg".into(), -3.0);
-        assert!(Costs::from_ns_map(&m)
-            .unwrap_err()
-            .1
-            .contains("non-negative"));
+        let e = Costs::from_ns_map(&m).unwrap_err();
+        assert_eq!(e.0, "invlpg");
+        assert!(e.1.contains("between 0 and 1000000000 (got -3)"), "{}", e.1);
+        // Too large for simulated time to add up: bounded like the negatives.
+        m.insert("invlpg".into(), 1e300);
+        assert!(Costs::from_ns_map(&m).unwrap_err().1.contains("got 1e300"));
         let mut m = full();
         m.insert("warp_drive".into(), 1.0);
         assert_eq!(Costs::from_ns_map(&m).unwrap_err().0, "warp_drive");

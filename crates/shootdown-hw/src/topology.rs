@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 /// Index of a logical CPU (or, inside a guest, of a vCPU).
 pub type CpuId = usize;
 
+/// The most logical CPUs a topology may have.
+pub const MAX_CPUS: usize = 16384;
+
 /// How far apart two CPUs are; IPI latency and cache-line transfer cost depend on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Distance {
@@ -40,20 +43,30 @@ impl Topology {
         if !(1..=8).contains(&threads_per_core) {
             return Err(("threads_per_core", "must be between 1 and 8".into()));
         }
+        // Checked: a typo'd count must fail here, not overflow in `nr_cpus`.
+        let cpus = sockets
+            .checked_mul(cores_per_socket)
+            .and_then(|n| n.checked_mul(threads_per_core))
+            .filter(|&n| n <= MAX_CPUS);
+        let Some(_) = cpus else {
+            let key = if sockets > MAX_CPUS {
+                "sockets"
+            } else {
+                "cores_per_socket"
+            };
+            return Err((
+                key,
+                format!(
+                    "{sockets} x {cores_per_socket} x {threads_per_core} logical CPUs is more than \
+                     the {MAX_CPUS} supported"
+                ),
+            ));
+        };
         let t = Topology {
             sockets,
             cores_per_socket,
             threads_per_core,
         };
-        if t.nr_cpus() > 16384 {
-            return Err((
-                "cores_per_socket",
-                format!(
-                    "{} logical CPUs is more than the 16384 supported",
-                    t.nr_cpus()
-                ),
-            ));
-        }
         Ok(t)
     }
     pub fn nr_cpus(&self) -> usize {

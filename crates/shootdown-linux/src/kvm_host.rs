@@ -133,27 +133,31 @@ pub const HOST_KEYS: &[(&str, &str)] = &[
 impl HostConfig {
     /// Set one `[host]` key; the error is the reason (the caller adds file and key).
     pub fn set(&mut self, key: &str, v: &OptValue) -> Result<(), String> {
-        fn int(v: &OptValue, min: i64) -> Result<u64, String> {
+        // Bounded above too, so that no typo'd value overflows a time or a product later.
+        fn int(v: &OptValue, min: i64, max: i64) -> Result<u64, String> {
             match v {
-                OptValue::Int(i) if *i >= min => Ok(*i as u64),
-                OptValue::Int(i) => Err(format!("must be at least {min} (got {i})")),
+                OptValue::Int(i) if (min..=max).contains(i) => Ok(*i as u64),
+                OptValue::Int(i) => Err(format!("must be between {min} and {max} (got {i})")),
                 _ => Err("expected an integer".into()),
             }
         }
+        /// One simulated hour, in µs.
+        const MAX_US: i64 = 3_600_000_000;
+        let cpus = shootdown_hw::MAX_CPUS as i64;
         match key {
-            "vms" => self.vms = int(v, 1)? as usize,
-            "vcpus_per_vm" => self.vcpus_per_vm = int(v, 1)? as usize,
-            "timeslice_us" => self.timeslice_us = int(v, 1)?,
+            "vms" => self.vms = int(v, 1, MAX_VMS as i64)? as usize,
+            "vcpus_per_vm" => self.vcpus_per_vm = int(v, 1, cpus)? as usize,
+            "timeslice_us" => self.timeslice_us = int(v, 1, MAX_US)?,
             "wakeup_preemption" => {
                 self.wakeup_preemption = match v {
                     OptValue::Bool(b) => *b,
                     _ => return Err("expected true or false".into()),
                 }
             }
-            "wakeup_granularity_us" => self.wakeup_granularity_us = int(v, 0)?,
-            "housekeeping_interval_us" => self.housekeeping_interval_us = int(v, 0)?,
-            "housekeeping_run_us" => self.housekeeping_run_us = int(v, 0)?,
-            "vmcs_accesses_per_exit" => self.vmcs_accesses_per_exit = int(v, 0)?,
+            "wakeup_granularity_us" => self.wakeup_granularity_us = int(v, 0, MAX_US)?,
+            "housekeeping_interval_us" => self.housekeeping_interval_us = int(v, 0, MAX_US)?,
+            "housekeeping_run_us" => self.housekeeping_run_us = int(v, 0, MAX_US)?,
+            "vmcs_accesses_per_exit" => self.vmcs_accesses_per_exit = int(v, 0, 10_000)?,
             _ => {
                 let keys: Vec<_> = HOST_KEYS.iter().map(|k| k.0).collect();
                 return Err(format!("unknown host setting (known: {})", keys.join(", ")));

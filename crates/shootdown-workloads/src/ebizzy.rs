@@ -30,7 +30,7 @@
 //!
 //! Without a `[host]` the same program runs natively on every CPU of the topology.
 
-use crate::{Built, ParamError, Params};
+use crate::{params::limits, Built, ParamError, Params};
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
@@ -38,14 +38,14 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         Some(h) => (h.cfg.vms, h.cfg.vcpus_per_vm),
         None => (1, m.cpus.len()),
     };
-    let threads = p.int("threads", vcpus as i64, 1)? as usize;
-    let chunk_kb = p.int("chunk_size_kb", 512, 4)? as u64;
-    let tracked = p.int("tracked_pages", 2, 1)? as u64;
-    let search_ns = p.int("search_ns", 1000, 0)? as u64;
-    let slice_ns = p.int("compute_slice_ns", 5000, 100)? as u64;
+    let threads = p.int("threads", vcpus as i64, 1..=limits::THREADS)? as usize;
+    let chunk_kb = p.int("chunk_size_kb", 512, 4..=limits::OBJECT_KB)? as u64;
+    let tracked = p.int("tracked_pages", 2, 1..=limits::OBJECT_KB / 4)? as u64;
+    let search_ns = p.int("search_ns", 1000, 0..=limits::NS)? as u64;
+    let slice_ns = p.int("compute_slice_ns", 5000, 100..=limits::NS)? as u64;
     let munmap = p.string("free_with", "madvise", &["madvise", "munmap"])? == "munmap";
-    let warmup_ms = p.num("warmup_ms", 20.0)?;
-    let measure_ms = p.num("measure_ms", 100.0)?;
+    let warmup_ms = p.num("warmup_ms", 20.0, limits::MS)?;
+    let measure_ms = p.num("measure_ms", 100.0, limits::MS)?;
     if chunk_kb % 4 != 0 {
         return Err((
             "chunk_size_kb".into(),

@@ -3,15 +3,16 @@
 //! idle with the mm still loaded (lazy): before Andy's rework it stays in `mm_cpumask`, so the
 //! next DONTNEED IPIs it; after, it does not. Metric: µs per iteration.
 
-use crate::{Built, Measure, ParamError, Params};
+use crate::{params::limits, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
+use shootdown_hw::MAX_CPUS;
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
-    let iterations = p.int("iterations", 2000, 1)? as u32;
-    let warmup = p.int("warmup_iterations", 50, 0)? as u32;
-    let cpu_a = p.int("cpu_a", 0, 0)? as usize;
-    let cpu_b = p.int("cpu_b", 1, 0)? as usize;
+    let iterations = p.int("iterations", 2000, 1..=limits::COUNT)? as u32;
+    let warmup = p.int("warmup_iterations", 50, 0..=limits::COUNT)? as u32;
+    let cpu_a = p.int("cpu_a", 0, 0..=MAX_CPUS as i64)? as usize;
+    let cpu_b = p.int("cpu_b", 1, 0..=MAX_CPUS as i64)? as usize;
     for (k, c) in [("cpu_a", cpu_a), ("cpu_b", cpu_b)] {
         // On a host the CPUs are the VM's vCPUs, not the topology's pCPUs.
         if c >= m.cpus.len() {

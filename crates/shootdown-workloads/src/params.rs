@@ -3,9 +3,27 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::ops::RangeInclusive;
 
 /// `(key, reason)`; the caller prefixes the file and `workload.`.
 pub type ParamError = (String, String);
+
+/// Upper bounds of workload parameters: far beyond any experiment, small enough that products
+/// of them cannot overflow and that building a workload stays within memory.
+pub mod limits {
+    /// Threads (tasks) of one workload.
+    pub const THREADS: i64 = 1 << 16;
+    /// Memory one workload maps, in MiB (64 GiB: 16 M PTEs).
+    pub const MEMORY_MB: i64 = 1 << 16;
+    /// Iterations, rounds, request counts.
+    pub const COUNT: i64 = 1_000_000_000;
+    /// A per-operation duration in ns (one second).
+    pub const NS: i64 = 1_000_000_000;
+    /// A simulated window in ms (one hour).
+    pub const MS: f64 = 3_600_000.0;
+    /// Sizes in KiB or bytes of one object (1 GiB).
+    pub const OBJECT_KB: i64 = 1 << 20;
+}
 
 pub struct Params<'a> {
     table: &'a toml::Table,
@@ -23,14 +41,25 @@ impl<'a> Params<'a> {
         self.table.get(key)
     }
 
-    /// An integer `>= min`, or `default` when absent.
-    pub fn int(&self, key: &str, default: i64, min: i64) -> Result<i64, ParamError> {
+    /// An integer in `range`, or `default` when absent. Every integer has an upper bound too: a
+    /// typo'd count must be an error here, not an overflow or an endless run later.
+    pub fn int(
+        &self,
+        key: &str,
+        default: i64,
+        range: RangeInclusive<i64>,
+    ) -> Result<i64, ParamError> {
         match self.get(key) {
             None => Ok(default),
-            Some(toml::Value::Integer(i)) if *i >= min => Ok(*i),
-            Some(toml::Value::Integer(i)) => {
-                Err((key.into(), format!("must be at least {min} (got {i})")))
-            }
+            Some(toml::Value::Integer(i)) if range.contains(i) => Ok(*i),
+            Some(toml::Value::Integer(i)) => Err((
+                key.into(),
+                format!(
+                    "must be between {} and {} (got {i})",
+                    range.start(),
+                    range.end()
+                ),
+            )),
             Some(v) => Err((
                 key.into(),
                 format!("expected an integer, got {}", v.type_str()),
@@ -38,16 +67,23 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// A non-negative number (integer or float).
-    pub fn num(&self, key: &str, default: f64) -> Result<f64, ParamError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(toml::Value::Integer(i)) if *i >= 0 => Ok(*i as f64),
-            Some(toml::Value::Float(f)) if *f >= 0.0 && f.is_finite() => Ok(*f),
-            Some(v) => Err((
-                key.into(),
-                format!("expected a non-negative number, got {v}"),
-            )),
+    /// A number (integer or float) in `0..=max`, or `default` when absent.
+    pub fn num(&self, key: &str, default: f64, max: f64) -> Result<f64, ParamError> {
+        let v = match self.get(key) {
+            None => return Ok(default),
+            Some(toml::Value::Integer(i)) => *i as f64,
+            Some(toml::Value::Float(f)) => *f,
+            Some(v) => {
+                return Err((
+                    key.into(),
+                    format!("expected a number, got {}", v.type_str()),
+                ))
+            }
+        };
+        if (0.0..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err((key.into(), format!("must be between 0 and {max} (got {v})")))
         }
     }
 

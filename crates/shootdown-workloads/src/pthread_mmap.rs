@@ -9,15 +9,16 @@
 //! With a `[host]` the CPUs are the vCPUs of one VM (seed 002 ran in a KVM guest): a vCPU whose
 //! thread the host has descheduled takes a flush IPI only when the host runs it again.
 
-use crate::{Built, Measure, ParamError, Params};
+use crate::{params::limits, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
+use shootdown_hw::MAX_CPUS;
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
-    let threads = p.int("threads", 8, 1)? as u64;
-    let cpus = p.int("cpus", 4, 1)? as usize;
-    let nrounds = p.int("nrounds", 100, 1)? as u32;
-    let data_mb = p.int("data_mb", 256, 1)? as u64;
+    let threads = p.int("threads", 8, 1..=limits::THREADS)? as u64;
+    let cpus = p.int("cpus", 4, 1..=MAX_CPUS as i64)? as usize;
+    let nrounds = p.int("nrounds", 100, 1..=limits::COUNT)? as u32;
+    let data_mb = p.int("data_mb", 256, 1..=limits::MEMORY_MB)? as u64;
     // On a host the CPUs are the VM's vCPUs, not the topology's pCPUs.
     if cpus > m.cpus.len() {
         return Err((

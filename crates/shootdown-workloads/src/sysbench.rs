@@ -32,22 +32,22 @@
 //! Metric: events (writes and fsyncs) per second between `warmup_ms` and `warmup_ms +
 //! measure_ms` of simulated time, times `run_seconds` (sysbench's default `--time=10`).
 
-use crate::{place_threads, Built, Measure, ParamError, Params};
+use crate::{params::limits, place_threads, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
 use shootdown_linux::{FileioGen, Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
-    let threads = p.int("threads", 1, 1)? as usize;
-    let file_mb = p.int("file_total_size_mb", 3072, 1)? as u64;
-    let num_files = p.int("file_num", 128, 1)? as u64;
-    let block = p.int("block_size", 16384, 4096)? as u64;
-    let fsync_freq = p.int("fsync_freq", 100, 0)? as u64;
-    let user_ns = p.int("user_ns_per_request", 0, 0)? as u64;
+    let threads = p.int("threads", 1, 1..=limits::THREADS)? as usize;
+    let file_mb = p.int("file_total_size_mb", 3072, 1..=limits::MEMORY_MB)? as u64;
+    let num_files = p.int("file_num", 128, 1..=limits::COUNT)? as u64;
+    let block = p.int("block_size", 16384, 4096..=limits::OBJECT_KB * 1024)? as u64;
+    let fsync_freq = p.int("fsync_freq", 100, 0..=limits::COUNT)? as u64;
+    let user_ns = p.int("user_ns_per_request", 0, 0..=limits::NS)? as u64;
     let dax_pmd = p.boolean("dax_pmd", false)?;
     let main_thread = p.boolean("main_thread", true)?;
-    let warmup_ms = p.num("warmup_ms", 2.0)?;
-    let measure_ms = p.num("measure_ms", 10.0)?;
-    let run_seconds = p.num("run_seconds", 10.0)?;
+    let warmup_ms = p.num("warmup_ms", 2.0, limits::MS)?;
+    let measure_ms = p.num("measure_ms", 10.0, limits::MS)?;
+    let run_seconds = p.num("run_seconds", 10.0, limits::MS / 1000.0)?;
     if block % 4096 != 0 {
         return Err((
             "block_size".into(),

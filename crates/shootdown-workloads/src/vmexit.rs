@@ -4,7 +4,7 @@
 //! `vmcs_accesses_per_exit` VMREAD/VMWRITEs of the exit path (option `vmx_insn_error_check`),
 //! and the CPUID emulation. Metric: VM exits per second per vCPU.
 
-use crate::{Built, ParamError, Params};
+use crate::{params::limits, Built, ParamError, Params};
 use shootdown_linux::{Machine, UserOp};
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
@@ -14,8 +14,8 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             "vmexit_cpuid needs a [host] (vCPUs to exit from)".into(),
         ));
     }
-    let warmup_ms = p.num("warmup_ms", 1.0)?;
-    let measure_ms = p.num("measure_ms", 10.0)?;
+    let warmup_ms = p.num("warmup_ms", 1.0, limits::MS)?;
+    let measure_ms = p.num("measure_ms", 10.0, limits::MS)?;
     if measure_ms <= 0.0 {
         return Err(("measure_ms".into(), "must be positive".into()));
     }
