@@ -165,6 +165,13 @@ fn malformed_files_and_values_are_rejected() {
         "workload.iterations",
         "must be between 1 and 1000000000 (got 20000000000)",
     );
+    expect(
+        "mal6.toml",
+        GOOD,
+        &["host.timeslice_us=9223372036854775807"],
+        "host.timeslice_us",
+        "must be between 1 and 3600000000 (got 9223372036854775807)",
+    );
     let e = load(Path::new("/nonexistent/exp.toml"), &[])
         .unwrap_err()
         .to_string();
