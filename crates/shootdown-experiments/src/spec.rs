@@ -284,31 +284,23 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         t,
         &["sockets", "cores_per_socket", "threads_per_core"],
     )?;
+    // Each value is an integer of at most MAX_CPUS here; Topology::new checks the minimums and
+    // the product.
+    let count = |key, default| {
+        uint(
+            path,
+            t,
+            "topology",
+            key,
+            default,
+            0..=shootdown_hw::MAX_CPUS as i64,
+        )
+        .map(|n| n as usize)
+    };
     let topology = Topology::new(
-        uint(
-            path,
-            t,
-            "topology",
-            "sockets",
-            None,
-            0..=shootdown_hw::MAX_CPUS as i64,
-        )? as usize,
-        uint(
-            path,
-            t,
-            "topology",
-            "cores_per_socket",
-            None,
-            0..=shootdown_hw::MAX_CPUS as i64,
-        )? as usize,
-        uint(
-            path,
-            t,
-            "topology",
-            "threads_per_core",
-            Some(1),
-            0..=shootdown_hw::MAX_CPUS as i64,
-        )? as usize,
+        count("sockets", None)?,
+        count("cores_per_socket", None)?,
+        count("threads_per_core", Some(1))?,
     )
     .map_err(|(k, r)| ConfigError::new(path, format!("topology.{k}"), r))?;
 
