@@ -31,9 +31,7 @@ macro_rules! cost_keys {
                     // One second bounds every cost: far above any real one, and low enough that
                     // sums of costs cannot overflow simulated time.
                     if !v.is_finite() || !(0.0..=MAX_COST_NS).contains(v) {
-                        // Exponent form for huge values, which Display spells out digit by digit.
-                        let got = if v.abs() >= 1e12 { format!("{v:e}") } else { format!("{v}") };
-                        return Err((k.clone(), format!("cost must be a number of ns between 0 and {MAX_COST_NS} (got {got})")));
+                        return Err((k.clone(), format!("cost must be a number of ns between 0 and {MAX_COST_NS} (got {})", show_number(*v))));
                     }
                 }
                 Ok(Costs {
@@ -43,6 +41,16 @@ macro_rules! cost_keys {
             }
         }
     };
+}
+
+/// A number as an error message shows it: huge ones in exponent form, which `Display` would
+/// spell out digit by digit.
+pub fn show_number(v: f64) -> String {
+    if v.abs() >= 1e12 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
 }
 
 /// The largest cost a profile may give, in ns (one second).

@@ -44,11 +44,11 @@ impl Topology {
             return Err(("threads_per_core", "must be between 1 and 8".into()));
         }
         // Checked: a typo'd count must fail here, not overflow in `nr_cpus`.
-        let cpus = sockets
+        let fits = sockets
             .checked_mul(cores_per_socket)
             .and_then(|n| n.checked_mul(threads_per_core))
-            .filter(|&n| n <= MAX_CPUS);
-        let Some(_) = cpus else {
+            .is_some_and(|n| n <= MAX_CPUS);
+        if !fits {
             let key = if sockets > MAX_CPUS {
                 "sockets"
             } else {
@@ -61,7 +61,7 @@ impl Topology {
                      the {MAX_CPUS} supported"
                 ),
             ));
-        };
+        }
         let t = Topology {
             sockets,
             cores_per_socket,

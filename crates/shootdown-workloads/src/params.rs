@@ -1,6 +1,7 @@
 //! Typed access to a workload's `[workload]` table that remembers which keys were read, so that
 //! any key a workload does not know is reported as an error naming it.
 
+use shootdown_hw::profile::show_number;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
@@ -83,7 +84,10 @@ impl<'a> Params<'a> {
         if (0.0..=max).contains(&v) {
             Ok(v)
         } else {
-            Err((key.into(), format!("must be between 0 and {max} (got {v})")))
+            Err((
+                key.into(),
+                format!("must be between 0 and {max} (got {})", show_number(v)),
+            ))
         }
     }
 
