@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use shootdown_experiments::load;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -126,7 +127,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(160))]
     #[test]
     fn mutated_experiment_files_load_or_fail_cleanly(file in any::<usize>(), m in mutation()) {
-        let corpus = corpus();
+        static CORPUS: OnceLock<Vec<(String, toml::Table)>> = OnceLock::new();
+        let corpus = CORPUS.get_or_init(corpus);
         let (name, doc) = &corpus[file % corpus.len()];
         let mut doc = doc.clone();
         let mut paths = Vec::new();
