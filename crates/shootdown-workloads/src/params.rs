@@ -22,7 +22,7 @@ pub mod limits {
     pub const NS: i64 = 1_000_000_000;
     /// A simulated window in ms (one hour).
     pub const MS: f64 = 3_600_000.0;
-    /// Sizes in KiB or bytes of one object (1 GiB).
+    /// The size of one object (an ebizzy chunk, a sysbench block) in KiB: 1 GiB.
     pub const OBJECT_KB: i64 = 1 << 20;
 }
 
