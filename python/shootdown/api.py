@@ -79,7 +79,7 @@ def plan(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> Plan:
 
     Args:
         path: the experiment file (``experiments/**/*.toml``).
-        sets: ``KEY=VALUE`` overrides (dotted key, TOML value), e.g. ``"workload.threads=8"``.
+        sets: ``KEY=VALUE`` overrides (dotted key, TOML value), e.g. ``"experiment.rows=[8]"``.
         quick: use the experiment's ``quick_*`` rows, repetitions and ``[quick.*]`` overrides.
 
     Returns:

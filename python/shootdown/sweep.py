@@ -212,7 +212,8 @@ def sweep(
 
     Args:
         path: the experiment file.
-        grid: ``{"dotted.key": [values...]}``, e.g. ``{"workload.threads": [1, 2, 4],
+        grid: ``{"dotted.key": [values...]}``, e.g.
+            ``{"profile_override.cost.ipi_latency_same_socket": [600, 1200],
             "variants.after.options.smp_call": ["concurrent"]}``. Python values are written as
             TOML (strings quoted); use :class:`Raw` for literal TOML.
         backend: ``"local"`` (threads inside Rust) or ``"ray"`` (one Ray task per chunk of

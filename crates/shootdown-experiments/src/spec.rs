@@ -352,6 +352,33 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         Some(_) => return Err(ConfigError::new(path, "quick", "expected a table")),
     };
 
+    // A value the rows replace would be silently ignored; `experiment.rows` chooses it. A
+    // `[host]` row key keeps its table value as the base the rows vary, so there only `--set`
+    // of it is refused.
+    if let Some(k) = &row_key {
+        let per_row =
+            format!("set per row (experiment.row_key = \"{k}\"); choose it with experiment.rows");
+        if host.is_some() && is_host_key(k) {
+            let key = format!("host.{k}");
+            if sets
+                .iter()
+                .any(|s| s.split_once('=').is_some_and(|(sk, _)| sk.trim() == key))
+            {
+                return Err(ConfigError::new(path, key, format!("--set: {per_row}")));
+            }
+        } else {
+            for (sect, t) in [("workload", &workload), ("quick.workload", &quick_workload)] {
+                if t.contains_key(k) {
+                    return Err(ConfigError::new(
+                        path,
+                        format!("{sect}.{k}"),
+                        per_row.as_str(),
+                    ));
+                }
+            }
+        }
+    }
+
     let vt = table(path, &doc, "variants")?;
     if vt.is_empty() {
         return Err(ConfigError::new(

@@ -132,6 +132,43 @@ fn impossible_topologies_are_rejected() {
     );
 }
 
+/// A value the rows would replace is refused instead of silently ignored.
+#[test]
+fn the_row_key_is_chosen_by_rows_only() {
+    let rowed = GOOD.replace(
+        "unit = \"us\"",
+        "unit = \"us\"\nrow_key = \"iterations\"\nrows = [10, 20]",
+    );
+    expect(
+        "row1.toml",
+        &rowed,
+        &[],
+        "workload.iterations",
+        "set per row (experiment.row_key = \"iterations\"); choose it with experiment.rows",
+    );
+    let rowed = rowed.replace("iterations = 10\n", "");
+    load_text("row2.toml", &rowed, &[]).unwrap();
+    expect(
+        "row3.toml",
+        &rowed,
+        &["workload.iterations=5"],
+        "workload.iterations",
+        "choose it with experiment.rows",
+    );
+    let hosted = rowed.replace(
+        "row_key = \"iterations\"\nrows = [10, 20]",
+        "row_key = \"vms\"\nrows = [1, 2]",
+    ) + "[host]\nvms = 1\nvcpus_per_vm = 2\n";
+    load_text("row4.toml", &hosted, &[]).unwrap();
+    expect(
+        "row5.toml",
+        &hosted,
+        &["host.vms=2"],
+        "host.vms",
+        "--set: set per row (experiment.row_key = \"vms\")",
+    );
+}
+
 #[test]
 fn malformed_files_and_values_are_rejected() {
     expect(
