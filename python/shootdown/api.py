@@ -64,7 +64,7 @@ def default_threads() -> int:
 def _existing_file(path: PathLike) -> str:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"{path}: -: no such file")
+        raise ConfigError(f"{path}: no such file")
     return str(p)
 
 

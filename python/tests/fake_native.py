@@ -28,16 +28,17 @@ _TOP_KEYS = {"experiment", "topology", "workload", "quick", "variants", "publish
 
 
 def _err(path: str, key: str, reason: str) -> Exception:
-    return shootdown.ConfigError(f"{path}: {key}: {reason}")
+    # Like the native ConfigError: an empty key is left out.
+    return shootdown.ConfigError(f"{path}: {key}: {reason}" if key else f"{path}: {reason}")
 
 
 def _load(path: str, sets: List[str]) -> Dict[str, Any]:
     try:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise _err(path, "-", "no such file") from None
+        raise _err(path, "", "no such file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise _err(path, "-", f"invalid TOML: {exc}") from None
+        raise _err(path, "", f"invalid TOML: {exc}") from None
     for item in sets:
         if "=" not in item:
             raise _err(path, item, "expected KEY=VALUE")
@@ -194,7 +195,7 @@ class FakeNative:
             ("check", (scenario, mutant, memory_model, max_states, sample, seed, strategy))
         )
         if not Path(scenario).exists():
-            raise _err(scenario, "-", "no such file")
+            raise _err(scenario, "", "no such file")
         if mutant == "bogus":
             raise _err(scenario, "mutant", "unknown mutant bogus")
         name = Path(scenario).stem

@@ -62,7 +62,7 @@ def test_bad_choice(runner, fake_native) -> None:
 
 def test_missing_file(runner, fake_native, tmp_path) -> None:
     line = one_error_line(invoke(runner, "run", tmp_path / "missing.toml"))
-    assert line == f"shootdown: error: {tmp_path / 'missing.toml'}: -: no such file"
+    assert line == f"shootdown: error: {tmp_path / 'missing.toml'}: no such file"
 
 
 def test_config_error_line(runner, fake_native, seed000) -> None:
@@ -207,7 +207,7 @@ def test_console_script_entry_point(fake_native, data_home, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["run", str(Path("/nonexistent/x.toml"))])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == "shootdown: error: /nonexistent/x.toml: -: no such file\n"
+    assert capsys.readouterr().err == "shootdown: error: /nonexistent/x.toml: no such file\n"
 
 
 def test_progress_bar_only_on_a_tty_and_for_several_chunks(monkeypatch) -> None:
