@@ -192,9 +192,11 @@ pub enum Syscall {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Frame {
-    FlushMmRange(FlushMmRange),
+    // The three large frames are boxed so that a `Frame` stays small: the timed driver pops
+    // and pushes the top frame on every step, and they are created once per flush.
+    FlushMmRange(Box<FlushMmRange>),
     FlushFunc(FlushFunc),
-    SmpCallMany(SmpCallMany),
+    SmpCallMany(Box<SmpCallMany>),
     CallFunctionIrq(CallFunctionIrq),
     SwitchMm(SwitchMm),
     Schedule(Schedule),
@@ -206,8 +208,13 @@ pub enum Frame {
     },
     Syscall(Syscall),
     /// Guest PV flush (seed 001).
-    PvFlushTlbMulti(PvFlushTlbMulti),
+    PvFlushTlbMulti(Box<PvFlushTlbMulti>),
 }
+
+// Every step of the timed driver moves the top frame off its stack and back: keep it small
+// (the large frames are boxed above).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Frame>() <= 72);
 
 impl Frame {
     /// Interrupts are disabled while this frame is on top (switch_mm, the flush handler, the

@@ -25,15 +25,15 @@ impl Machine {
     /// `pv_tlb_flush` — the PV filter in front of it.
     pub(crate) fn flush_others_frame(&self, call: SmpCallMany) -> Frame {
         if self.opts.pv_tlb_flush && self.host.is_some() && !call.candidates.is_empty() {
-            Frame::PvFlushTlbMulti(PvFlushTlbMulti {
+            Frame::PvFlushTlbMulti(Box::new(PvFlushTlbMulti {
                 pc: 0,
                 call,
                 i: 0,
                 seen: 0,
                 keep: Vec::new(),
-            })
+            }))
         } else {
-            Frame::SmpCallMany(call)
+            Frame::SmpCallMany(Box::new(call))
         }
     }
 
@@ -58,7 +58,7 @@ impl Machine {
                     }
                     let n = call.candidates.clone();
                     self.say(|| format!("native flush with the remaining vCPUs {n:?}"));
-                    return Flow::Call(Frame::SmpCallMany(call));
+                    return Flow::Call(Frame::SmpCallMany(Box::new(call)));
                 }
                 let t = s.call.candidates[s.i];
                 let st = self.load(env, cpu, Loc::Preempted(t as u32));

@@ -28,7 +28,7 @@ impl Machine {
     }
 
     fn flush_frame(mm: MmId, start: Vpn, end: Vpn, freed_tables: bool) -> Frame {
-        Frame::FlushMmRange(FlushMmRange {
+        Frame::FlushMmRange(Box::new(FlushMmRange {
             pc: 0,
             mm,
             info: FlushTlbInfo {
@@ -42,7 +42,7 @@ impl Machine {
             },
             begin: 0,
             batch_targets: None,
-        })
+        }))
     }
 
     /// `xa_lock_irq(&mapping->i_pages)` of DAX file `file` and the section it guards
@@ -445,7 +445,7 @@ impl Machine {
                 1 => {
                     *begin = self.oracle.flush_begin();
                     *pc = 2;
-                    Flow::Call(Frame::FlushMmRange(FlushMmRange {
+                    Flow::Call(Frame::FlushMmRange(Box::new(FlushMmRange {
                         pc: 0,
                         mm,
                         info: FlushTlbInfo {
@@ -459,7 +459,7 @@ impl Machine {
                         },
                         begin: *begin,
                         batch_targets: Some(targets.clone()),
-                    }))
+                    })))
                 }
                 _ => {
                     self.oracle
