@@ -156,4 +156,29 @@ mod tests {
         let later = t0 + Time::from_ns(10_000);
         assert_eq!(d.access(&topo, c, 3, 7, false, later), c.line_same_socket);
     }
+
+    #[test]
+    fn sharers_beyond_the_first_64_cpus_are_tracked() {
+        // 2 sockets x 80 CPUs: CPUs 64.. live in the second word of the sharer set.
+        let topo = Topology::new(2, 80, 1).unwrap();
+        let p = CostProfile::uniform("t", 10.0, Features::modern());
+        let c = &p.costs;
+        let mut d = LineDirectory::new(topo.nr_cpus());
+        let mut t = Time::from_ns(1000);
+        let mut step = |d: &mut LineDirectory, cpu, write| {
+            t = t + Time::from_ns(10_000);
+            d.access(&topo, c, cpu, 3, write, t)
+        };
+        step(&mut d, 100, true); // socket 1 owns it
+        assert_eq!(step(&mut d, 150, false), c.line_same_socket);
+        assert_eq!(step(&mut d, 150, false), c.l1_hit); // a sharer now
+        assert_eq!(step(&mut d, 100, false), c.l1_hit); // the old owner kept a copy
+                                                        // A write from socket 0 invalidates both copies on socket 1.
+        assert_eq!(step(&mut d, 5, true), c.line_cross_socket);
+        // CPU 70 reads, then writes: not a silent upgrade, CPU 5 still holds a copy.
+        assert_eq!(step(&mut d, 70, false), c.line_same_socket);
+        assert_eq!(step(&mut d, 70, true), c.line_same_socket);
+        // CPU 70 now owns it exclusively: its own accesses hit.
+        assert_eq!(step(&mut d, 70, true), c.l1_hit);
+    }
 }
