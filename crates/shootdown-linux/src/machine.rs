@@ -373,7 +373,7 @@ impl Machine {
         }
     }
     /// The PCID user mode runs with: `user_pcid() = kern_pcid | 1<<11` under PTI.
-    pub(crate) fn user_pcid(&self, asid: u16) -> u16 {
+    pub fn user_pcid(&self, asid: u16) -> u16 {
         let k = self.kern_pcid(asid);
         if self.pti {
             k | (1 << 11)

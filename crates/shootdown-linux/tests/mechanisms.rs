@@ -471,3 +471,190 @@ fn an_ipi_interrupts_long_user_work() {
         "the flush waited for the computation: {flushed:?}"
     );
 }
+
+/// Run `m` (with `cpus` CPUs) to completion under the timed driver.
+fn run_n(m: &mut Machine, cpus: usize) {
+    let st = TimedDriver::new(cpus, 1, 0).run(
+        m,
+        Limits {
+            max_time: Time::from_ms(10),
+            max_steps: 1_000_000,
+        },
+    );
+    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+}
+
+/// `flush_tlb_mm_range()` (kernel-model.md §1.6): a range of at most
+/// `tlb_single_page_flush_ceiling` pages is flushed page by page (INVLPG each), a longer one
+/// with one full flush.
+#[test]
+fn single_page_flush_ceiling_splits_partial_and_full_flushes() {
+    for ceiling in [33, 10] {
+        let mut m = machine(
+            Options {
+                tlb_single_page_flush_ceiling: ceiling,
+                ..Options::default()
+            },
+            1,
+        );
+        let mm = m.add_mm("p");
+        m.map_pages(mm, 0, 200, true);
+        m.add_task(
+            "t",
+            mm,
+            0,
+            vec![
+                UserOp::TouchRange {
+                    start: 0,
+                    npages: 200,
+                    write: true,
+                },
+                UserOp::MadviseDontneed {
+                    start: 0,
+                    npages: 33,
+                },
+                UserOp::MadviseDontneed {
+                    start: 100,
+                    npages: 34,
+                },
+                UserOp::Exit,
+            ],
+        );
+        run_n(&mut m, 1);
+        let c = m.counters();
+        let (one, all) = if ceiling == 33 { (33, 1) } else { (0, 2) };
+        assert_eq!(c.get(Counter::NrTlbLocalFlushOne), one, "ceiling {ceiling}");
+        assert_eq!(c.get(Counter::NrTlbLocalFlushAll), all, "ceiling {ceiling}");
+        assert_eq!(c.get(Counter::InvlpgCount), one, "ceiling {ceiling}");
+    }
+}
+
+/// cpu0 madvises one page while cpu1 runs a thread of the same mm; returns when cpu0's madvise
+/// returned, and the counters.
+fn one_shootdown(smp_call: SmpCall) -> (Time, Counters) {
+    let mut m = machine(
+        Options {
+            smp_call,
+            ..Options::default()
+        },
+        2,
+    );
+    let mm = m.add_mm("p");
+    m.map_pages(mm, 0, 2, true);
+    let a = m.add_task(
+        "flusher",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0,
+                write: true,
+            },
+            UserOp::Compute { ns: 1_000 },
+            UserOp::MadviseDontneed {
+                start: 0,
+                npages: 1,
+            },
+            UserOp::Mark,
+            UserOp::Exit,
+        ],
+    );
+    m.add_task(
+        "busy",
+        mm,
+        1,
+        vec![
+            UserOp::Touch {
+                vpn: 1,
+                write: true,
+            },
+            UserOp::Compute { ns: 50_000 },
+            UserOp::Exit,
+        ],
+    );
+    run_n(&mut m, 2);
+    (m.perf.marks[a as usize][0], m.counters().clone())
+}
+
+/// Seed 000's concurrent flush (`smp_call_function_many_cond` with `SCF_RUN_LOCAL`): the
+/// initiator runs its local flush while the remote CPU handles the IPI, instead of flushing
+/// locally first and only then sending the IPI and waiting. Same work, less initiator time.
+#[test]
+fn concurrent_flush_overlaps_the_local_flush_with_the_remote_one() {
+    let (before, cb) = one_shootdown(SmpCall::RemoteThenLocal);
+    let (after, ca) = one_shootdown(SmpCall::Concurrent);
+    for c in [&cb, &ca] {
+        assert_eq!(c.get(Counter::FlushLocalMmShootdown), 1);
+        assert_eq!(c.get(Counter::FlushRemoteShootdown), 1);
+        assert_eq!(c.get(Counter::CallFunctionIpis), 1);
+    }
+    assert!(
+        after < before,
+        "concurrent {after:?} is not faster than local-then-remote {before:?}"
+    );
+}
+
+/// PTI without INVPCID (kernel-model.md §1.9): a flush of a user page INVLPGs the kernel PCID
+/// and only marks the user PCID in `user_pcid_flush_mask`; the stale user-PCID entry survives
+/// until the return to user (`SWITCH_TO_USER_CR3`) flushes that PCID. With INVPCID the user
+/// entry goes at once and nothing is deferred.
+#[test]
+fn pti_defers_the_user_pcid_flush_to_the_return_to_user() {
+    for invpcid in [false, true] {
+        let features = Features {
+            pti: true,
+            invpcid,
+            ..Features::modern()
+        };
+        let mut m = Machine::new(
+            Topology::new(1, 1, 1).unwrap(),
+            Arc::new(CostProfile::uniform("t", 10.0, features)),
+            Options::default(),
+            MemoryModel::Sc,
+        );
+        let mm = m.add_mm("p");
+        m.map_pages(mm, 0, 4, true);
+        m.add_task(
+            "t",
+            mm,
+            0,
+            vec![
+                UserOp::Touch {
+                    vpn: 3,
+                    write: true,
+                },
+                UserOp::MadviseDontneed {
+                    start: 3,
+                    npages: 1,
+                },
+                UserOp::Touch {
+                    vpn: 3,
+                    write: true,
+                },
+                UserOp::Exit,
+            ],
+        );
+        let mut deferred_with_stale_entry = false;
+        for _ in 0..10_000 {
+            if m.finished() {
+                break;
+            }
+            let out = m.apply(Action::Step(0), &mut NullEnv);
+            assert!(out.violation.is_none(), "{:?}", out.violation);
+            let ts = &m.cpus[0].tlbstate;
+            let up = m.user_pcid(ts.loaded_mm_asid);
+            if ts.user_pcid_flush_mask != 0 {
+                deferred_with_stale_entry |= m.cpus[0].tlb.lookup(up, 3).is_some();
+            }
+        }
+        assert!(m.finished());
+        assert_eq!(m.cpus[0].tlbstate.user_pcid_flush_mask, 0);
+        assert_eq!(deferred_with_stale_entry, !invpcid, "invpcid {invpcid}");
+        // The second touch found the page gone and faulted it back in.
+        assert_eq!(
+            m.counters().get(Counter::PageFaults),
+            1,
+            "invpcid {invpcid}"
+        );
+    }
+}
