@@ -166,7 +166,7 @@ mod tests {
         let mut d = LineDirectory::new(topo.nr_cpus());
         let mut t = Time::from_ns(1000);
         let mut step = |d: &mut LineDirectory, cpu, write| {
-            t = t + Time::from_ns(10_000);
+            t += Time::from_ns(10_000);
             d.access(&topo, c, cpu, 3, write, t)
         };
         step(&mut d, 100, true); // socket 1 owns it
