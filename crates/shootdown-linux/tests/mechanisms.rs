@@ -658,3 +658,63 @@ fn pti_defers_the_user_pcid_flush_to_the_return_to_user() {
         );
     }
 }
+
+/// cpu1 runs a thread of mm1, which exits, then a thread of mm2; cpu0's thread of mm1 then
+/// flushes twice (two one-page madvises). Returns the counters and whether cpu1 is still in
+/// mm1's `mm_cpumask` at the end.
+fn flushes_after_switching_away(lazy_tlb: LazyTlb) -> (Counters, bool) {
+    let mut m = machine(
+        Options {
+            lazy_tlb,
+            ..Options::default()
+        },
+        2,
+    );
+    let mm1 = m.add_mm("mm1");
+    let mm2 = m.add_mm("mm2");
+    m.map_pages(mm1, 0, 4, true);
+    m.map_pages(mm2, 0, 4, true);
+    let touch = |vpn| UserOp::Touch { vpn, write: true };
+    m.add_task("mm1-a", mm1, 1, vec![touch(3), UserOp::Exit]);
+    m.add_task(
+        "mm2",
+        mm2,
+        1,
+        vec![touch(0), UserOp::Compute { ns: 100_000 }, UserOp::Exit],
+    );
+    let madvise = |start| UserOp::MadviseDontneed { start, npages: 1 };
+    m.add_task(
+        "mm1-b",
+        mm1,
+        0,
+        vec![
+            touch(0),
+            UserOp::Compute { ns: 20_000 },
+            madvise(0),
+            madvise(1),
+            UserOp::Exit,
+        ],
+    );
+    run_n(&mut m, 2);
+    let in_mask = m.mms[mm1 as usize].cpumask_test(1);
+    (m.counters().clone(), in_mask)
+}
+
+/// Mainline (v6.x): `switch_mm_irqs_off` leaves the CPU in the old mm's `mm_cpumask`; the first
+/// flush after a second (`should_trim_cpumask`) IPIs it anyway and its `flush_tlb_func`, finding
+/// another mm loaded, clears the stale bit; later flushes skip it. v5.x (`is_lazy`) clears the
+/// bit at the switch, so no flush ever reaches it.
+#[test]
+fn mainline_trims_a_stale_cpumask_bit_on_the_first_flush() {
+    let (c, in_mask) = flushes_after_switching_away(LazyTlb::Mainline);
+    assert_eq!(c.get(Counter::NrTlbRemoteFlush), 1);
+    assert_eq!(c.get(Counter::CallFunctionIpis), 1);
+    assert_eq!(c.get(Counter::CpumaskTrimmed), 1);
+    assert!(!in_mask);
+
+    let (c, in_mask) = flushes_after_switching_away(LazyTlb::IsLazy);
+    assert_eq!(c.get(Counter::NrTlbRemoteFlush), 0);
+    assert_eq!(c.get(Counter::CallFunctionIpis), 0);
+    assert_eq!(c.get(Counter::CpumaskTrimmed), 0);
+    assert!(!in_mask);
+}
