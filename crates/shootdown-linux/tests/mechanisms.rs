@@ -19,10 +19,10 @@ fn machine(opts: Options, cpus: usize) -> Machine {
     )
 }
 
-/// Run the 2-CPU machine `m` with RNG `seed` until its tasks finish, within `max_ms` of simulated
-/// time and `max_steps` steps.
+/// Run `m` with RNG `seed` until its tasks finish, within `max_ms` of simulated time and
+/// `max_steps` steps.
 fn run_to_completion(m: &mut Machine, seed: u64, max_ms: u64, max_steps: u64) {
-    let st = TimedDriver::new(2, seed, 0).run(
+    let st = TimedDriver::new(m.agents(), seed, 0).run(
         m,
         Limits {
             max_time: Time::from_ms(max_ms),
@@ -472,18 +472,6 @@ fn an_ipi_interrupts_long_user_work() {
     );
 }
 
-/// Run `m` (with `cpus` CPUs) to completion under the timed driver.
-fn run_n(m: &mut Machine, cpus: usize) {
-    let st = TimedDriver::new(cpus, 1, 0).run(
-        m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 1_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
-}
-
 /// `flush_tlb_mm_range()` (kernel-model.md §1.6): a range of at most
 /// `tlb_single_page_flush_ceiling` pages is flushed page by page (INVLPG each), a longer one
 /// with one full flush.
@@ -520,7 +508,7 @@ fn single_page_flush_ceiling_splits_partial_and_full_flushes() {
                 UserOp::Exit,
             ],
         );
-        run_n(&mut m, 1);
+        run_to_completion(&mut m, 1, 10, 1_000_000);
         let c = m.counters();
         let (one, all) = if ceiling == 33 { (33, 1) } else { (0, 2) };
         assert_eq!(c.get(Counter::NrTlbLocalFlushOne), one, "ceiling {ceiling}");
@@ -572,7 +560,7 @@ fn one_shootdown(smp_call: SmpCall) -> (Time, Counters) {
             UserOp::Exit,
         ],
     );
-    run_n(&mut m, 2);
+    run_to_completion(&mut m, 1, 10, 1_000_000);
     (m.perf.marks[a as usize][0], m.counters().clone())
 }
 
@@ -695,7 +683,7 @@ fn flushes_after_switching_away(lazy_tlb: LazyTlb) -> (Counters, bool) {
             UserOp::Exit,
         ],
     );
-    run_n(&mut m, 2);
+    run_to_completion(&mut m, 1, 10, 1_000_000);
     let in_mask = m.mms[mm1 as usize].cpumask_test(1);
     (m.counters().clone(), in_mask)
 }
