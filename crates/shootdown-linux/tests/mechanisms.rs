@@ -215,8 +215,6 @@ fn v412_lazy_cpu_is_ipid_once_then_leaves() {
 
 #[test]
 fn oracle_checks_uses_in_the_timed_driver() {
-    let c = lazy_scenario(LazyTlb::Mainline);
-    let _ = c;
     let mut m = machine(Options::default(), 2);
     let mm = m.add_mm("mm1");
     m.map_pages(mm, 0, 4, true);
