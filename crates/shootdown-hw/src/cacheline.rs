@@ -169,11 +169,12 @@ mod tests {
             t += Time::from_ns(10_000);
             d.access(&topo, c, cpu, 3, write, t)
         };
-        step(&mut d, 100, true); // socket 1 owns it
+        // Socket 1 owns it; a reader on socket 1 gets a copy, and the old owner keeps one.
+        step(&mut d, 100, true);
         assert_eq!(step(&mut d, 150, false), c.line_same_socket);
-        assert_eq!(step(&mut d, 150, false), c.l1_hit); // a sharer now
-        assert_eq!(step(&mut d, 100, false), c.l1_hit); // the old owner kept a copy
-                                                        // A write from socket 0 invalidates both copies on socket 1.
+        assert_eq!(step(&mut d, 150, false), c.l1_hit);
+        assert_eq!(step(&mut d, 100, false), c.l1_hit);
+        // A write from socket 0 invalidates both copies on socket 1.
         assert_eq!(step(&mut d, 5, true), c.line_cross_socket);
         // CPU 70 reads, then writes: not a silent upgrade, CPU 5 still holds a copy.
         assert_eq!(step(&mut d, 70, false), c.line_same_socket);
