@@ -8,7 +8,8 @@ named by the SHA-256 of its provenance key:
 * the profile's name and the bytes of its profile file and of every profile it ``inherits``,
 * the ``--set`` overrides (in order) and the ``quick`` flag,
 * the point's index in the plan,
-* the package version (and the native module's ``__version__`` when it has one).
+* the package version, the native module's ``__version__`` when it has one, and a digest of
+  the built extension file (a rebuild with changed model code starts a fresh cache).
 
 A run is a pure function of that key, so re-running a sweep — after an interruption, or with
 a larger grid — loads finished points from the cache and computes only the missing ones.
@@ -16,6 +17,7 @@ a larger grid — loads finished points from the cache and computes only the mis
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -120,13 +122,37 @@ def _profile_hashes(experiment: Path, profile: str) -> List[str]:
     return hashes
 
 
-def _versions() -> str:
-    native_version = None
+def _file_sha256(path: str) -> str:
     try:
-        native_version = getattr(native(), "__version__", None)
+        st = os.stat(path)
+    except OSError:
+        return "unreadable"
+    return _file_sha256_at(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256_at(path: str, mtime_ns: int, size: int) -> str:
+    """SHA-256 of a file, memoized per (path, mtime, size): hashed once per build."""
+    try:
+        return _sha256(Path(path).read_bytes())
+    except OSError:
+        return "unreadable"
+
+
+def _versions() -> str:
+    """The model's identity in cache keys: the package version and a digest of the built
+    extension, so that rebuilding the model with changed code never serves stale points."""
+    native_version = None
+    build = None
+    try:
+        module = native()
+        native_version = getattr(module, "__version__", None)
+        path = getattr(module, "__file__", None)
+        build = _file_sha256(str(path))[:16] if path else None
     except ImportError:
         pass
-    return __version__ if native_version is None else f"{__version__}+native.{native_version}"
+    version = __version__ if native_version is None else f"{__version__}+native.{native_version}"
+    return version if build is None else f"{version}.{build}"
 
 
 def point_key(provenance: Mapping[str, Any]) -> str:

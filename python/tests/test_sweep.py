@@ -118,6 +118,20 @@ def test_cache_key_changes_with_inputs(fake_native, seed000, tmp_path) -> None:
     fake_native.calls.clear()
     sweep(seed000, {"workload.fake_noise": [0.0]}, cache_dir=cache, quick=True)
     assert len(fake_native.indices_run()) == 8
+    # and so does rebuilding the extension with other code (same version string)
+    extension = tmp_path / "_native.so"
+    extension.write_bytes(b"build 1")
+    fake_native.__file__ = str(extension)
+    fake_native.calls.clear()
+    sweep(seed000, {"workload.fake_noise": [0.0]}, cache_dir=cache, quick=True)
+    assert len(fake_native.indices_run()) == 8
+    fake_native.calls.clear()
+    sweep(seed000, {"workload.fake_noise": [0.0]}, cache_dir=cache, quick=True)
+    assert fake_native.indices_run() == []
+    extension.write_bytes(b"build 2, longer")
+    fake_native.calls.clear()
+    sweep(seed000, {"workload.fake_noise": [0.0]}, cache_dir=cache, quick=True)
+    assert len(fake_native.indices_run()) == 8
 
 
 def test_profile_chain_is_hashed(tmp_path) -> None:

@@ -77,6 +77,18 @@ pub(crate) fn to_json(v: &toml::Value) -> serde_json::Value {
     serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
 }
 
+/// A machine-independent 64-bit digest of a row value: its canonical TOML text (keys of inline
+/// tables keep their file order) folded eight bytes at a time through [`mix_seed`].
+fn value_seed(v: &toml::Value) -> u64 {
+    let text = v.to_string();
+    let bytes = text.as_bytes();
+    bytes.chunks(8).fold(bytes.len() as u64, |h, chunk| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        mix_seed(h, u64::from_le_bytes(word))
+    })
+}
+
 fn check_keys(
     path: &Path,
     prefix: &str,
@@ -564,7 +576,9 @@ impl Experiment {
     }
 
     /// Every (row, variant, repetition) to run. Repetition `k` uses the same seed for every
-    /// variant (common random numbers: the variants see the same random write offsets).
+    /// variant (common random numbers: the variants see the same random write offsets). The
+    /// seed depends on the row's value, not its position in `rows`, so a row gives the same
+    /// numbers in `--quick`, in the full list and alone (`--set 'experiment.rows=[48]'`).
     pub fn points(&self, quick: bool) -> Vec<Point> {
         let reps = if quick {
             self.quick_repetitions
@@ -573,6 +587,7 @@ impl Experiment {
         };
         let mut v = Vec::new();
         for (ri, row) in self.rows_for(quick).iter().enumerate() {
+            let row_seed = mix_seed(self.rng_seed, value_seed(row));
             for var in &self.variants {
                 for rep in 0..reps {
                     v.push(Point {
@@ -581,7 +596,7 @@ impl Experiment {
                         row_index: ri,
                         variant: var.name.clone(),
                         rep,
-                        seed: mix_seed(mix_seed(self.rng_seed, ri as u64), rep as u64),
+                        seed: mix_seed(row_seed, rep as u64),
                     });
                 }
             }

@@ -74,3 +74,38 @@ fn profiling_does_not_perturb_the_run_and_accounts_for_all_cpu_time() {
         assert!(a > 100 && a.abs_diff(b) <= 4, "{a} flushes, {b} smp calls");
     }
 }
+
+/// A row's numbers do not depend on which other rows run with it: the `--quick` list, the full
+/// list and the row alone give bit-identical results for that row.
+#[test]
+fn a_row_gives_the_same_result_whatever_rows_run_with_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let file = root.join("experiments/seeds/seed002-madv-dontneed.toml");
+    let run_row = |rows: &str, row: &str| {
+        let exp = load(
+            &file,
+            &[
+                "workload.iterations=100".into(),
+                format!("experiment.rows={rows}"),
+            ],
+        )
+        .unwrap();
+        let points = exp.points(false);
+        let idx: Vec<usize> = points
+            .iter()
+            .filter(|p| p.row == serde_json::json!(row))
+            .map(|p| p.index)
+            .collect();
+        let seeds: Vec<u64> = idx.iter().map(|&i| points[i].seed).collect();
+        let out = run_points(&exp, false, &idx, 1).unwrap();
+        let values: Vec<u64> = out.iter().map(|r| r.value.to_bits()).collect();
+        (seeds, values)
+    };
+    let alone = run_row(r#"["b"]"#, "b");
+    let second = run_row(r#"["a", "b"]"#, "b");
+    let reordered = run_row(r#"["b", "a"]"#, "b");
+    assert_eq!(alone, second);
+    assert_eq!(alone, reordered);
+    // Different rows get different seeds.
+    assert_ne!(run_row(r#"["a", "b"]"#, "a").0, alone.0);
+}
