@@ -607,6 +607,7 @@ impl Scenario {
             tlb_entries: f.features.tlb_entries.max(1),
             psc_entries: f.features.psc_entries.max(1),
             mlp: 1,
+            smt_slowdown_permille: 1000,
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
         let mut m = match &f.host {

@@ -229,13 +229,14 @@ pub fn load_profile(
             "tlb_entries",
             "psc_entries",
             "mlp",
+            "smt_slowdown",
         ]
         .contains(&k.as_str())
         {
             return Err(ConfigError::new(
                 p,
                 key_in(p, format!("features.{k}")),
-                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp)",
+                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp, smt_slowdown)",
             ));
         }
     }
@@ -250,6 +251,28 @@ pub fn load_profile(
             get_count("mlp")?
         } else {
             1
+        },
+        // Optional: 1.0 = SMT siblings do not slow each other down.
+        smt_slowdown_permille: match feats.get("smt_slowdown") {
+            None => 1000,
+            Some((v, p)) => {
+                let x = match v {
+                    toml::Value::Float(f) => *f,
+                    toml::Value::Integer(i) => *i as f64,
+                    _ => f64::NAN,
+                };
+                if !(1.0..=4.0).contains(&x) {
+                    return Err(ConfigError::new(
+                        p,
+                        key_in(p, "features.smt_slowdown".to_string()),
+                        format!(
+                            "expected a factor between 1.0 and 4.0 (got {})",
+                            v.to_string().trim()
+                        ),
+                    ));
+                }
+                (x * 1000.0).round() as u32
+            }
         },
     };
     Ok(CostProfile {

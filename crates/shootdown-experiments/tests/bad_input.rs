@@ -312,6 +312,26 @@ fn bad_profile_overrides_are_rejected() {
         "profile_override.features.pti",
         "expected true or false",
     );
+    expect(
+        "ovr6.toml",
+        GOOD,
+        &["profile_override.features.smt_slowdown=0.5"],
+        "profile_override.features.smt_slowdown",
+        "expected a factor between 1.0 and 4.0 (got 0.5)",
+    );
+    expect(
+        "ovr7.toml",
+        GOOD,
+        &["profile_override.features.smt_slowdown=\"fast\""],
+        "profile_override.features.smt_slowdown",
+        "expected a factor between 1.0 and 4.0 (got \"fast\")",
+    );
+    let e = load(
+        &repo().join("target/bad-input-tests/ovr6.toml"),
+        &["profile_override.features.smt_slowdown=1.25".to_string()],
+    )
+    .unwrap();
+    assert_eq!(e.profile.features.smt_slowdown_permille, 1250);
 }
 
 /// The seed experiments run their machines' profiles as they are: an override there would be a

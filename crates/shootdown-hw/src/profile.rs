@@ -162,6 +162,11 @@ pub struct Features {
     /// Memory-level parallelism: how many independent cache misses a core overlaps (its line
     /// fill buffers). A loop of independent loads to remote lines pays each miss / this.
     pub mlp: usize,
+    /// How much longer a logical CPU's core-bound work takes while its SMT sibling is also
+    /// executing, in thousandths (1000 = no slowdown, 1600 = 1.6×). Two hyperthreads share one
+    /// core's execution units: each gets a part of it. Line transfers and IPI latency are
+    /// not core-bound and do not stretch.
+    pub smt_slowdown_permille: u32,
 }
 
 /// A machine: features plus costs.
@@ -196,6 +201,7 @@ impl Features {
             tlb_entries: 1536,
             psc_entries: 32,
             mlp: 1,
+            smt_slowdown_permille: 1000,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! The x86 Linux kernel's translation-coherence machinery as an executable model: `mm`
 //! (`ctx_id`, `tlb_gen`, `mm_cpumask`), `cpu_tlbstate`, `switch_mm_irqs_off`, lazy TLB,
 //! `flush_tlb_mm_range` and `flush_tlb_func`, `smp_call_function_many`, the batched unmap flush,
-//! the scheduler and `mmap_sem`, and the mm system calls that cause flushes.
+//! the scheduler and `mmap_sem`, and the mm system calls that cause flushes. [`smt`] prices
+//! hyper-threads sharing a core.
 //!
 //! One file per concept, like the kernel: [`tlb`] is arch/x86/mm/tlb.c, [`smp`] is kernel/smp.c,
 //! [`switch_mm`] the switch and lazy-TLB paths, [`sched`] the scheduler, [`syscalls`] mm/ and the
@@ -26,6 +27,7 @@ pub mod options;
 pub mod paravirt;
 pub mod sched;
 pub mod smp;
+pub mod smt;
 pub mod state;
 pub mod switch_mm;
 pub mod syscalls;

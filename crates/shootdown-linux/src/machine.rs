@@ -60,6 +60,12 @@ pub struct Perf {
     pub trace_started: Vec<bool>,
     /// Host scheduling timers (machines with a host only).
     pub host: HostPerf,
+    /// How much the running step's core-bound costs stretch, in thousandths: set at the start
+    /// of each timed step from the SMT siblings' state (smt.rs).
+    pub core_scale_permille: u32,
+    /// Per CPU: executing after its last step — running a task or handler, or parked for
+    /// interruptible work; not idle, not busy-waiting (smt.rs).
+    pub smt_executing: Vec<bool>,
 }
 
 /// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user
@@ -71,11 +77,14 @@ pub struct Perf {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Busy {
     /// Charged by the running step, to become a park at its end.
-    pending: Time,
+    pub(crate) pending: Time,
     /// The parked work ends here (wake-up time of the CPU).
-    until: Time,
+    pub(crate) until: Time,
     /// What an interrupt cut off, resumed when its handler has returned.
-    left: Time,
+    pub(crate) left: Time,
+    /// The SMT stretch (thousandths) the parked work is priced at; 0 = unstretched (smt.rs
+    /// rescales the rest of the work when a sibling starts or stops executing).
+    pub(crate) scale: u32,
 }
 
 /// An explorer/timed-driver action.
@@ -193,6 +202,8 @@ impl Machine {
                 labels: Vec::new(),
                 trace_started: vec![false; n],
                 host: HostPerf::default(),
+                core_scale_permille: 1000,
+                smt_executing: vec![false; n],
                 profile: profile.clone(),
             }),
             topo,
@@ -393,7 +404,7 @@ impl Machine {
         t: impl Fn(&shootdown_hw::profile::Costs) -> Time,
     ) {
         if env.timed() {
-            let cost = t(&self.perf.profile.costs);
+            let cost = self.core_time(t(&self.perf.profile.costs));
             self.perf.busy[cpu].pending += cost;
         }
     }
@@ -457,6 +468,7 @@ impl Machine {
         if park == Park::Run && self.irqs_enabled(c) {
             let until = env.now() + env.elapsed() + pending;
             self.perf.busy[c].until = until;
+            self.perf.busy[c].scale = self.perf.core_scale_permille;
             env.wake(c, until);
             Park::Halt
         } else {
@@ -660,7 +672,7 @@ impl Machine {
         }
         if env.timed() {
             let costs = &self.perf.profile.costs;
-            let mut t = costs.irq_entry_exit;
+            let mut t = self.core_time(costs.irq_entry_exit);
             if was_halted && self.opts.idle == Idle::Halt {
                 t += costs.idle_wakeup;
             }
@@ -958,8 +970,16 @@ impl Machine {
             }
         }
         let timed = env.timed();
+        if timed {
+            self.perf.core_scale_permille = self.smt_core_scale(self.agent_of(a));
+        }
         if timed && self.busy_before(a, env).is_some() {
+            // Parks again for work already priced: keep its stretch.
+            let c = self.agent_of(a);
+            let scale = self.perf.busy[c].scale;
             let park = self.busy_after(a, Park::Run, env);
+            self.perf.busy[c].scale = scale;
+            self.smt_after_step(c, park, env);
             return Outcome {
                 park,
                 kind: StepKind::Local,
@@ -983,7 +1003,9 @@ impl Machine {
             }
         };
         let park = if timed {
-            self.busy_after(a, park, env)
+            let park = self.busy_after(a, park, env);
+            self.smt_after_step(self.agent_of(a), park, env);
+            park
         } else {
             park
         };

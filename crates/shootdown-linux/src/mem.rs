@@ -267,9 +267,7 @@ impl Machine {
         self.fence(cpu);
         let line = line_of(self, loc);
         self.touch_line(env, cpu, line, true);
-        if env.timed() {
-            env.charge(self.perf.profile.costs.atomic_rmw);
-        }
+        self.charge(env, |c| c.atomic_rmw);
         let old = self.raw_read(loc);
         self.raw_write(loc, f(old));
         env.notify_key(spin_key(loc));
@@ -290,14 +288,16 @@ impl Machine {
         Some(loc)
     }
 
-    /// Charge a fixed cost from the profile (timed only).
+    /// Charge a fixed cost from the profile (timed only): core-bound work, stretched while the
+    /// SMT sibling executes ([`Machine::core_time`]). Line transfers are charged by
+    /// [`Machine::touch_line`], unstretched.
     pub(crate) fn charge<E: Env>(
         &self,
         env: &mut E,
         t: impl Fn(&shootdown_hw::profile::Costs) -> Time,
     ) {
         if env.timed() {
-            env.charge(t(&self.perf.profile.costs));
+            env.charge(self.core_time(t(&self.perf.profile.costs)));
         }
     }
 }

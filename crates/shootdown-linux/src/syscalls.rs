@@ -73,10 +73,9 @@ impl Machine {
             self.oracle.pte_changed(pte);
             n += 1;
         }
-        if env.timed() {
-            let c = &self.perf.profile.costs;
-            env.charge(shootdown_engine::Time((c.pte_update.0 + c.page_free.0) * n));
-        }
+        self.charge(env, |c| {
+            shootdown_engine::Time((c.pte_update.0 + c.page_free.0) * n)
+        });
         n
     }
 
@@ -291,11 +290,7 @@ impl Machine {
                             changed += 1;
                         }
                     }
-                    if env.timed() {
-                        env.charge(shootdown_engine::Time(
-                            self.perf.profile.costs.pte_update.0 * changed,
-                        ));
-                    }
+                    self.charge(env, |c| shootdown_engine::Time(c.pte_update.0 * changed));
                     *pc = 2;
                     Flow::Call(Self::flush_frame(mm, *start, *start + *npages, false))
                 }

@@ -704,3 +704,41 @@ fn mainline_trims_a_stale_cpumask_bit_on_the_first_flush() {
     assert_eq!(c.get(Counter::CpumaskTrimmed), 0);
     assert!(!in_mask);
 }
+
+/// SMT: a CPU's core-bound work stretches by the profile's `smt_slowdown` while its sibling
+/// executes too, not while the sibling idles, and not because another core is busy.
+#[test]
+fn a_busy_smt_sibling_stretches_core_bound_work() {
+    // One socket, two cores, two threads each: CPUs 0 and 2 share core 0, 1 and 3 core 1.
+    let finish = |slowdown_permille: u32, other: Option<(usize, u64)>| {
+        let mut features = Features::modern();
+        features.smt_slowdown_permille = slowdown_permille;
+        let mut m = Machine::new(
+            Topology::new(1, 2, 2).unwrap(),
+            Arc::new(CostProfile::uniform("t", 10.0, features)),
+            Options::default(),
+            MemoryModel::Sc,
+        );
+        let mm = m.add_mm("p");
+        let work = |ns| vec![UserOp::Compute { ns }, UserOp::Mark, UserOp::Exit];
+        let a = m.add_task("a", mm, 0, work(100_000));
+        if let Some((cpu, ns)) = other {
+            m.add_task("b", mm, cpu, work(ns));
+        }
+        run_to_completion(&mut m, 1, 10, 100_000);
+        m.perf.marks[a as usize][0].as_us_f64()
+    };
+    let alone = finish(1500, None);
+    assert!((100.0..101.0).contains(&alone), "{alone}");
+    // The sibling computes the whole time: 1.5 x.
+    let shared = finish(1500, Some((2, 100_000)));
+    assert!((150.0..151.5).contains(&shared), "{shared}");
+    // The sibling's 50 us of work take 75 us, in which cpu0 does 50 of its 100; the other
+    // 50 run alone once the sibling has exited: 125 us.
+    let half = finish(1500, Some((2, 50_000)));
+    assert!((125.0..126.5).contains(&half), "{half}");
+    // The other core's CPU does not share this core's execution units.
+    assert_eq!(finish(1500, Some((1, 100_000))), alone);
+    // A profile without the slowdown: siblings do not interfere.
+    assert_eq!(finish(1000, Some((2, 100_000))), alone);
+}
