@@ -172,6 +172,9 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
         bad = sum(1 for ok in judged if not ok)
         summary = f"directions: {len(judged) - bad} of {len(judged)} match"
         lines += ["", summary + (f", {bad} MISMATCH" if bad else "")]
+        seed = recs[0].get("seed")
+        if bad and seed:
+            lines.append(f"why each mismatch: docs/reproduction.md, section 'Seed {seed}'")
     violations = sum(int(r.get("violations") or 0) for r in recs)
     if violations:
         lines.append(

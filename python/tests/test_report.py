@@ -50,7 +50,10 @@ def test_format_table_like_the_cover_letters(fake_native, data_home) -> None:
     assert rows[0].rstrip().endswith("✓")  # +5 % simulated, +2.5 % published
     assert rows[1].startswith("8 ") and rows[1].rstrip().endswith("✗ MISMATCH")  # up vs down
     assert "+5.2%" in rows[0] and "+2.5%" in rows[0] and "-4.1%" in rows[1]
-    assert blocks[2] == "directions: 1 of 2 match, 1 MISMATCH"
+    assert blocks[2] == (
+        "directions: 1 of 2 match, 1 MISMATCH\n"
+        "why each mismatch: docs/reproduction.md, section 'Seed 000'"
+    )
     # seed 002: small published values keep one decimal like the cover letter
     assert blocks[3] == "seed 002 · MADV_DONTNEED + migrate (fake) · µs"
     row = blocks[4].splitlines()[2]
