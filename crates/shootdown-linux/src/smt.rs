@@ -20,7 +20,7 @@
 
 use crate::machine::Machine;
 use shootdown_engine::{Env, Park, Time};
-use shootdown_hw::CpuId;
+use shootdown_hw::{CpuId, Topology};
 
 impl Machine {
     /// Core-bound work of the running step: `t` stretched while an SMT sibling executes.
@@ -35,19 +35,11 @@ impl Machine {
         if k == 1000 || self.host.is_some() {
             return 1000;
         }
-        if self.smt_siblings(cpu).any(|s| self.perf.smt_executing[s]) {
+        if siblings(&self.topo, cpu).any(|s| self.perf.smt_executing[s]) {
             k
         } else {
             1000
         }
-    }
-
-    fn smt_siblings(&self, cpu: CpuId) -> impl Iterator<Item = CpuId> {
-        let cores = self.topo.nr_cores();
-        let core = self.topo.core_of(cpu);
-        (0..self.topo.threads_per_core)
-            .map(move |t| core + t * cores)
-            .filter(move |&s| s != cpu)
     }
 
     /// After a timed step of `cpu` that parked it with `park`: record whether it now executes;
@@ -69,8 +61,7 @@ impl Machine {
         }
         self.perf.smt_executing[cpu] = executing;
         let now = env.now() + env.elapsed();
-        let siblings: Vec<CpuId> = self.smt_siblings(cpu).collect();
-        for s in siblings {
+        for s in siblings(&self.topo, cpu) {
             let b = self.perf.busy[s];
             if b.until <= now {
                 continue;
@@ -89,6 +80,15 @@ impl Machine {
             env.wake(s, until);
         }
     }
+}
+
+/// The other logical CPUs of `cpu`'s core (Linux numbering: all cores' first threads, then the
+/// second threads, so a sibling is `core + t * nr_cores`).
+fn siblings(topo: &Topology, cpu: CpuId) -> impl Iterator<Item = CpuId> {
+    let (cores, core) = (topo.nr_cores(), topo.core_of(cpu));
+    (0..topo.threads_per_core)
+        .map(move |t| core + t * cores)
+        .filter(move |&s| s != cpu)
 }
 
 fn stretch(t: Time, permille: u32) -> Time {
