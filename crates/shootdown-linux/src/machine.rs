@@ -427,6 +427,7 @@ impl Machine {
     /// Timed driver: before `a` runs, account for interruptible work in progress. An interrupt
     /// cuts the work off (the rest is resumed after the handler); a step woken before the work
     /// ends, or the first step after a handler, parks for what is left (`Some` = a no-op step).
+    /// That work was priced when charged: the step keeps its SMT stretch.
     fn busy_before<E: Env>(&mut self, a: Action, env: &mut E) -> Option<()> {
         let now = env.now();
         match a {
@@ -438,14 +439,18 @@ impl Machine {
                 let c = c as usize;
                 let irq_idle = self.cpus[c].irq_stack.is_empty();
                 let b = &mut self.perf.busy[c];
-                if b.until > now {
+                let resumed = if b.until > now {
                     b.pending = b.until - now;
-                    b.until = Time::ZERO;
-                    return Some(());
-                }
-                b.until = Time::ZERO;
-                if irq_idle && b.left > Time::ZERO {
+                    true
+                } else if irq_idle && b.left > Time::ZERO {
                     b.pending = std::mem::take(&mut b.left);
+                    true
+                } else {
+                    false
+                };
+                b.until = Time::ZERO;
+                if resumed {
+                    self.perf.core_scale_permille = b.scale.max(1000);
                     return Some(());
                 }
                 None
@@ -974,12 +979,8 @@ impl Machine {
             self.perf.core_scale_permille = self.smt_core_scale(self.agent_of(a));
         }
         if timed && self.busy_before(a, env).is_some() {
-            // Parks again for work already priced: keep its stretch.
-            let c = self.agent_of(a);
-            let scale = self.perf.busy[c].scale;
             let park = self.busy_after(a, Park::Run, env);
-            self.perf.busy[c].scale = scale;
-            self.smt_after_step(c, park, env);
+            self.smt_after_step(self.agent_of(a), park, env);
             return Outcome {
                 park,
                 kind: StepKind::Local,

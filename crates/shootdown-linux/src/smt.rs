@@ -31,24 +31,25 @@ impl Machine {
     /// How much `cpu`'s core-bound work stretches now, in thousandths: the profile's
     /// `smt_slowdown` if an SMT sibling of `cpu` executes, else 1000.
     pub(crate) fn smt_core_scale(&self, cpu: CpuId) -> u32 {
-        let k = self.perf.profile.features.smt_slowdown_permille;
-        if k == 1000 || self.host.is_some() {
-            return 1000;
-        }
-        if siblings(&self.topo, cpu).any(|s| self.perf.smt_executing[s]) {
-            k
+        if self.smt_priced() && siblings(&self.topo, cpu).any(|s| self.perf.smt_executing[s]) {
+            self.perf.profile.features.smt_slowdown_permille
         } else {
             1000
         }
     }
 
+    /// Whether this machine prices SMT sharing at all: a slowdown in the profile, CPUs with
+    /// siblings, and no host (see the module documentation).
+    fn smt_priced(&self) -> bool {
+        self.perf.profile.features.smt_slowdown_permille != 1000
+            && self.host.is_none()
+            && self.topo.threads_per_core > 1
+    }
+
     /// After a timed step of `cpu` that parked it with `park`: record whether it now executes;
     /// if that changed, reprice what is left of its siblings' parked interruptible work.
     pub(crate) fn smt_after_step<E: Env>(&mut self, cpu: CpuId, park: Park, env: &mut E) {
-        if self.perf.profile.features.smt_slowdown_permille == 1000
-            || self.host.is_some()
-            || self.topo.threads_per_core < 2
-        {
+        if !self.smt_priced() {
             return;
         }
         let executing = match park {
