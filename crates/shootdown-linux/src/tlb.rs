@@ -177,7 +177,7 @@ impl Machine {
                     // get_flush_tlb_info(): above the ceiling, flush everything.
                     let i = &mut s.info;
                     if i.end != TLB_FLUSH_ALL
-                        && i.end - i.start > self.opts.tlb_single_page_flush_ceiling
+                        && i.end - i.start > self.opts.tlb_single_page_flush_ceiling.0
                     {
                         i.start = 0;
                         i.end = TLB_FLUSH_ALL;

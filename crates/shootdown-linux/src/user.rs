@@ -218,7 +218,7 @@ impl Machine {
         if env.timed()
             && !self.cpus[cpu].runqueue.is_empty()
             && env.now().saturating_sub(self.perf.slice_start[cpu])
-                >= Time::from_us(self.opts.sched_timeslice_us)
+                >= Time::from_us(self.opts.sched_timeslice_us.0)
         {
             let f = self.schedule_frame();
             self.call(cpu, env, f);

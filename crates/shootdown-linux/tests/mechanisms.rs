@@ -478,7 +478,7 @@ fn single_page_flush_ceiling_splits_partial_and_full_flushes() {
     for ceiling in [33, 10] {
         let mut m = machine(
             Options {
-                tlb_single_page_flush_ceiling: ceiling,
+                tlb_single_page_flush_ceiling: shootdown_linux::options::AtLeastOne(ceiling),
                 ..Options::default()
             },
             1,
