@@ -2,11 +2,16 @@
 //! are *local* (for partial-order reduction) and how to rename CPUs (for symmetry reduction).
 //! Nothing here changes how a step executes.
 
-use crate::frame::{Frame, Syscall};
+use crate::frame::Frame;
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::LazyTlb;
+use crate::sched::SchedulePc;
+use crate::smp::CallFunctionIrqPc;
 use crate::state::*;
+use crate::switch_mm::SwitchMmPc;
+use crate::syscalls::Syscall;
+use crate::tlb::FlushFuncPc;
 use shootdown_hw::CpuId;
 
 impl Machine {
@@ -22,11 +27,11 @@ impl Machine {
     ///   `Fill(cpu, …)` and `Drain(cpu)` too, and can never report a violation);
     /// * it never spins (it stays enabled whatever the other CPUs do).
     ///
-    /// The recognised steps: `__schedule` calling `switch_mm_irqs_off` (pc 1, next task has an mm)
-    /// and returning (pc 3, without PTI so the walker's PCID does not change with the mode);
-    /// `switch_mm_irqs_off` step 0 when it stores nothing (mainline/is_lazy, not lazy, conditional
-    /// `is_lazy` write); `flush_tlb_func` step 0 unless it trims the cpumask; the CALL_FUNCTION
-    /// handler returning after its last entry.
+    /// The recognised steps: `__schedule` calling `switch_mm_irqs_off` (`ContextSwitch`, next
+    /// task has an mm) and returning (`Return`, without PTI so the walker's PCID does not change
+    /// with the mode); `switch_mm_irqs_off`'s `Start` when it stores nothing (mainline/is_lazy,
+    /// not lazy, conditional `is_lazy` write); `flush_tlb_func`'s `Guards` unless they trim the
+    /// cpumask; the CALL_FUNCTION handler returning after its last entry.
     pub fn step_is_local(&self, cpu: CpuId) -> bool {
         if self.irqs_enabled(cpu) || self.step_blocked(cpu) {
             return false;
@@ -55,18 +60,18 @@ impl Machine {
         };
         match top {
             Frame::Schedule(s) => match s.pc {
-                1 => self.tasks[s.next as usize].mm.is_some(),
-                3 => !self.pti,
+                SchedulePc::ContextSwitch => self.tasks[s.next as usize].mm.is_some(),
+                SchedulePc::Return => !self.pti,
                 _ => false,
             },
             Frame::SwitchMm(s) => {
-                s.pc == 0
+                s.pc == SwitchMmPc::Start
                     && matches!(self.opts.lazy_tlb, LazyTlb::IsLazy | LazyTlb::Mainline)
                     && self.opts.is_lazy_write_conditional
                     && own(Loc::IsLazy(cpu as u32)) == 0
             }
             Frame::FlushFunc(s) => {
-                if s.pc != 0 {
+                if s.pc != FlushFuncPc::Guards {
                     return false;
                 }
                 let loaded = own(Loc::LoadedMm(cpu as u32));
@@ -77,7 +82,7 @@ impl Machine {
                 // with a lazy CPU calls leave_mm (a push): local too.
                 !trims
             }
-            Frame::CallFunctionIrq(s) => s.pc == 1 && s.i >= s.entries.len(),
+            Frame::CallFunctionIrq(s) => s.pc == CallFunctionIrqPc::Run && s.i >= s.entries.len(),
             _ => false,
         }
     }
@@ -144,7 +149,7 @@ impl Machine {
                         v.iter_mut().for_each(|c| *c = pc(*c));
                     }
                 }
-                Frame::SwitchMm(_) | Frame::RwSemDown { .. } | Frame::Syscall(_) => {}
+                Frame::SwitchMm(_) | Frame::RwSemDown(_) | Frame::Syscall(_) => {}
             }
             f
         };

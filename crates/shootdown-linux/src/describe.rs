@@ -86,10 +86,13 @@ pub fn describe(m: &Machine, a: Action) -> String {
     let mut copy = m.clone();
     copy.perf.labels_on = true;
     copy.perf.labels.clear();
+    copy.perf.summary = None;
     copy.apply(a, &mut NullEnv);
-    if copy.perf.labels.is_empty() {
-        ctx
-    } else {
+    if !copy.perf.labels.is_empty() {
         format!("{ctx}: {}", copy.perf.labels.join("; "))
+    } else if let Some(s) = copy.perf.summary.take() {
+        format!("{ctx}: {s}")
+    } else {
+        ctx
     }
 }

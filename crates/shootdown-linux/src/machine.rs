@@ -56,6 +56,9 @@ pub struct Perf {
     /// Record step descriptions (explorer counterexample replay only).
     pub labels_on: bool,
     pub labels: Vec<String>,
+    /// The running step's own text, shown when it produced no more specific label
+    /// ([`Machine::summary`]).
+    pub summary: Option<String>,
     /// Per CPU: whether its timeline has opened the running task's slices yet.
     pub trace_started: Vec<bool>,
     /// Host scheduling timers (machines with a host only).
@@ -200,6 +203,7 @@ impl Machine {
                 violation: None,
                 labels_on: false,
                 labels: Vec::new(),
+                summary: None,
                 trace_started: vec![false; n],
                 host: HostPerf::default(),
                 core_scale_permille: 1000,
@@ -366,6 +370,16 @@ impl Machine {
         if self.perf.labels_on {
             let s = f();
             self.perf.labels.push(s);
+        }
+    }
+
+    /// What the current step does, in kernel terms, when nothing it calls says more (kept only
+    /// while replaying a counterexample). A later summary of the same step replaces an earlier
+    /// one.
+    #[inline]
+    pub(crate) fn summary(&mut self, f: impl FnOnce() -> String) {
+        if self.perf.labels_on {
+            self.perf.summary = Some(f());
         }
     }
 
@@ -643,7 +657,7 @@ impl Machine {
             Frame::CallFunctionIrq(s) => self.call_function_interrupt_step(cpu, s, env),
             Frame::SwitchMm(s) => self.switch_mm_irqs_off_step(cpu, s, env),
             Frame::Schedule(s) => self.schedule_step(cpu, s, env),
-            Frame::RwSemDown { pc, mm, write } => self.rwsem_down_step(cpu, pc, *mm, *write, env),
+            Frame::RwSemDown(s) => self.rwsem_down_step(cpu, s, env),
             Frame::Syscall(s) => self.syscall_step(cpu, s, env),
             Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
         }
@@ -692,11 +706,7 @@ impl Machine {
         }
         self.cpus[cpu]
             .irq_stack
-            .push(Frame::CallFunctionIrq(crate::frame::CallFunctionIrq {
-                pc: 0,
-                entries: Vec::new(),
-                i: 0,
-            }));
+            .push(Frame::CallFunctionIrq(crate::smp::CallFunctionIrq::new()));
         Park::Run
     }
 
@@ -1036,12 +1046,12 @@ impl Machine {
             let frames: Vec<String> = t
                 .stack
                 .iter()
-                .map(|f| format!("{}@{}", f.name(), frame_pc(f)))
+                .map(|f| format!("{}@{}", f.name(), f.step_name()))
                 .collect();
             let irq: Vec<String> = c
                 .irq_stack
                 .iter()
-                .map(|f| format!("{}@{}", f.name(), frame_pc(f)))
+                .map(|f| format!("{}@{}", f.name(), f.step_name()))
                 .collect();
             s += &format!(
                 "cpu{i}: task={} state={:?} stack={frames:?} irq={irq:?} ipi_pending={} irqs_on={} queue={:?} rq={:?} halted={} loaded_mm={} lazy={}\n",
@@ -1050,29 +1060,5 @@ impl Machine {
         }
         s += &format!("csd_locked={:?}\n", self.csd_locked);
         s
-    }
-}
-
-fn frame_pc(f: &Frame) -> u8 {
-    use crate::frame::Syscall;
-    match f {
-        Frame::FlushMmRange(s) => s.pc,
-        Frame::FlushFunc(s) => s.pc,
-        Frame::SmpCallMany(s) => s.pc,
-        Frame::CallFunctionIrq(s) => s.pc,
-        Frame::SwitchMm(s) => s.pc,
-        Frame::Schedule(s) => s.pc,
-        Frame::RwSemDown { pc, .. } => *pc,
-        Frame::Syscall(s) => match s {
-            Syscall::PageFault { pc, .. }
-            | Syscall::Madvise { pc, .. }
-            | Syscall::Munmap { pc, .. }
-            | Syscall::Mmap { pc }
-            | Syscall::Mprotect { pc, .. }
-            | Syscall::Fdatasync { pc, .. }
-            | Syscall::ReclaimUnmap { pc, .. }
-            | Syscall::SetAffinity { pc, .. } => *pc,
-        },
-        Frame::PvFlushTlbMulti(s) => s.pc,
     }
 }

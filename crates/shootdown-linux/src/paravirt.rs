@@ -13,12 +13,40 @@
 //! inside the native call, as in the kernel.
 
 use crate::counters::Counter;
-use crate::frame::{Flow, Frame, PvFlushTlbMulti, SmpCallMany};
+use crate::frame::{Flow, Frame};
 use crate::kvm_host::{KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
 use crate::mem::Loc;
+use crate::smp::SmpCallMany;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
+
+/// The guest's paravirtual `kvm_flush_tlb_others()` / `kvm_flush_tlb_multi()`
+/// (arch/x86/kernel/kvm.c): filter out preempted vCPUs, then the native cross call with the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PvFlushTlbMulti {
+    pub pc: PvFlushTlbMultiPc,
+    /// The native call to make afterwards; its `candidates` are the remote CPUs of the mask.
+    pub call: SmpCallMany,
+    /// Next candidate to look at.
+    pub i: usize,
+    /// The byte read by step G1 for the current candidate.
+    pub seen: u8,
+    /// Candidates that still need the IPI (`flushmask`).
+    pub keep: Vec<CpuId>,
+}
+
+/// The steps of `kvm_flush_tlb_multi()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PvFlushTlbMultiPc {
+    /// G1: read the next candidate's steal-time `preempted` byte (or, when every candidate was
+    /// looked at, call the native cross call with those left).
+    ReadPreempted,
+    /// G2: `cmpxchg` `KVM_VCPU_FLUSH_TLB` into a preempted candidate's byte.
+    SetFlushTlb,
+    /// Back from the native call: return.
+    Done,
+}
 
 impl Machine {
     /// The cross call of a flush: the native `smp_call_function_many_cond`, or — in a guest with
@@ -26,7 +54,7 @@ impl Machine {
     pub(crate) fn flush_others_frame(&self, call: SmpCallMany) -> Frame {
         if self.opts.pv_tlb_flush && self.host.is_some() && !call.candidates.is_empty() {
             Frame::PvFlushTlbMulti(Box::new(PvFlushTlbMulti {
-                pc: 0,
+                pc: PvFlushTlbMultiPc::ReadPreempted,
                 call,
                 i: 0,
                 seen: 0,
@@ -37,19 +65,20 @@ impl Machine {
         }
     }
 
-    /// One step of `kvm_flush_tlb_multi(cpumask, info)`: pc 0 reads the next candidate's byte
-    /// (G1), pc 1 the cmpxchg (G2); when every candidate was looked at, the native call with the
-    /// vCPUs that were not skipped.
+    /// One step of `kvm_flush_tlb_multi(cpumask, info)`: `ReadPreempted` reads the next
+    /// candidate's byte (G1), `SetFlushTlb` the cmpxchg (G2); when every candidate was looked
+    /// at, the native call with the vCPUs that were not skipped.
     pub(crate) fn pv_flush_tlb_multi_step<E: Env>(
         &mut self,
         cpu: CpuId,
         s: &mut PvFlushTlbMulti,
         env: &mut E,
     ) -> Flow {
+        use PvFlushTlbMultiPc::*;
         match s.pc {
-            0 => {
+            ReadPreempted => {
                 if s.i >= s.call.candidates.len() {
-                    s.pc = 2;
+                    s.pc = Done;
                     let mut call = s.call.clone();
                     call.candidates = std::mem::take(&mut s.keep);
                     if call.candidates.is_empty() && !call.run_local {
@@ -65,14 +94,14 @@ impl Machine {
                 self.say(|| format!("READ_ONCE(st[{t}].preempted) = {st:#x}"));
                 if st & KVM_VCPU_PREEMPTED != 0 {
                     s.seen = st as u8;
-                    s.pc = 1;
+                    s.pc = SetFlushTlb;
                 } else {
                     s.keep.push(t);
                     s.i += 1;
                 }
                 Flow::Next
             }
-            1 => {
+            SetFlushTlb => {
                 let t = s.call.candidates[s.i];
                 let seen = s.seen as u64;
                 let old = self.rmw(env, cpu, Loc::Preempted(t as u32), |x| {
@@ -94,10 +123,10 @@ impl Machine {
                     });
                 }
                 s.i += 1;
-                s.pc = 0;
+                s.pc = ReadPreempted;
                 Flow::Next
             }
-            _ => {
+            Done => {
                 self.say(|| "return".into());
                 Flow::Return
             }

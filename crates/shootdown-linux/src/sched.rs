@@ -6,19 +6,69 @@
 //! woken task does not preempt a busy CPU (it runs at that CPU's next scheduling point).
 
 use crate::counters::Counter;
-use crate::frame::{Flow, Frame, Schedule, SwitchMm};
+use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
 use crate::state::*;
+use crate::switch_mm::SwitchMm;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park};
 use shootdown_hw::CpuId;
+
+/// `__schedule()` + `context_switch()`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Schedule {
+    pub pc: SchedulePc,
+    pub prev: TaskId,
+    pub next: TaskId,
+}
+
+/// The steps of `__schedule()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SchedulePc {
+    /// Pick the next task.
+    Pick,
+    /// `context_switch()`: `switch_mm_irqs_off` or `enter_lazy_tlb`.
+    ContextSwitch,
+    /// `finish_task_switch()`: the next task runs.
+    Finish,
+    /// Left on the previous task's stack: it returns when that task runs again.
+    Return,
+}
+
+/// `down_read()` / `down_write()` on `mmap_sem`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RwSemDown {
+    pub pc: RwSemDownPc,
+    pub mm: MmId,
+    pub write: bool,
+}
+
+/// The steps of `down_read()` / `down_write()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RwSemDownPc {
+    /// Take the semaphore, or queue and sleep.
+    Try,
+    /// Woken with the semaphore handed over: return.
+    Woken,
+}
+
+impl RwSemDown {
+    /// A call of `down_read(&mm->mmap_sem)` (or `down_write` with `write`).
+    pub fn call(mm: MmId, write: bool) -> Frame {
+        Frame::RwSemDown(RwSemDown {
+            pc: RwSemDownPc::Try,
+            mm,
+            write,
+        })
+    }
+}
 
 impl Machine {
     pub(crate) fn schedule_spins(&self, cpu: CpuId, s: &Schedule) -> bool {
         // A task still switching out on another CPU can't be picked yet (p->on_cpu). The task
         // running this very schedule() may be picked again: it was woken before it switched out
         // (a lock handed over between its decision to sleep and its call to schedule()).
-        s.pc == 0
+        s.pc == SchedulePc::Pick
             && self.cpus[cpu]
                 .runqueue
                 .front()
@@ -28,23 +78,22 @@ impl Machine {
 
     pub(crate) fn schedule_frame(&self) -> Frame {
         Frame::Schedule(Schedule {
-            pc: 0,
+            pc: SchedulePc::Pick,
             prev: 0,
             next: 0,
         })
     }
 
-    /// One step of `__schedule()`: pc 0 pick next, pc 1 `switch_mm_irqs_off` or
-    /// `enter_lazy_tlb`, pc 2 `finish_task_switch` (this frame stays on the previous task's stack
-    /// at pc 3 and returns when that task runs again).
+    /// One step of `__schedule()` (see [`SchedulePc`]).
     pub(crate) fn schedule_step<E: Env>(
         &mut self,
         cpu: CpuId,
         s: &mut Schedule,
         env: &mut E,
     ) -> Flow {
+        use SchedulePc::*;
         match s.pc {
-            0 => {
+            Pick => {
                 if self.schedule_spins(cpu, s) {
                     let waited = self.cpus[cpu].runqueue[0];
                     return Flow::Spin(crate::mem::on_cpu_key(waited));
@@ -78,28 +127,24 @@ impl Machine {
                     self.tasks[next as usize].name.clone(),
                 );
                 self.say(|| format!("schedule: {pn} -> {nn}"));
-                s.pc = 1;
+                s.pc = ContextSwitch;
                 Flow::Next
             }
-            1 => {
-                s.pc = 2;
+            ContextSwitch => {
+                s.pc = Finish;
                 match self.tasks[s.next as usize].mm {
-                    Some(mm) => Flow::Call(Frame::SwitchMm(SwitchMm {
-                        pc: 0,
-                        next: mm,
-                        prev: 0,
-                        was_lazy: false,
-                        gen: 0,
-                        asid: 0,
-                        need_flush: false,
-                    })),
+                    Some(mm) => {
+                        self.summary(|| "context_switch: switch_mm_irqs_off".into());
+                        Flow::Call(SwitchMm::call(mm))
+                    }
                     None => {
+                        self.summary(|| "context_switch: enter_lazy_tlb".into());
                         self.enter_lazy_tlb(cpu, env);
                         Flow::Next
                     }
                 }
             }
-            2 => {
+            Finish => {
                 let (prev, next) = (s.prev, s.next);
                 let t = &mut self.tasks[next as usize];
                 t.state = TaskState::Running;
@@ -122,16 +167,20 @@ impl Machine {
                 }
                 let nn = self.tasks[next as usize].name.clone();
                 self.say(|| format!("finish_task_switch: now running {nn}"));
-                s.pc = 3;
+                s.pc = Return;
                 Flow::Next
             }
-            _ => Flow::Return,
+            Return => {
+                self.summary(|| "return to the task".into());
+                Flow::Return
+            }
         }
     }
 
     /// The idle task with nothing on the stack: schedule if work arrived, else halt (or poll).
     pub(crate) fn idle_step<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
         if !self.cpus[cpu].runqueue.is_empty() {
+            self.summary(|| "work queued, schedule()".into());
             self.cpus[cpu].halted = false;
             let f = self.schedule_frame();
             self.call(cpu, env, f);
@@ -161,12 +210,18 @@ impl Machine {
     pub(crate) fn rwsem_down_step<E: Env>(
         &mut self,
         cpu: CpuId,
-        pc: &mut u8,
-        mm: MmId,
-        write: bool,
+        s: &mut RwSemDown,
         env: &mut E,
     ) -> Flow {
-        if *pc == 1 {
+        let (mm, write) = (s.mm, s.write);
+        let taken = || {
+            format!(
+                "{} mmap_sem of mm{mm}",
+                if write { "write-locked" } else { "read-locked" }
+            )
+        };
+        if s.pc == RwSemDownPc::Woken {
+            self.summary(taken);
             return Flow::Return;
         }
         self.touch_line(env, cpu, mmap_sem_line(mm), true);
@@ -180,13 +235,14 @@ impl Machine {
             } else {
                 sem.readers += 1;
             }
+            self.summary(taken);
             return Flow::Return;
         }
         sem.waiters.push_back((me, write));
         self.tasks[me as usize].state = TaskState::Blocked;
         self.perf.counters.inc(Counter::MmapSemContended);
         self.say(|| format!("mmap_sem of mm{mm} contended: sleep"));
-        *pc = 1;
+        s.pc = RwSemDownPc::Woken;
         Flow::Call(self.schedule_frame())
     }
 

@@ -7,12 +7,103 @@
 //! remote CPU's state in one step.
 
 use crate::counters::Counter;
-use crate::frame::{CallCond, CallFunctionIrq, Flow, FlushFunc, SmpCallMany};
+use crate::frame::{CallCond, Flow};
 use crate::machine::Machine;
 use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
 use crate::state::*;
+use crate::tlb::{loaded_mm_text, FlushFunc};
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
+
+/// `smp_call_function_many_cond()` running `flush_tlb_func` (the only cross call modelled).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SmpCallMany {
+    pub pc: SmpCallManyPc,
+    pub info: FlushTlbInfo,
+    pub cond: CallCond,
+    /// Remote candidates (the mask minus this CPU), in order.
+    pub candidates: Vec<CpuId>,
+    pub i: usize,
+    /// Targets whose csd was queued (waited on).
+    pub queued: Vec<CpuId>,
+    /// Targets that need an IPI (their queue was empty).
+    pub ipi: Vec<CpuId>,
+    /// `SCF_RUN_LOCAL`: also run on this CPU, between sending and waiting.
+    pub run_local: bool,
+    /// O1 mutant: bump `tlb_gen` in the local part.
+    pub inc_gen_locally: bool,
+    /// Pre-v5.6 `on_each_cpu_cond_mask()`: run `func` on this CPU too, after waiting for the
+    /// remote ones (`on_each_cpu_mask()`).
+    pub local_after: bool,
+}
+
+/// The steps of `smp_call_function_many_cond()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SmpCallManyPc {
+    /// `cond_func` for the next candidate.
+    Cond,
+    /// `csd_lock` + fill + `llist_add` to the candidate's `call_single_queue`.
+    Queue,
+    /// Send the IPIs to the targets whose queue was empty.
+    SendIpis,
+    /// `SCF_RUN_LOCAL`: run `func` here while the remote CPUs work.
+    RunLocal,
+    /// `csd_lock_wait` for each queued target.
+    Wait,
+}
+
+impl SmpCallMany {
+    /// A call over `candidates` (remote CPUs, in `for_each_cpu` order) filtered by `cond`.
+    pub fn new(cond: CallCond, candidates: Vec<CpuId>, info: FlushTlbInfo) -> SmpCallMany {
+        SmpCallMany {
+            pc: SmpCallManyPc::Cond,
+            info,
+            cond,
+            candidates,
+            i: 0,
+            queued: Vec::new(),
+            ipi: Vec::new(),
+            run_local: false,
+            inc_gen_locally: false,
+            local_after: false,
+        }
+    }
+}
+
+/// The CALL_FUNCTION vector handler: `__flush_smp_call_function_queue()`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CallFunctionIrq {
+    pub pc: CallFunctionIrqPc,
+    pub entries: Vec<CsdKey>,
+    pub i: usize,
+}
+
+/// The steps of the CALL_FUNCTION handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallFunctionIrqPc {
+    /// `llist_del_all` of this CPU's `call_single_queue`.
+    DelAll,
+    /// Run `func` for the next entry (or return from the interrupt).
+    Run,
+    /// `csd_unlock` of the entry just run.
+    Unlock,
+}
+
+impl CallFunctionIrq {
+    pub fn new() -> CallFunctionIrq {
+        CallFunctionIrq {
+            pc: CallFunctionIrqPc::DelAll,
+            entries: Vec::new(),
+            i: 0,
+        }
+    }
+}
+
+impl Default for CallFunctionIrq {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Machine {
     /// Mainline `should_flush_tlb(cpu, info)`.
@@ -54,39 +145,54 @@ impl Machine {
                 .unwrap_or_else(|| self.csd_locked.contains(&CsdKey { src: cpu, dst }))
         };
         match s.pc {
-            1 => locked(s.candidates[s.i]),
-            5 => s.i < s.queued.len() && locked(s.queued[s.i]),
+            SmpCallManyPc::Queue => locked(s.candidates[s.i]),
+            SmpCallManyPc::Wait => s.i < s.queued.len() && locked(s.queued[s.i]),
             _ => false,
         }
     }
 
     /// One step of `smp_call_function_many_cond(mask, flush_tlb_func, info, wait=1, cond)`.
-    ///
-    /// pc 0: `cond_func` for the next candidate; pc 1: `csd_lock` + fill + `llist_add` to its
-    /// `call_single_queue` (an IPI is needed only if the queue was empty); pc 3: send the IPIs;
-    /// pc 4: with `SCF_RUN_LOCAL`, run `func` here while the remotes work (Nadav); pc 5:
-    /// `csd_lock_wait` for each queued target.
     pub(crate) fn smp_call_function_many_step<E: Env>(
         &mut self,
         cpu: CpuId,
         s: &mut SmpCallMany,
         env: &mut E,
     ) -> Flow {
+        use SmpCallManyPc::*;
         match s.pc {
-            0 => {
+            Cond => {
                 if s.i >= s.candidates.len() {
-                    s.pc = 3;
+                    self.summary(|| "every target considered".into());
+                    s.pc = SendIpis;
                     return Flow::Next;
                 }
                 let t = s.candidates[s.i];
-                if self.call_cond(cpu, t, s, env) {
-                    s.pc = 1;
+                // What cond_func looks at, as it is in memory now (counterexample text only).
+                let ts = &self.cpus[t].tlbstate;
+                let (is_lazy, loaded) = (ts.is_lazy, ts.loaded_mm);
+                let yes = self.call_cond(cpu, t, s, env);
+                let cond = s.cond;
+                self.summary(|| {
+                    let what = match cond {
+                        CallCond::All => format!("cpu{t} in mask"),
+                        CallCond::NotLazy => {
+                            format!("tlb_is_not_lazy(cpu{t}) = {yes} (is_lazy = {is_lazy})")
+                        }
+                        CallCond::ShouldFlush => format!(
+                            "should_flush_tlb(cpu{t}) = {yes} (loaded_mm = {}, is_lazy = {is_lazy})",
+                            loaded_mm_text(loaded)
+                        ),
+                    };
+                    format!("{what}{}", if yes { "" } else { ": skip" })
+                });
+                if yes {
+                    s.pc = Queue;
                 } else {
                     s.i += 1;
                 }
                 Flow::Next
             }
-            1 => {
+            Queue => {
                 let t = s.candidates[s.i];
                 let k = CsdKey { src: cpu, dst: t };
                 if self.smp_call_spins(cpu, s) {
@@ -104,12 +210,22 @@ impl Machine {
                 if was_empty {
                     s.ipi.push(t);
                 }
+                self.summary(|| {
+                    format!(
+                        "csd_lock + llist_add(csd, call_single_queue(cpu{t})){}",
+                        if was_empty {
+                            ": queue was empty, IPI needed"
+                        } else {
+                            ": queue not empty, no IPI"
+                        }
+                    )
+                });
                 s.queued.push(t);
                 s.i += 1;
-                s.pc = 0;
+                s.pc = Cond;
                 Flow::Next
             }
-            3 => {
+            SendIpis => {
                 let targets = std::mem::take(&mut s.ipi);
                 let n = if s.info.end == TLB_FLUSH_ALL {
                     1
@@ -119,12 +235,18 @@ impl Machine {
                 self.perf
                     .counters
                     .add(Counter::FlushRemoteSendIpi, n * s.queued.len() as u64);
+                if targets.is_empty() {
+                    self.summary(|| "no IPI to send".into());
+                } else {
+                    let t = targets.clone();
+                    self.summary(|| format!("send CALL_FUNCTION IPI to cpus {t:?}"));
+                }
                 self.send_call_function_ipi(cpu, &targets, env);
-                s.pc = 4;
+                s.pc = RunLocal;
                 Flow::Next
             }
-            4 => {
-                s.pc = 5;
+            RunLocal => {
+                s.pc = Wait;
                 s.i = 0;
                 if s.run_local {
                     if s.inc_gen_locally {
@@ -133,13 +255,19 @@ impl Machine {
                         }
                     }
                     if self.call_cond(cpu, cpu, s, env) {
+                        self.summary(|| {
+                            "run flush_tlb_func locally (SCF_RUN_LOCAL), while the remote CPUs work"
+                                .into()
+                        });
                         return Flow::Call(FlushFunc::call(s.info, true));
                     }
                 }
+                self.summary(|| "wait for the targets".into());
                 Flow::Next
             }
-            _ => {
+            Wait => {
                 if s.i >= s.queued.len() {
+                    self.summary(|| "return: every target has run flush_tlb_func".into());
                     if s.local_after && self.call_cond(cpu, cpu, s, env) {
                         // on_each_cpu_mask(): the calling CPU runs func after the remote ones
                         // (flush_tlb_func_remote, which finds itself up to date).
@@ -148,59 +276,62 @@ impl Machine {
                     }
                     return Flow::Return;
                 }
-                let k = CsdKey {
-                    src: cpu,
-                    dst: s.queued[s.i],
-                };
+                let t = s.queued[s.i];
+                let k = CsdKey { src: cpu, dst: t };
                 if self.smp_call_spins(cpu, s) {
                     return Flow::Spin(spin_key(Loc::CsdLock(k)));
                 }
                 self.load(env, cpu, Loc::CsdLock(k));
+                self.summary(|| format!("csd_lock_wait(cpu{t}): csd unlocked, request done"));
                 s.i += 1;
                 Flow::Next
             }
         }
     }
 
-    /// One step of the CALL_FUNCTION handler: pc 0 `llist_del_all` (then FIFO order), pc 1 run
-    /// `func` for the next entry, pc 2 `csd_unlock` (SYNC: after `func`, so the waiter learns
-    /// completion).
+    /// One step of the CALL_FUNCTION handler: `DelAll` takes the queue (then FIFO order), `Run`
+    /// runs `func` for the next entry, `Unlock` unlocks its csd (SYNC: after `func`, so the
+    /// waiter learns completion).
     pub(crate) fn call_function_interrupt_step<E: Env>(
         &mut self,
         cpu: CpuId,
         s: &mut CallFunctionIrq,
         env: &mut E,
     ) -> Flow {
+        use CallFunctionIrqPc::*;
         match s.pc {
-            0 => {
+            DelAll => {
                 self.fence(cpu);
                 self.touch_line(env, cpu, call_queue_line(cpu), true);
-                let mut e = std::mem::take(&mut self.cpus[cpu].call_queue);
-                e.sort_by_key(|_| 0); // stable: queue order is insertion order already (FIFO after reversal)
-                s.entries = e;
+                // The queue holds the entries in insertion order already (FIFO after reversal).
+                s.entries = std::mem::take(&mut self.cpus[cpu].call_queue);
                 s.i = 0;
-                s.pc = 1;
+                s.pc = Run;
+                let n = s.entries.len();
+                self.summary(|| format!("llist_del_all(call_single_queue): {n} request(s)"));
                 Flow::Next
             }
-            1 => {
+            Run => {
                 if s.i >= s.entries.len() {
+                    self.summary(|| "return from interrupt".into());
                     return Flow::Return;
                 }
                 let k = s.entries[s.i];
+                self.summary(|| format!("run flush_tlb_func for cpu{}'s request", k.src));
+                s.pc = Unlock;
                 let Some(info) = self.flush_info[k.src] else {
-                    s.pc = 2;
                     return Flow::Next;
                 };
                 self.touch_line(env, cpu, flush_info_line(k.src), false);
-                s.pc = 2;
                 Flow::Call(FlushFunc::call(info, false))
             }
-            _ => {
+            Unlock => {
                 let k = s.entries[s.i];
                 // smp_store_release(&csd->node.u_flags, 0)
                 self.store(env, cpu, Loc::CsdLock(k), 0);
+                self.summary(|| format!("csd_unlock: cpu{}'s request done", k.src));
                 s.i += 1;
-                s.pc = 1;
+                s.pc = Run;
                 Flow::Next
             }
         }

@@ -5,13 +5,66 @@
 //! **PTE write → atomic `tlb_gen` increment → read `mm_cpumask`** — a store-buffer pattern in
 //! which at least one side must see the other.
 
-use crate::frame::{Flow, SwitchMm};
+use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
 use crate::mem::{tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_ASID_OFFSET};
 use crate::options::LazyTlb;
 use crate::state::*;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
+
+/// `switch_mm_irqs_off(prev, next)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SwitchMm {
+    pub pc: SwitchMmPc,
+    pub next: MmId,
+    pub prev: u64,
+    pub was_lazy: bool,
+    pub gen: u64,
+    pub asid: u16,
+    pub need_flush: bool,
+}
+
+/// The steps of `switch_mm_irqs_off()`; their order depends on the version (and on the
+/// `switch_mm_gen_before_cpumask` mutant):
+/// * v4.12: `Start` → `ReadGen` → `JoinNext` → `LoadCr3` → `ClearPrev`;
+/// * seed 002 (`tlb_gen`): `Start` → `LeavePrev` → `JoinNext` → `ReadGen` → `LoadCr3`;
+/// * v4.20+ (`is_lazy`, mainline): the same, `LeavePrev` announcing `LOADED_MM_SWITCHING` in
+///   mainline;
+/// * returning to the same mm from lazy mode: `Start` → `CatchUp` (→ `LoadCr3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SwitchMmPc {
+    /// Read `loaded_mm` (and `is_lazy`); same mm: nothing to do, or catch up.
+    Start,
+    /// Same mm, leaving lazy mode: did we miss a flush?
+    CatchUp,
+    /// Leave the previous mm: clear our bit in its cpumask (or, mainline, announce
+    /// `LOADED_MM_SWITCHING` and keep it).
+    LeavePrev,
+    /// Join `next`: set our bit in its cpumask (mainline: or `smp_mb()` if it is set).
+    JoinNext,
+    /// Read `next->context.tlb_gen` (and choose the ASID).
+    ReadGen,
+    /// Record the ASID slot, write CR3, publish `loaded_mm`.
+    LoadCr3,
+    /// v4.12: clear our bit in the previous mm's cpumask after the switch.
+    ClearPrev,
+}
+
+impl SwitchMm {
+    /// A call of `switch_mm_irqs_off(…, next)`.
+    pub fn call(next: MmId) -> Frame {
+        Frame::SwitchMm(SwitchMm {
+            pc: SwitchMmPc::Start,
+            next,
+            prev: 0,
+            was_lazy: false,
+            gen: 0,
+            asid: 0,
+            need_flush: false,
+        })
+    }
+}
 
 impl Machine {
     fn bit(&mut self, env: &mut impl Env, cpu: CpuId, mm: MmId) -> bool {
@@ -73,8 +126,9 @@ impl Machine {
     /// v4.12 (V0): `cpu_tlbstate.state = TLBSTATE_OK`; no PCID; always a flushing CR3 load.
     fn switch_mm_v412<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
         let next = s.next;
+        use SwitchMmPc::*;
         match s.pc {
-            0 => {
+            Start => {
                 self.cpus[cpu].tlbstate.legacy_lazy = false;
                 s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
                 if s.prev == next as u64 {
@@ -90,30 +144,31 @@ impl Machine {
                     self.switch_mm_finish(cpu, s, env);
                     return Flow::Return;
                 }
-                s.pc = 1;
+                s.pc = ReadGen;
                 Flow::Next
             }
-            1 => {
+            ReadGen => {
                 s.gen = self.load(env, cpu, Loc::TlbGen(next));
                 self.say(|| format!("loaded_mm = mm{next}; read mm{next}.tlb_gen = {}", s.gen));
-                s.pc = 2;
+                s.pc = JoinNext;
                 Flow::Next
             }
-            2 => {
+            JoinNext => {
                 if next != INIT_MM {
                     self.set_bit(env, cpu, next, true);
                 }
-                s.pc = 3;
+                s.pc = LoadCr3;
                 Flow::Next
             }
-            3 => {
+            LoadCr3 => {
                 s.asid = 0;
                 s.need_flush = true;
                 self.switch_mm_finish(cpu, s, env);
-                s.pc = 4;
+                s.pc = ClearPrev;
                 Flow::Next
             }
-            _ => {
+            LeavePrev | CatchUp => unreachable!("v4.12 switch_mm has no {:?} step", s.pc),
+            ClearPrev => {
                 if s.prev != INIT_MM as u64 {
                     self.set_bit(env, cpu, s.prev as MmId, false);
                 }
@@ -127,8 +182,9 @@ impl Machine {
     fn switch_mm_tlb_gen<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
         let next = s.next;
         let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        use SwitchMmPc::*;
         match s.pc {
-            0 => {
+            Start => {
                 s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
                 if s.prev == next as u64 {
                     if next == INIT_MM || self.bit(env, cpu, next) {
@@ -138,13 +194,13 @@ impl Machine {
                         return Flow::Return;
                     }
                     self.set_bit(env, cpu, next, true);
-                    s.pc = 10;
+                    s.pc = CatchUp;
                     return Flow::Next;
                 }
-                s.pc = 1;
+                s.pc = LeavePrev;
                 Flow::Next
             }
-            10 => {
+            CatchUp => {
                 let g = self.load(env, cpu, Loc::TlbGen(next));
                 let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
                 let local = self.cpus[cpu].tlbstate.ctxs[asid as usize].tlb_gen;
@@ -157,27 +213,28 @@ impl Machine {
                 }
                 Flow::Return
             }
-            1 => {
+            LeavePrev => {
                 if s.prev != INIT_MM as u64 && self.bit(env, cpu, s.prev as MmId) {
                     self.set_bit(env, cpu, s.prev as MmId, false);
                 }
-                s.pc = if gen_first { 3 } else { 2 };
+                s.pc = if gen_first { ReadGen } else { JoinNext };
                 Flow::Next
             }
-            2 => {
+            JoinNext => {
                 if next != INIT_MM {
                     self.set_bit(env, cpu, next, true);
                 }
-                s.pc = if gen_first { 4 } else { 3 };
+                s.pc = if gen_first { LoadCr3 } else { ReadGen };
                 Flow::Next
             }
-            3 => {
+            ReadGen => {
                 s.gen = self.load(env, cpu, Loc::TlbGen(next));
                 self.say(|| format!("read mm{next}.tlb_gen = {}", s.gen));
-                s.pc = if gen_first { 2 } else { 4 };
+                s.pc = if gen_first { JoinNext } else { LoadCr3 };
                 Flow::Next
             }
-            _ => {
+            ClearPrev => unreachable!("only v4.12 clears the previous mm's bit last"),
+            LoadCr3 => {
                 let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
                 s.asid = asid;
                 s.need_flush = need_flush;
@@ -192,8 +249,9 @@ impl Machine {
         let next = s.next;
         let mainline = self.opts.lazy_tlb == LazyTlb::Mainline;
         let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        use SwitchMmPc::*;
         match s.pc {
-            0 => {
+            Start => {
                 s.prev = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
                 s.was_lazy = self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0;
                 if s.was_lazy || !self.opts.is_lazy_write_conditional {
@@ -204,14 +262,14 @@ impl Machine {
                         self.say(|| format!("prev == next (mm{next}), not lazy: nothing to do"));
                         return Flow::Return;
                     }
-                    s.pc = 10;
+                    s.pc = CatchUp;
                     return Flow::Next;
                 }
                 self.say(|| format!("leaving mm{} (was_lazy={})", s.prev, s.was_lazy));
-                s.pc = 1;
+                s.pc = LeavePrev;
                 Flow::Next
             }
-            10 => {
+            CatchUp => {
                 // Leaving lazy mode on the same mm: smp_mb(), then did we miss a flush?
                 self.fence(cpu);
                 let g = self.load(env, cpu, Loc::TlbGen(next));
@@ -224,10 +282,10 @@ impl Machine {
                 s.asid = asid;
                 s.need_flush = true;
                 s.gen = g;
-                s.pc = 5;
+                s.pc = LoadCr3;
                 Flow::Next
             }
-            1 => {
+            LeavePrev => {
                 if mainline {
                     // Mainline: announce SWITCHING first; the old mm keeps our bit (trimmed lazily).
                     self.say(|| "loaded_mm = LOADED_MM_SWITCHING".into());
@@ -235,10 +293,10 @@ impl Machine {
                 } else if s.prev != INIT_MM as u64 {
                     self.set_bit(env, cpu, s.prev as MmId, false);
                 }
-                s.pc = if gen_first { 3 } else { 2 };
+                s.pc = if gen_first { ReadGen } else { JoinNext };
                 Flow::Next
             }
-            2 => {
+            JoinNext => {
                 if next != INIT_MM {
                     if !mainline || !self.bit(env, cpu, next) {
                         self.set_bit(env, cpu, next, true);
@@ -251,10 +309,10 @@ impl Machine {
                         });
                     }
                 }
-                s.pc = if gen_first { 5 } else { 3 };
+                s.pc = if gen_first { LoadCr3 } else { ReadGen };
                 Flow::Next
             }
-            3 => {
+            ReadGen => {
                 s.gen = self.load(env, cpu, Loc::TlbGen(next));
                 let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
                 s.asid = asid;
@@ -263,10 +321,11 @@ impl Machine {
                 if !mainline {
                     self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
                 }
-                s.pc = if gen_first { 2 } else { 5 };
+                s.pc = if gen_first { JoinNext } else { LoadCr3 };
                 Flow::Next
             }
-            _ => {
+            ClearPrev => unreachable!("only v4.12 clears the previous mm's bit last"),
+            LoadCr3 => {
                 self.switch_mm_finish(cpu, s, env);
                 Flow::Return
             }

@@ -10,39 +10,202 @@
 //! only when the unmapped range covers a whole page-table page.
 
 use crate::counters::Counter;
-use crate::frame::{Flow, FlushMmRange, Frame, Syscall};
+use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
 use crate::mem::{
     misc_line, spin_key, struct_file_line, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION,
 };
+use crate::sched::RwSemDown;
 use crate::state::*;
+use crate::tlb::{FlushMmRange, FlushMmRangePc};
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
 use shootdown_hw::CpuId;
+
+/// System calls and exceptions, each with its own steps.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Syscall {
+    PageFault {
+        pc: PageFaultPc,
+        vpn: Vpn,
+        write: bool,
+    },
+    Madvise {
+        pc: ZapPc,
+        start: Vpn,
+        npages: u64,
+    },
+    Munmap {
+        pc: ZapPc,
+        start: Vpn,
+        npages: u64,
+    },
+    Mmap {
+        pc: MmapPc,
+    },
+    Mprotect {
+        pc: ZapPc,
+        start: Vpn,
+        npages: u64,
+        writable: bool,
+    },
+    /// `todo`: the entries tagged TOWRITE when the call started (`tag_pages_for_writeback`).
+    /// With `msync`, the call is `msync(MS_SYNC)` over the whole mapping of the file.
+    Fdatasync {
+        pc: FdatasyncPc,
+        /// The `Machine::dax_files` index of the file.
+        file: u32,
+        msync: bool,
+        todo: Vec<Vpn>,
+        i: usize,
+    },
+    ReclaimUnmap {
+        pc: ReclaimUnmapPc,
+        start: Vpn,
+        npages: u64,
+        targets: Vec<CpuId>,
+        begin: u64,
+    },
+    SetAffinity {
+        pc: SetAffinityPc,
+        cpu: CpuId,
+    },
+}
+
+/// The steps of the page-fault handler (`handle_mm_fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageFaultPc {
+    /// Exception entry; `down_read(mmap_sem)`.
+    Start,
+    /// Resolve the fault (a DAX write fault first joins the jbd2 handle and locks the mapping).
+    Fault,
+    /// DAX: retry `xa_lock_irq(&mapping->i_pages)`.
+    DaxLock,
+    /// DAX: holding `xa_lock`: resolve the fault, unlock.
+    DaxLocked,
+    /// `up_read(mmap_sem)`; return.
+    Done,
+}
+
+/// The steps of `madvise(MADV_DONTNEED)`, `munmap` and `mprotect`: take `mmap_sem`, change
+/// the PTEs and flush, release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZapPc {
+    /// Syscall entry; take `mmap_sem`.
+    Start,
+    /// Zap (or write-protect) the range and call the flush.
+    Zap,
+    /// (munmap: free the unlinked page tables;) release `mmap_sem`; return.
+    Done,
+}
+
+/// The steps of `mmap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmapPc {
+    /// Syscall entry; `down_write(mmap_sem)`.
+    Start,
+    /// Set the VMA up; `up_write`; return.
+    Done,
+}
+
+/// The steps of `fdatasync()` / `msync(MS_SYNC)` on a DAX file
+/// (`dax_writeback_mapping_range`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FdatasyncPc {
+    /// Syscall entry (msync: `down_read(mmap_sem)` to find the VMA).
+    Start,
+    /// msync: `get_file()`, `up_read(mmap_sem)`.
+    MsyncVma,
+    /// `tag_pages_for_writeback()` under `xa_lock`.
+    Tag,
+    /// Unlock after tagging.
+    TagUnlock,
+    /// The next tagged entry, or return.
+    Next,
+    /// `dax_writeback_one()`: lock the entry under `xa_lock`.
+    EntryLock,
+    /// Unlock `xa_lock` with the entry locked.
+    EntryLocked,
+    /// `dax_entry_mkclean()`: write-protect and flush the entry.
+    Mkclean,
+    /// `dax_flush()`: write the entry's cache lines back.
+    Writeback,
+    /// Clear the entry's tags and unlock it, under `xa_lock`.
+    ClearLock,
+    /// Unlock `xa_lock`.
+    ClearUnlock,
+}
+
+/// The steps of reclaim's batched unmap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReclaimUnmapPc {
+    /// `try_to_unmap_one()` ×n: clear PTEs, add the mm's CPUs to the batch.
+    Unmap,
+    /// `try_to_unmap_flush()`: `arch_tlbbatch_flush()`.
+    Flush,
+    /// The batched flush returned.
+    Done,
+}
+
+/// The steps of `sched_setaffinity`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SetAffinityPc {
+    /// Move the task (schedule away if it must run elsewhere).
+    Start,
+    /// Running on the new CPU: return.
+    Done,
+}
+
+impl Syscall {
+    /// Kernel name of the call.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Syscall::PageFault { .. } => "handle_mm_fault",
+            Syscall::Madvise { .. } => "madvise(MADV_DONTNEED)",
+            Syscall::Munmap { .. } => "munmap",
+            Syscall::Mmap { .. } => "mmap",
+            Syscall::Mprotect { .. } => "mprotect",
+            Syscall::Fdatasync { msync: true, .. } => "msync(MS_SYNC)",
+            Syscall::Fdatasync { .. } => "fdatasync",
+            Syscall::ReclaimUnmap { .. } => "try_to_unmap(TTU_BATCH_FLUSH)",
+            Syscall::SetAffinity { .. } => "sched_setaffinity",
+        }
+    }
+
+    /// The step the call is at, by name (for diagnostic dumps).
+    pub fn step_name(&self) -> String {
+        match self {
+            Syscall::PageFault { pc, .. } => format!("{pc:?}"),
+            Syscall::Madvise { pc, .. }
+            | Syscall::Munmap { pc, .. }
+            | Syscall::Mprotect { pc, .. } => format!("{pc:?}"),
+            Syscall::Mmap { pc } => format!("{pc:?}"),
+            Syscall::Fdatasync { pc, .. } => format!("{pc:?}"),
+            Syscall::ReclaimUnmap { pc, .. } => format!("{pc:?}"),
+            Syscall::SetAffinity { pc, .. } => format!("{pc:?}"),
+        }
+    }
+
+    /// Interrupts are disabled: holding the DAX mapping's `xa_lock` (`xa_lock_irq`).
+    pub fn irqs_off(&self) -> bool {
+        matches!(
+            self,
+            Syscall::PageFault {
+                pc: PageFaultPc::DaxLocked,
+                ..
+            } | Syscall::Fdatasync {
+                pc: FdatasyncPc::TagUnlock | FdatasyncPc::EntryLocked | FdatasyncPc::ClearUnlock,
+                ..
+            }
+        )
+    }
+}
 
 impl Machine {
     fn current_mm(&self, cpu: CpuId) -> MmId {
         self.tasks[self.cpus[cpu].curr as usize]
             .mm
             .expect("user task has an mm")
-    }
-
-    fn flush_frame(mm: MmId, start: Vpn, end: Vpn, freed_tables: bool) -> Frame {
-        Frame::FlushMmRange(Box::new(FlushMmRange {
-            pc: 0,
-            mm,
-            info: FlushTlbInfo {
-                mm: Some(mm),
-                start,
-                end,
-                new_tlb_gen: 0,
-                freed_tables,
-                trim_cpumask: false,
-                initiator: 0,
-            },
-            begin: 0,
-            batch_targets: None,
-        }))
     }
 
     /// `xa_lock_irq(&mapping->i_pages)` of DAX file `file` and the section it guards
@@ -88,21 +251,18 @@ impl Machine {
         let mm = self.current_mm(cpu);
         match s {
             Syscall::PageFault { pc, vpn, write } => match *pc {
-                0 => {
+                PageFaultPc::Start => {
                     self.charge_interruptible(env, cpu, |c| c.page_fault_entry_exit);
                     self.perf.counters.inc(Counter::PageFaults);
-                    *pc = 1;
-                    Flow::Call(Frame::RwSemDown {
-                        pc: 0,
-                        mm,
-                        write: false,
-                    })
+                    self.summary(|| "take mmap_sem".into());
+                    *pc = PageFaultPc::Fault;
+                    Flow::Call(RwSemDown::call(mm, false))
                 }
-                1 | 5 | 6 => {
+                PageFaultPc::Fault | PageFaultPc::DaxLock | PageFaultPc::DaxLocked => {
                     let (vpn, write) = (*vpn, *write);
                     let dax = self.dax_file_of(mm, vpn);
-                    if let (Some(f), true, true) = (dax, write, *pc != 6) {
-                        if *pc == 1 {
+                    if let (Some(f), true, true) = (dax, write, *pc != PageFaultPc::DaxLocked) {
+                        if *pc == PageFaultPc::Fault {
                             // ext4_dax_huge_fault(): a write fault runs inside a jbd2 handle
                             // (ext4_journal_start_sb .. ext4_journal_stop): start_this_handle()
                             // read-locks j_state_lock and bumps the running transaction's
@@ -116,14 +276,15 @@ impl Machine {
                         }
                         // dax_iomap_fault() -> grab_mapping_entry(): the entry is found and
                         // locked under xa_lock_irq(&mapping->i_pages).
-                        *pc = 5;
+                        *pc = PageFaultPc::DaxLock;
                         if let Some(spin) = self.xa_lock(env, cpu, f) {
                             return spin;
                         }
-                        *pc = 6;
+                        self.summary(|| "dax_iomap_fault: xa_lock_irq(&mapping->i_pages)".into());
+                        *pc = PageFaultPc::DaxLocked;
                         return Flow::Next;
                     }
-                    if *pc == 6 {
+                    if *pc == PageFaultPc::DaxLocked {
                         self.spin_unlock(env, cpu, Loc::XaLock(dax.expect("locked a DAX file")));
                     }
                     self.ensure_table(mm, vpn);
@@ -162,47 +323,43 @@ impl Machine {
                             if write { " writable" } else { "" }
                         )
                     });
-                    *pc = 2;
+                    *pc = PageFaultPc::Done;
                     Flow::Next
                 }
-                _ => {
+                PageFaultPc::Done => {
                     self.rwsem_up(cpu, mm, false, env);
+                    self.summary(|| "up_read(mmap_sem); return".into());
                     Flow::Return
                 }
             },
             Syscall::Madvise { pc, start, npages } => match *pc {
-                0 => {
+                ZapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    *pc = 1;
-                    Flow::Call(Frame::RwSemDown {
-                        pc: 0,
-                        mm,
-                        write: false,
-                    })
+                    self.summary(|| "take mmap_sem".into());
+                    *pc = ZapPc::Zap;
+                    Flow::Call(RwSemDown::call(mm, false))
                 }
-                1 => {
+                ZapPc::Zap => {
                     let n = self.zap_range(mm, *start, *npages, env);
                     let st = *start;
                     self.say(|| format!("zap {n} PTEs of mm{mm} from {st:#x}"));
-                    *pc = 2;
-                    Flow::Call(Self::flush_frame(mm, *start, *start + *npages, false))
+                    *pc = ZapPc::Done;
+                    Flow::Call(FlushMmRange::call(mm, *start, *start + *npages, false))
                 }
-                _ => {
+                ZapPc::Done => {
                     self.rwsem_up(cpu, mm, false, env);
+                    self.summary(|| "up_read(mmap_sem); return".into());
                     Flow::Return
                 }
             },
             Syscall::Munmap { pc, start, npages } => match *pc {
-                0 => {
+                ZapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    *pc = 1;
-                    Flow::Call(Frame::RwSemDown {
-                        pc: 0,
-                        mm,
-                        write: true,
-                    })
+                    self.summary(|| "take mmap_sem".into());
+                    *pc = ZapPc::Zap;
+                    Flow::Call(RwSemDown::call(mm, true))
                 }
-                1 => {
+                ZapPc::Zap => {
                     let (start, npages) = (*start, *npages);
                     self.zap_range(mm, start, npages, env);
                     // free_pgtables(): unlink page-table pages the range covers entirely.
@@ -228,10 +385,10 @@ impl Machine {
                             start + npages
                         )
                     });
-                    *pc = 2;
-                    Flow::Call(Self::flush_frame(mm, start, start + npages, freed))
+                    *pc = ZapPc::Done;
+                    Flow::Call(FlushMmRange::call(mm, start, start + npages, freed))
                 }
-                _ => {
+                ZapPc::Done => {
                     let tables = std::mem::take(&mut self.mms[mm as usize].tables_to_free);
                     for t in &tables {
                         self.pt_pages.free(*t);
@@ -241,20 +398,17 @@ impl Machine {
                         self.say(|| format!("free {} page-table page(s) of mm{mm}", tables.len()));
                     }
                     self.rwsem_up(cpu, mm, true, env);
+                    self.summary(|| "free page tables; up_write(mmap_sem); return".into());
                     Flow::Return
                 }
             },
             Syscall::Mmap { pc } => match *pc {
-                0 => {
+                MmapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit);
-                    *pc = 1;
-                    Flow::Call(Frame::RwSemDown {
-                        pc: 0,
-                        mm,
-                        write: true,
-                    })
+                    *pc = MmapPc::Done;
+                    Flow::Call(RwSemDown::call(mm, true))
                 }
-                _ => {
+                MmapPc::Done => {
                     self.charge(env, |c| c.mmap_syscall);
                     self.rwsem_up(cpu, mm, true, env);
                     Flow::Return
@@ -266,16 +420,12 @@ impl Machine {
                 npages,
                 writable,
             } => match *pc {
-                0 => {
+                ZapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    *pc = 1;
-                    Flow::Call(Frame::RwSemDown {
-                        pc: 0,
-                        mm,
-                        write: true,
-                    })
+                    *pc = ZapPc::Zap;
+                    Flow::Call(RwSemDown::call(mm, true))
                 }
-                1 => {
+                ZapPc::Zap => {
                     let m = &mut self.mms[mm as usize];
                     let mut changed = 0u64;
                     for (_, pte) in m.space.ptes.range_mut(*start..*start + *npages) {
@@ -291,10 +441,10 @@ impl Machine {
                         }
                     }
                     self.charge(env, |c| shootdown_engine::Time(c.pte_update.0 * changed));
-                    *pc = 2;
-                    Flow::Call(Self::flush_frame(mm, *start, *start + *npages, false))
+                    *pc = ZapPc::Done;
+                    Flow::Call(FlushMmRange::call(mm, *start, *start + *npages, false))
                 }
-                _ => {
+                ZapPc::Done => {
                     self.rwsem_up(cpu, mm, true, env);
                     Flow::Return
                 }
@@ -306,24 +456,20 @@ impl Machine {
                 todo,
                 i,
             } => match *pc {
-                0 => {
+                FdatasyncPc::Start => {
                     self.charge_interruptible(env, cpu, |c| c.syscall_entry_exit);
                     if *msync {
-                        // msync(): find the VMA under mmap_sem held for read (pc 9).
-                        *pc = 9;
-                        return Flow::Call(Frame::RwSemDown {
-                            pc: 0,
-                            mm,
-                            write: false,
-                        });
+                        // msync(): find the VMA under mmap_sem held for read.
+                        *pc = FdatasyncPc::MsyncVma;
+                        return Flow::Call(RwSemDown::call(mm, false));
                     }
                     // ext4_sync_file(): the fixed part (jbd2 checks, blkdev_issue_flush) is
                     // fsync_base; the writeback of dirty entries follows.
                     self.charge_interruptible(env, cpu, |c| c.fsync_base);
-                    *pc = 3;
+                    *pc = FdatasyncPc::Tag;
                     Flow::Next
                 }
-                9 => {
+                FdatasyncPc::MsyncVma => {
                     // msync() with MS_SYNC on a shared file mapping: find_vma() (a vmacache
                     // hit, folded into the syscall cost), get_file(), drop mmap_sem, then
                     // vfs_fsync_range(datasync=1) = ext4_sync_file() as for fdatasync().
@@ -331,10 +477,10 @@ impl Machine {
                     self.atomic_on_line(env, cpu, struct_file_line(*file));
                     self.rwsem_up(cpu, mm, false, env);
                     self.charge_interruptible(env, cpu, |c| c.fsync_base);
-                    *pc = 3;
+                    *pc = FdatasyncPc::Tag;
                     Flow::Next
                 }
-                3 => {
+                FdatasyncPc::Tag => {
                     // dax_writeback_mapping_range(): tag_pages_for_writeback() under xa_lock
                     // first, so the writeback is bounded by what is dirty now, not what other
                     // threads dirty while it runs.
@@ -346,34 +492,38 @@ impl Machine {
                         .into_iter()
                         .collect();
                     *i = 0;
-                    *pc = 4;
+                    *pc = FdatasyncPc::TagUnlock;
                     Flow::Next
                 }
-                4 => {
+                FdatasyncPc::TagUnlock => {
                     self.spin_unlock(env, cpu, Loc::XaLock(*file));
-                    *pc = 1;
+                    *pc = FdatasyncPc::Next;
                     Flow::Next
                 }
-                5 | 7 => {
-                    // dax_writeback_one(): lock the entry (5) and later clear its tags and
-                    // unlock it (7), each under xa_lock_irq(&mapping->i_pages).
+                FdatasyncPc::EntryLock | FdatasyncPc::ClearLock => {
+                    // dax_writeback_one(): lock the entry and later clear its tags and unlock
+                    // it, each under xa_lock_irq(&mapping->i_pages).
                     if let Some(spin) = self.xa_lock(env, cpu, *file) {
                         return spin;
                     }
-                    *pc += 1;
+                    *pc = if *pc == FdatasyncPc::EntryLock {
+                        FdatasyncPc::EntryLocked
+                    } else {
+                        FdatasyncPc::ClearUnlock
+                    };
                     Flow::Next
                 }
-                6 => {
+                FdatasyncPc::EntryLocked => {
                     self.spin_unlock(env, cpu, Loc::XaLock(*file));
-                    *pc = 2;
+                    *pc = FdatasyncPc::Mkclean;
                     Flow::Next
                 }
-                8 => {
+                FdatasyncPc::ClearUnlock => {
                     self.spin_unlock(env, cpu, Loc::XaLock(*file));
-                    *pc = 1;
+                    *pc = FdatasyncPc::Next;
                     Flow::Next
                 }
-                1 => {
+                FdatasyncPc::Next => {
                     if todo.get(*i).is_none() {
                         if *msync {
                             // fput(); the whole file was one range, so no second lookup.
@@ -381,22 +531,22 @@ impl Machine {
                         }
                         return Flow::Return;
                     }
-                    *pc = 5;
+                    *pc = FdatasyncPc::EntryLock;
                     Flow::Next
                 }
-                10 => {
+                FdatasyncPc::Writeback => {
                     // dax_flush(): the cache-line writeback of the entry, after the mkclean and
-                    // with interrupts on; then back to xa_lock to clear the tags (pc 7).
+                    // with interrupts on; then back to xa_lock to clear the tags.
                     self.charge_interruptible(env, cpu, |c| c.dax_writeback_page);
-                    *pc = 7;
+                    *pc = FdatasyncPc::ClearLock;
                     Flow::Next
                 }
-                _ => {
+                FdatasyncPc::Mkclean => {
                     // dax_entry_mkclean() write-protects the entry and flushes it from every CPU
-                    // running the mm; then the writeback (pc 10).
+                    // running the mm; then the writeback.
                     let v = todo[*i];
                     *i += 1;
-                    *pc = 10;
+                    *pc = FdatasyncPc::Writeback;
                     let m = &mut self.mms[mm as usize];
                     let Some(pte) = m.space.ptes.get_mut(&v) else {
                         return Flow::Next;
@@ -409,7 +559,7 @@ impl Machine {
                     self.oracle.pte_changed(pte);
                     self.charge(env, |c| c.pte_update);
                     self.say(|| format!("pfn_mkclean: write-protect mm{mm} page {v:#x}"));
-                    Flow::Call(Self::flush_frame(mm, v, v + 1, false))
+                    Flow::Call(FlushMmRange::call(mm, v, v + 1, false))
                 }
             },
             Syscall::ReclaimUnmap {
@@ -419,7 +569,7 @@ impl Machine {
                 targets,
                 begin,
             } => match *pc {
-                0 => {
+                ReclaimUnmapPc::Unmap => {
                     // try_to_unmap_one() ×n: clear PTEs, arch_tlbbatch_add_pending(): bump
                     // tlb_gen and accumulate mm_cpumask into the batch.
                     self.zap_range(mm, *start, *npages, env);
@@ -434,14 +584,15 @@ impl Machine {
                     self.say(|| {
                         format!("try_to_unmap: clear mm{mm} page {st:#x}, defer flush (batch)")
                     });
-                    *pc = 1;
+                    *pc = ReclaimUnmapPc::Flush;
                     Flow::Next
                 }
-                1 => {
+                ReclaimUnmapPc::Flush => {
                     *begin = self.oracle.flush_begin();
-                    *pc = 2;
+                    *pc = ReclaimUnmapPc::Done;
+                    self.summary(|| "try_to_unmap_flush: arch_tlbbatch_flush".into());
                     Flow::Call(Frame::FlushMmRange(Box::new(FlushMmRange {
-                        pc: 0,
+                        pc: FlushMmRangePc::Start,
                         mm,
                         info: FlushTlbInfo {
                             mm: None,
@@ -456,14 +607,15 @@ impl Machine {
                         batch_targets: Some(targets.clone()),
                     })))
                 }
-                _ => {
+                ReclaimUnmapPc::Done => {
                     self.oracle
                         .flush_returned(mm, Some((*start, *start + *npages)), *begin);
+                    self.summary(|| "batched flush complete: return".into());
                     Flow::Return
                 }
             },
             Syscall::SetAffinity { pc, cpu: target } => match *pc {
-                0 => {
+                SetAffinityPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.sched_setaffinity);
                     self.perf.counters.inc(Counter::Migrations);
                     let me = self.cpus[cpu].curr;
@@ -477,10 +629,10 @@ impl Machine {
                     self.cpus[target].runqueue.push_back(me);
                     self.kick_cpu(cpu, target, env);
                     self.say(|| format!("migrate to cpu{target}"));
-                    *pc = 1;
+                    *pc = SetAffinityPc::Done;
                     Flow::Call(self.schedule_frame())
                 }
-                _ => Flow::Return,
+                SetAffinityPc::Done => Flow::Return,
             },
         }
     }

@@ -2,16 +2,131 @@
 //! flush primitives. Variants follow kernel-model.md §1.3, §1.7–§1.9.
 
 use crate::counters::Counter;
-use crate::frame::{CallCond, Flow, FlushFunc, FlushMmRange, Frame, SmpCallMany, SwitchMm};
+use crate::frame::{CallCond, Flow, Frame};
 use crate::machine::Machine;
 use crate::mem::{
     flush_info_line, tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET,
 };
 use crate::options::{LazyTlb, SmpCall};
+use crate::smp::SmpCallMany;
 use crate::state::*;
+use crate::switch_mm::SwitchMm;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::Vpn;
 use shootdown_hw::CpuId;
+
+/// `flush_tlb_mm_range()` (or, with `batch_targets`, `arch_tlbbatch_flush()`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FlushMmRange {
+    pub pc: FlushMmRangePc,
+    pub mm: MmId,
+    pub info: FlushTlbInfo,
+    /// Oracle: epoch at which the flush began.
+    pub begin: u64,
+    /// `arch_tlbbatch_flush`: targets precomputed, `tlb_gen` already bumped.
+    pub batch_targets: Option<Vec<CpuId>>,
+}
+
+/// The steps of `flush_tlb_mm_range()`. v5.13+ (`concurrent`): `Start` → `Multi` → `Done`, or
+/// `Local` → `Done` when no other CPU is in the mask. ≤v5.12: `Start` → `Local` → `Others` →
+/// `Done`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushMmRangePc {
+    /// `get_flush_tlb_info()` and `inc_mm_tlb_gen()`.
+    Start,
+    /// Read `mm_cpumask`: other CPUs ⇒ `flush_tlb_multi()` (remote and local together).
+    Multi,
+    /// The local flush, if this CPU has the mm loaded.
+    Local,
+    /// Read `mm_cpumask`: other CPUs ⇒ `flush_tlb_others()`.
+    Others,
+    /// Return: the flush is complete (the oracle records it).
+    Done,
+}
+
+impl FlushMmRange {
+    /// A call of `flush_tlb_mm_range(mm, start, end, freed_tables)`.
+    pub fn call(mm: MmId, start: Vpn, end: Vpn, freed_tables: bool) -> Frame {
+        Frame::FlushMmRange(Box::new(FlushMmRange {
+            pc: FlushMmRangePc::Start,
+            mm,
+            info: FlushTlbInfo {
+                mm: Some(mm),
+                start,
+                end,
+                new_tlb_gen: 0,
+                freed_tables,
+                trim_cpumask: false,
+                initiator: 0,
+            },
+            begin: 0,
+            batch_targets: None,
+        }))
+    }
+}
+
+/// `flush_tlb_func()` on one CPU, for a request from `info.initiator`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FlushFunc {
+    pub pc: FlushFuncPc,
+    pub info: FlushTlbInfo,
+    pub local: bool,
+    pub local_gen: u64,
+    pub mm_gen: u64,
+    pub asid: u16,
+    pub mm: MmId,
+}
+
+/// The steps of `flush_tlb_func()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushFuncPc {
+    /// The guards: another mm, init_mm, lazy, already up to date.
+    Guards,
+    /// Read `mm->context.tlb_gen`.
+    ReadGen,
+    /// Partial or full flush; record the generation in the ASID slot.
+    Flush,
+    /// v4.12: flush the requested range, no generations.
+    LegacyFlush,
+    /// Back from `leave_mm()`: return.
+    LeftMm,
+}
+
+impl FlushFunc {
+    /// A call of `flush_tlb_func(info)`: `local` from the initiator itself, else from an IPI
+    /// (or `on_each_cpu_mask`'s local call of `flush_tlb_func_remote`).
+    pub fn call(info: FlushTlbInfo, local: bool) -> Frame {
+        Frame::FlushFunc(FlushFunc {
+            pc: FlushFuncPc::Guards,
+            info,
+            local,
+            local_gen: 0,
+            mm_gen: 0,
+            asid: 0,
+            mm: 0,
+        })
+    }
+}
+
+/// How a counterexample names a flush range.
+pub(crate) fn range_text(start: Vpn, end: Vpn) -> String {
+    if end == TLB_FLUSH_ALL {
+        "full".into()
+    } else if end == start + 1 {
+        format!("page {start:#x}")
+    } else {
+        format!("pages {start:#x}..{end:#x}")
+    }
+}
+
+/// How a counterexample names an `mm` value of `cpu_tlbstate.loaded_mm`.
+pub(crate) fn loaded_mm_text(v: u64) -> String {
+    if v == LOADED_MM_SWITCHING {
+        "LOADED_MM_SWITCHING".into()
+    } else {
+        format!("mm{v}")
+    }
+}
 
 impl Machine {
     /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
@@ -168,11 +283,19 @@ impl Machine {
         s: &mut FlushMmRange,
         env: &mut E,
     ) -> Flow {
+        use FlushMmRangePc::*;
         let concurrent = self.opts.smp_call == SmpCall::Concurrent;
         let o1 = concurrent && self.opts.mutants.inc_tlb_gen_after_ipis;
         match s.pc {
-            0 => {
-                if s.batch_targets.is_none() {
+            Start => {
+                let asked = range_text(s.info.start, s.info.end);
+                if let Some(t) = &s.batch_targets {
+                    self.summary(|| {
+                        format!(
+                            "flush_tlb_info = {{mm = NULL, full, new_tlb_gen = 0}} for cpus {t:?}"
+                        )
+                    });
+                } else {
                     s.begin = self.oracle.flush_begin();
                     // get_flush_tlb_info(): above the ceiling, flush everything.
                     let i = &mut s.info;
@@ -183,10 +306,19 @@ impl Machine {
                         i.end = TLB_FLUSH_ALL;
                     }
                     // inc_mm_tlb_gen(): atomic64_inc_return, a full barrier pairing with switch_mm.
+                    let mm = s.mm;
                     i.new_tlb_gen = if o1 {
-                        self.load(env, cpu, Loc::TlbGen(s.mm)) + 1
+                        let g = self.load(env, cpu, Loc::TlbGen(mm)) + 1;
+                        self.summary(|| {
+                            format!("new_tlb_gen = {g} (mm{mm}.tlb_gen not bumped yet); {asked}")
+                        });
+                        g
                     } else {
-                        self.rmw(env, cpu, Loc::TlbGen(s.mm), |g| g + 1) + 1
+                        let g = self.rmw(env, cpu, Loc::TlbGen(mm), |g| g + 1) + 1;
+                        self.summary(|| {
+                            format!("inc_mm_tlb_gen(mm{mm}) = {g} (locked: full barrier); {asked}")
+                        });
+                        g
                     };
                     if self.opts.lazy_tlb == LazyTlb::Mainline && env.timed() {
                         // should_trim_cpumask(): at most once a second per mm.
@@ -201,76 +333,60 @@ impl Machine {
                 s.info.initiator = cpu;
                 self.flush_info[cpu] = Some(s.info);
                 self.touch_line(env, cpu, flush_info_line(cpu), true);
-                s.pc = 1;
+                s.pc = if concurrent { Multi } else { Local };
                 Flow::Next
             }
-            1 => {
-                if concurrent {
-                    let (others, me) = self.flush_targets(cpu, s, env);
-                    if !others.is_empty() {
-                        self.perf.counters.inc(Counter::NrTlbRemoteFlush);
-                        s.pc = 3;
-                        return Flow::Call(self.flush_others_frame(SmpCallMany {
-                            pc: 0,
-                            cond: self.flush_cond(&s.info),
-                            candidates: others,
-                            i: 0,
-                            queued: Vec::new(),
-                            ipi: Vec::new(),
-                            run_local: me,
-                            inc_gen_locally: o1,
-                            local_after: false,
-                            info: s.info,
-                        }));
-                    }
-                    s.pc = 2;
-                    Flow::Next
-                } else {
-                    s.pc = 2;
-                    if self.local_flush_wanted(cpu, s, env) {
-                        return Flow::Call(self.local_flush_frame(s));
-                    }
-                    Flow::Next
+            Multi => {
+                let (others, me) = self.flush_targets(cpu, s, env);
+                if others.is_empty() {
+                    self.summary(|| "no (other) CPU to flush here".into());
+                    s.pc = Local;
+                    return Flow::Next;
                 }
+                self.perf.counters.inc(Counter::NrTlbRemoteFlush);
+                s.pc = Done;
+                let call = SmpCallMany::new(self.flush_cond(&s.info), others, s.info);
+                let call = SmpCallMany {
+                    run_local: me,
+                    inc_gen_locally: o1,
+                    ..call
+                };
+                self.flush_others_call(s.mm, call)
             }
-            2 => {
-                s.pc = 3;
-                if concurrent {
-                    if o1 {
-                        self.rmw(env, cpu, Loc::TlbGen(s.mm), |g| g + 1);
-                    }
-                    if self.local_flush_wanted(cpu, s, env) {
-                        return Flow::Call(self.local_flush_frame(s));
-                    }
-                    Flow::Next
-                } else {
-                    let (others, me) = self.flush_targets(cpu, s, env);
-                    if others.is_empty() {
-                        return Flow::Next;
-                    }
-                    self.perf.counters.inc(Counter::NrTlbRemoteFlush);
-                    let cond = self.flush_cond(&s.info);
-                    // Before v5.6 the lazy filter went through on_each_cpu_cond_mask(): a
-                    // temporary cpumask per call, and the function also runs here afterwards.
-                    let alloc = self.opts.smp_cond_alloc_mask && cond != CallCond::All;
-                    if alloc {
-                        self.charge(env, |c| c.cpumask_alloc);
-                    }
-                    Flow::Call(self.flush_others_frame(SmpCallMany {
-                        pc: 0,
-                        cond,
-                        candidates: others,
-                        i: 0,
-                        queued: Vec::new(),
-                        ipi: Vec::new(),
-                        run_local: false,
-                        inc_gen_locally: false,
-                        local_after: alloc && me,
-                        info: s.info,
-                    }))
+            Local => {
+                s.pc = if concurrent { Done } else { Others };
+                if o1 {
+                    self.rmw(env, cpu, Loc::TlbGen(s.mm), |g| g + 1);
                 }
+                if self.local_flush_wanted(cpu, s, env) {
+                    self.summary(|| "mm loaded here: flush_tlb_func (local)".into());
+                    return Flow::Call(FlushFunc::call(s.info, true));
+                }
+                self.summary(|| "no (other) CPU to flush here".into());
+                Flow::Next
             }
-            _ => {
+            Others => {
+                s.pc = Done;
+                let (others, me) = self.flush_targets(cpu, s, env);
+                if others.is_empty() {
+                    self.summary(|| "no (other) CPU to flush here".into());
+                    return Flow::Next;
+                }
+                self.perf.counters.inc(Counter::NrTlbRemoteFlush);
+                let cond = self.flush_cond(&s.info);
+                // Before v5.6 the lazy filter went through on_each_cpu_cond_mask(): a
+                // temporary cpumask per call, and the function also runs here afterwards.
+                let alloc = self.opts.smp_cond_alloc_mask && cond != CallCond::All;
+                if alloc {
+                    self.charge(env, |c| c.cpumask_alloc);
+                }
+                let call = SmpCallMany {
+                    local_after: alloc && me,
+                    ..SmpCallMany::new(cond, others, s.info)
+                };
+                self.flush_others_call(s.mm, call)
+            }
+            Done => {
                 if s.batch_targets.is_none() {
                     let range = if s.info.end == TLB_FLUSH_ALL {
                         None
@@ -279,9 +395,35 @@ impl Machine {
                     };
                     self.oracle.flush_returned(s.mm, range, s.begin);
                 }
+                let mm = s.mm;
+                self.summary(|| format!("return: flush of mm{mm} complete"));
                 Flow::Return
             }
         }
+    }
+
+    /// Call the cross call of a flush (`flush_tlb_multi` / `flush_tlb_others`): the native one
+    /// or, in a guest with PV flush, `kvm_flush_tlb_multi` in front of it.
+    fn flush_others_call(&mut self, mm: MmId, call: SmpCallMany) -> Flow {
+        let frame = self.flush_others_frame(call);
+        match &frame {
+            Frame::PvFlushTlbMulti(p) => {
+                let c = p.call.candidates.clone();
+                self.summary(|| {
+                    format!(
+                        "read mm_cpumask(mm{mm}): remote vcpus {c:?} -> kvm_flush_tlb_multi (PV)"
+                    )
+                });
+            }
+            Frame::SmpCallMany(p) => {
+                let c = p.candidates.clone();
+                self.summary(|| {
+                    format!("read mm_cpumask(mm{mm}): remote cpus {c:?} -> flush_tlb_multi/others")
+                });
+            }
+            _ => {}
+        }
+        Flow::Call(frame)
     }
 
     fn flush_targets<E: Env>(
@@ -307,96 +449,69 @@ impl Machine {
         }
     }
 
-    fn local_flush_frame(&self, s: &FlushMmRange) -> Frame {
-        FlushFunc::call(s.info, true)
-    }
-
     /// One step of `flush_tlb_func()` (the handler run locally and from the IPI).
     ///
-    /// pc 0: the guards — request for another mm (mainline: drop our stale cpumask bit), init_mm
-    /// loaded, lazy (V1: bit clear ⇒ skip; V3+: switch to init_mm), mainline's "already at
-    /// new_tlb_gen" shortcut. pc 1: read `mm->context.tlb_gen`. pc 2: partial flush iff the end is
-    /// not ALL, `new_tlb_gen == local_gen + 1` and `new_tlb_gen == mm_gen`; else full; then record
-    /// `mm_gen` in the ASID slot. v4.12 (`Legacy`) has no generations: flush the range or, when
-    /// lazy, `leave_mm()`.
+    /// `Guards` ([`Machine::flush_tlb_func_guards`]); `ReadGen` reads `mm->context.tlb_gen`;
+    /// `Flush` flushes partially iff the end is not ALL, `new_tlb_gen == local_gen + 1` and
+    /// `new_tlb_gen == mm_gen`, else fully, then records `mm_gen` in the ASID slot. v4.12
+    /// (`Legacy`) has no generations: `LegacyFlush` flushes the range, or a lazy CPU calls
+    /// `leave_mm()`.
     pub(crate) fn flush_tlb_func_step<E: Env>(
         &mut self,
         cpu: CpuId,
         s: &mut FlushFunc,
         env: &mut E,
     ) -> Flow {
+        use FlushFuncPc::*;
         let f = s.info;
         match s.pc {
-            0 => {
+            Guards => {
                 if !s.local {
                     self.perf.counters.inc(Counter::NrTlbRemoteFlushReceived);
                     self.perf.counters.inc(Counter::TlbShootdowns);
                     self.touch_line(env, cpu, flush_info_line(f.initiator), false);
                 }
-                let loaded = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
-                let lazy_tlb = self.opts.lazy_tlb;
-                if let Some(m) = f.mm {
-                    if m as u64 != loaded {
-                        if lazy_tlb == LazyTlb::Mainline && !s.local {
-                            // Stale cpumask bit: remove ourselves (lazy cpumask trimming).
-                            self.rmw(env, cpu, Loc::CpumaskBit(m, cpu as u32), |_| 0);
-                            self.perf.counters.inc(Counter::CpumaskTrimmed);
-                        }
-                        return Flow::Return;
-                    }
+                // The request as this CPU finds it (counterexample text only).
+                let req = self.perf.labels_on.then(|| {
+                    let ts = &self.cpus[cpu].tlbstate;
+                    let local = ts.ctxs[ts.loaded_mm_asid as usize].tlb_gen;
+                    format!(
+                        "request {{mm = {}, {}, new_tlb_gen = {}}}{}, loaded_mm = {}, local tlb_gen = {local}",
+                        f.mm.map(|x| format!("mm{x}")).unwrap_or_else(|| "NULL".into()),
+                        range_text(f.start, f.end),
+                        f.new_tlb_gen,
+                        if f.freed_tables { " (freed tables)" } else { "" },
+                        loaded_mm_text(ts.loaded_mm),
+                    )
+                });
+                let flow = self.flush_tlb_func_guards(cpu, s, env);
+                if let Some(req) = req {
+                    let out = match flow {
+                        Flow::Return => "nothing to do: return",
+                        Flow::Call(_) => "lazy: switch to init_mm",
+                        _ => "go on",
+                    };
+                    self.summary(|| format!("{req}: {out}"));
                 }
-                if loaded == INIT_MM as u64 || loaded == LOADED_MM_SWITCHING {
-                    return Flow::Return;
-                }
-                let mm = loaded as MmId;
-                s.mm = mm;
-                match lazy_tlb {
-                    LazyTlb::Legacy => {
-                        if self.cpus[cpu].tlbstate.legacy_lazy {
-                            self.perf.counters.inc(Counter::LeaveMm);
-                            s.pc = 9;
-                            return Flow::Call(leave_mm());
-                        }
-                        s.pc = 5;
-                        return Flow::Next;
-                    }
-                    LazyTlb::TlbGen => {
-                        if self.load(env, cpu, Loc::CpumaskBit(mm, cpu as u32)) == 0 {
-                            return Flow::Return; // lazy: not in mm_cpumask, catch up at switch
-                        }
-                    }
-                    LazyTlb::IsLazy | LazyTlb::Mainline => {
-                        if self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0 {
-                            // Lazy and page tables were freed: stop referencing them at all.
-                            self.perf.counters.inc(Counter::LeaveMm);
-                            s.pc = 9;
-                            return Flow::Call(leave_mm());
-                        }
-                    }
-                }
-                s.asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
-                s.local_gen = self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen;
-                if lazy_tlb == LazyTlb::Mainline
-                    && (f.new_tlb_gen != TLB_GENERATION_INVALID
-                        || self.opts.mutants.batch_flush_gen_zero)
-                    && f.new_tlb_gen <= s.local_gen
-                {
-                    self.perf.counters.inc(Counter::FlushSkippedUpToDate);
-                    return Flow::Return;
-                }
-                s.pc = 1;
-                Flow::Next
+                flow
             }
-            1 => {
+            ReadGen => {
                 s.mm_gen = self.load(env, cpu, Loc::TlbGen(s.mm));
+                let (mm, local) = (s.mm, s.local_gen);
                 if s.local_gen == s.mm_gen {
                     self.perf.counters.inc(Counter::FlushSkippedUpToDate);
+                    let g = self.mms[mm as usize].tlb_gen;
+                    self.summary(|| {
+                        format!("read mm{mm}.tlb_gen = {g} (local {local}): up to date, return")
+                    });
                     return Flow::Return;
                 }
-                s.pc = 2;
+                let g = s.mm_gen;
+                self.summary(|| format!("read mm{mm}.tlb_gen = {g} (local {local})"));
+                s.pc = Flush;
                 Flow::Next
             }
-            2 => {
+            Flush => {
                 let next_gen_ok = f.new_tlb_gen == s.local_gen + 1
                     || self.opts.mutants.partial_flush_when_full_owed;
                 let partial = f.end != TLB_FLUSH_ALL && next_gen_ok && f.new_tlb_gen == s.mm_gen;
@@ -412,9 +527,18 @@ impl Machine {
                 );
                 self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen = s.mm_gen;
                 self.touch_line(env, cpu, tlbstate_ctx_line(cpu, s.asid), true);
+                let (asid, g) = (s.asid, s.mm_gen);
+                self.summary(|| {
+                    let how = if partial {
+                        format!("partial ({}, INVLPG)", range_text(f.start, f.end))
+                    } else {
+                        "full".into()
+                    };
+                    format!("{how} flush; ctxs[{asid}].tlb_gen = {g}")
+                });
                 Flow::Return
             }
-            5 => {
+            LegacyFlush => {
                 // v4.12: TLBSTATE_OK ⇒ flush what was asked, no generation bookkeeping.
                 let range = if f.end == TLB_FLUSH_ALL {
                     None
@@ -422,10 +546,80 @@ impl Machine {
                     Some((f.start, f.end))
                 };
                 self.do_flush(cpu, s.local, range, env);
+                self.summary(|| "flush the requested range (v4.12)".into());
                 Flow::Return
             }
-            _ => Flow::Return,
+            LeftMm => {
+                self.summary(|| "back from leave_mm: return".into());
+                Flow::Return
+            }
         }
+    }
+
+    /// `flush_tlb_func()`'s guards, in order: a request for another mm (mainline: drop our
+    /// stale cpumask bit), init_mm loaded, lazy (V1: bit clear ⇒ skip; V3+: switch to
+    /// init_mm), mainline's "already at new_tlb_gen" shortcut. v4.12 (`Legacy`) has no
+    /// generations: flush the range or, when lazy, `leave_mm()`.
+    fn flush_tlb_func_guards<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        s: &mut FlushFunc,
+        env: &mut E,
+    ) -> Flow {
+        use FlushFuncPc::*;
+        let f = s.info;
+        let loaded = self.load(env, cpu, Loc::LoadedMm(cpu as u32));
+        let lazy_tlb = self.opts.lazy_tlb;
+        if let Some(m) = f.mm {
+            if m as u64 != loaded {
+                if lazy_tlb == LazyTlb::Mainline && !s.local {
+                    // Stale cpumask bit: remove ourselves (lazy cpumask trimming).
+                    self.rmw(env, cpu, Loc::CpumaskBit(m, cpu as u32), |_| 0);
+                    self.perf.counters.inc(Counter::CpumaskTrimmed);
+                }
+                return Flow::Return;
+            }
+        }
+        if loaded == INIT_MM as u64 || loaded == LOADED_MM_SWITCHING {
+            return Flow::Return;
+        }
+        let mm = loaded as MmId;
+        s.mm = mm;
+        match lazy_tlb {
+            LazyTlb::Legacy => {
+                if self.cpus[cpu].tlbstate.legacy_lazy {
+                    self.perf.counters.inc(Counter::LeaveMm);
+                    s.pc = LeftMm;
+                    return Flow::Call(leave_mm());
+                }
+                s.pc = LegacyFlush;
+                return Flow::Next;
+            }
+            LazyTlb::TlbGen => {
+                if self.load(env, cpu, Loc::CpumaskBit(mm, cpu as u32)) == 0 {
+                    return Flow::Return; // lazy: not in mm_cpumask, catch up at switch
+                }
+            }
+            LazyTlb::IsLazy | LazyTlb::Mainline => {
+                if self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0 {
+                    // Lazy and page tables were freed: stop referencing them at all.
+                    self.perf.counters.inc(Counter::LeaveMm);
+                    s.pc = LeftMm;
+                    return Flow::Call(leave_mm());
+                }
+            }
+        }
+        s.asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        s.local_gen = self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen;
+        if lazy_tlb == LazyTlb::Mainline
+            && (f.new_tlb_gen != TLB_GENERATION_INVALID || self.opts.mutants.batch_flush_gen_zero)
+            && f.new_tlb_gen <= s.local_gen
+        {
+            self.perf.counters.inc(Counter::FlushSkippedUpToDate);
+            return Flow::Return;
+        }
+        s.pc = ReadGen;
+        Flow::Next
     }
 
     /// The flush itself: a partial range of INVLPGs or a full local flush, with counters.
@@ -467,13 +661,5 @@ impl Machine {
 
 /// `leave_mm()` / `switch_mm_irqs_off(NULL, &init_mm, NULL)`.
 fn leave_mm() -> Frame {
-    Frame::SwitchMm(SwitchMm {
-        pc: 0,
-        next: INIT_MM,
-        prev: 0,
-        was_lazy: false,
-        gen: 0,
-        asid: 0,
-        need_flush: false,
-    })
+    SwitchMm::call(INIT_MM)
 }

@@ -3,10 +3,13 @@
 //! the page walker, and PTI's deferred user-PCID flush on return to user.
 
 use crate::counters::Counter;
-use crate::frame::{Frame, Syscall};
+use crate::frame::Frame;
 use crate::machine::Machine;
 use crate::mem::{tlbstate_line, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET};
 use crate::state::*;
+use crate::syscalls::{
+    FdatasyncPc, MmapPc, PageFaultPc, ReclaimUnmapPc, SetAffinityPc, Syscall, ZapPc,
+};
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
 use shootdown_hw::tlb::TlbEntry;
@@ -16,7 +19,7 @@ use shootdown_hw::CpuId;
 /// file `file`.
 fn fdatasync(file: u32, msync: bool) -> Syscall {
     Syscall::Fdatasync {
-        pc: 0,
+        pc: FdatasyncPc::Start,
         file,
         msync,
         todo: Vec::new(),
@@ -230,6 +233,7 @@ impl Machine {
             .get(task.pc as usize)
             .copied()
             .unwrap_or(UserOp::Exit);
+        self.summary(|| user_op_text(&op));
         match op {
             UserOp::Touch { vpn, write } => {
                 self.user_touch(cpu, vpn, write, true, env);
@@ -263,12 +267,14 @@ impl Machine {
                 self.charge_interruptible(env, cpu, |_| Time::from_ns(ns));
                 self.tasks[t].pc += 1;
             }
-            UserOp::Mmap { .. } => self.enter_syscall(cpu, t, Syscall::Mmap { pc: 0 }, env),
+            UserOp::Mmap { .. } => {
+                self.enter_syscall(cpu, t, Syscall::Mmap { pc: MmapPc::Start }, env)
+            }
             UserOp::Munmap { start, npages } => self.enter_syscall(
                 cpu,
                 t,
                 Syscall::Munmap {
-                    pc: 0,
+                    pc: ZapPc::Start,
                     start,
                     npages,
                 },
@@ -278,7 +284,7 @@ impl Machine {
                 cpu,
                 t,
                 Syscall::Madvise {
-                    pc: 0,
+                    pc: ZapPc::Start,
                     start,
                     npages,
                 },
@@ -292,7 +298,7 @@ impl Machine {
                 cpu,
                 t,
                 Syscall::Mprotect {
-                    pc: 0,
+                    pc: ZapPc::Start,
                     start,
                     npages,
                     writable,
@@ -327,7 +333,7 @@ impl Machine {
                 cpu,
                 t,
                 Syscall::ReclaimUnmap {
-                    pc: 0,
+                    pc: ReclaimUnmapPc::Unmap,
                     start,
                     npages,
                     targets: Vec::new(),
@@ -335,9 +341,15 @@ impl Machine {
                 },
                 env,
             ),
-            UserOp::SetAffinity { cpu: target } => {
-                self.enter_syscall(cpu, t, Syscall::SetAffinity { pc: 0, cpu: target }, env)
-            }
+            UserOp::SetAffinity { cpu: target } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::SetAffinity {
+                    pc: SetAffinityPc::Start,
+                    cpu: target,
+                },
+                env,
+            ),
             UserOp::SetAffinityNext => {
                 let ring = &self.tasks[t].cpus;
                 let pos = ring
@@ -346,7 +358,15 @@ impl Machine {
                     .map(|p| (p + 1) % ring.len())
                     .unwrap_or(0);
                 let target = ring[pos];
-                self.enter_syscall(cpu, t, Syscall::SetAffinity { pc: 0, cpu: target }, env)
+                self.enter_syscall(
+                    cpu,
+                    t,
+                    Syscall::SetAffinity {
+                        pc: SetAffinityPc::Start,
+                        cpu: target,
+                    },
+                    env,
+                )
             }
             UserOp::Event => {
                 self.perf.counters.inc(Counter::Events);
@@ -470,7 +490,11 @@ impl Machine {
                 self.call(
                     cpu,
                     env,
-                    Frame::Syscall(Syscall::PageFault { pc: 0, vpn, write }),
+                    Frame::Syscall(Syscall::PageFault {
+                        pc: PageFaultPc::Start,
+                        vpn,
+                        write,
+                    }),
                 );
                 false
             }
@@ -494,5 +518,28 @@ impl Machine {
                 task.pc += 1;
             }
         }
+    }
+}
+
+/// How a counterexample names a user operation.
+fn user_op_text(op: &UserOp) -> String {
+    match *op {
+        UserOp::MadviseDontneed { start, npages } => {
+            format!("madvise({start:#x}, {npages} page(s), MADV_DONTNEED)")
+        }
+        UserOp::Munmap { start, npages } => format!("munmap({start:#x}, {npages} page(s))"),
+        UserOp::Mprotect {
+            start,
+            npages,
+            writable,
+        } => {
+            format!(
+                "mprotect({start:#x}, {npages} page(s), {})",
+                if writable { "RW" } else { "RO" }
+            )
+        }
+        UserOp::ReclaimUnmap { start, npages } => format!("reclaim {npages} page(s) at {start:#x}"),
+        UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
+        other => format!("{other:?}"),
     }
 }
