@@ -68,7 +68,7 @@ pub struct Experiment {
 
 /// A `[host]` setting (a row key naming one varies it per row instead of a workload parameter).
 fn is_host_key(k: &str) -> bool {
-    shootdown_linux::kvm_host::HOST_KEYS
+    shootdown_linux::host::HOST_KEYS
         .iter()
         .any(|(n, _)| *n == k)
 }

@@ -149,7 +149,10 @@ impl Machine {
                         v.iter_mut().for_each(|c| *c = pc(*c));
                     }
                 }
-                Frame::SwitchMm(_) | Frame::RwSemDown(_) | Frame::Syscall(_) => {}
+                Frame::SwitchMm(_)
+                | Frame::RwSemDown(_)
+                | Frame::Syscall(_)
+                | Frame::VcpuRun(_) => {}
             }
             f
         };

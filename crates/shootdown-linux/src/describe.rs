@@ -72,7 +72,14 @@ pub fn describe(m: &Machine, a: Action) -> String {
             let _ = INIT_MM;
             return format!("page walker{lazy}: speculative fill of mm{mm} page {vpn:#x}");
         }
-        Action::VcpuPut(_) | Action::VcpuLoad(_) | Action::VcpuIoctl(_) => {
+        Action::Step(c) if m.in_host_code(c as usize) => {
+            let mut copy = m.clone();
+            copy.perf.labels_on = true;
+            copy.perf.labels.clear();
+            copy.apply(a, &mut NullEnv);
+            return format!("host: {}", copy.perf.labels.join("; "));
+        }
+        Action::VcpuPut(_) | Action::VcpuIoctl(_) => {
             let mut copy = m.clone();
             copy.perf.labels_on = true;
             copy.perf.labels.clear();
@@ -94,5 +101,27 @@ pub fn describe(m: &Machine, a: Action) -> String {
         format!("{ctx}: {s}")
     } else {
         ctx
+    }
+}
+
+impl Machine {
+    /// Describe what the current step does, in kernel terms (kept only while replaying a
+    /// counterexample, so the closure costs nothing in normal runs).
+    #[inline]
+    pub(crate) fn say(&mut self, f: impl FnOnce() -> String) {
+        if self.perf.labels_on {
+            let s = f();
+            self.perf.labels.push(s);
+        }
+    }
+
+    /// What the current step does, in kernel terms, when nothing it calls says more (kept only
+    /// while replaying a counterexample). A later summary of the same step replaces an earlier
+    /// one.
+    #[inline]
+    pub(crate) fn summary(&mut self, f: impl FnOnce() -> String) {
+        if self.perf.labels_on {
+            self.perf.summary = Some(f());
+        }
     }
 }

@@ -9,6 +9,7 @@
 //! Writing each function as explicit steps is what lets the timed driver and the explorer run
 //! exactly the same protocol code.
 
+use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
 use crate::sched::{RwSemDown, Schedule};
 use crate::smp::{CallFunctionIrq, SmpCallMany};
@@ -55,6 +56,8 @@ pub enum Frame {
     Syscall(Syscall),
     /// Guest PV flush (seed 001).
     PvFlushTlbMulti(Box<PvFlushTlbMulti>),
+    /// Host (KVM): a vCPU thread's way back into the guest.
+    VcpuRun(VcpuRun),
 }
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -89,6 +92,7 @@ impl Frame {
             Frame::RwSemDown(RwSemDown { write: true, .. }) => "down_write(mmap_sem)",
             Frame::RwSemDown(_) => "down_read(mmap_sem)",
             Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
+            Frame::VcpuRun(_) => "vcpu_run",
             Frame::Syscall(s) => s.name(),
         }
     }
@@ -104,6 +108,7 @@ impl Frame {
             Frame::Schedule(s) => format!("{:?}", s.pc),
             Frame::RwSemDown(s) => format!("{:?}", s.pc),
             Frame::PvFlushTlbMulti(s) => format!("{:?}", s.pc),
+            Frame::VcpuRun(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),
         }
     }

@@ -12,22 +12,30 @@
 //! [`frame::Frame`] executed one atomic step at a time, so the timed driver and the explorer run
 //! the same code. Versions (before/after/mainline) and historical bugs are [`options::Options`].
 //!
-//! Virtualization (issue #4): with a host ([`kvm_host`]) the CPUs are the vCPUs of VMs run as
+//! Virtualization (issue #4): with a host ([`host`]) the CPUs are the vCPUs of VMs run as
 //! host threads on pCPUs; [`paravirt`] is the guest's PV TLB flush (arch/x86/kernel/kvm.c) and
-//! [`kvm_host`] the host side (arch/x86/kvm/x86.c steal time, the host scheduler, VM exits).
+//! [`kvm`] the host side of KVM (`kvm_main.c`, `x86.c`, `vmx/`), [`host`] the host that schedules
+//! vCPU threads on pCPUs.
 
+pub mod apic;
+pub mod busy;
 pub mod checker_support;
 pub mod counters;
+pub mod debug;
 pub mod describe;
 pub mod frame;
-pub mod kvm_host;
+pub mod host;
+pub mod kvm;
 pub mod machine;
 pub mod mem;
 pub mod options;
 pub mod paravirt;
+pub mod perf;
 pub mod sched;
+pub mod setup;
 pub mod smp;
 pub mod smt;
+pub mod stack;
 pub mod state;
 pub mod switch_mm;
 pub mod syscalls;
@@ -35,7 +43,7 @@ pub mod tlb;
 pub mod user;
 
 pub use counters::{Counter, Counters, COUNTER_NAMES};
-pub use kvm_host::{HostConfig, VcpuMode};
+pub use host::HostConfig;
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
 pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};

@@ -4,7 +4,7 @@
 //! cross call of a flush: for each remote vCPU of the mask it reads that vCPU's steal-time
 //! `preempted` byte (G1); if the host marked it `KVM_VCPU_PREEMPTED`, it tries
 //! `cmpxchg(byte, seen, seen | KVM_VCPU_FLUSH_TLB)` (G2) and on success drops the vCPU from the
-//! flush mask — the host will flush its TLB before it next enters the guest (kvm_host.rs) — then
+//! flush mask — the host will flush its TLB before it next enters the guest (kvm/x86.rs) — then
 //! makes the native call (§2) for the vCPUs that remain. The initiator itself is running, so it
 //! is never preempted and is not looked at (the kernel reads its byte too and finds 0).
 //!
@@ -14,7 +14,7 @@
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
-use crate::kvm_host::{KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
+use crate::kvm::{KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::smp::SmpCallMany;

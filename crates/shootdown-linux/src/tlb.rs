@@ -129,6 +129,29 @@ pub(crate) fn loaded_mm_text(v: u64) -> String {
 }
 
 impl Machine {
+    /// Kernel (kPCID) hardware PCID of an ASID slot: `kern_pcid(asid) = asid + 1`; 0 without PCID.
+    pub(crate) fn kern_pcid(&self, asid: u16) -> u16 {
+        if self.pcid_enabled() {
+            asid + 1
+        } else {
+            0
+        }
+    }
+
+    /// The PCID user mode runs with: `user_pcid() = kern_pcid | 1<<11` under PTI.
+    pub fn user_pcid(&self, asid: u16) -> u16 {
+        let k = self.kern_pcid(asid);
+        if self.pti {
+            k | (1 << 11)
+        } else {
+            k
+        }
+    }
+
+    pub(crate) fn pcid_enabled(&self) -> bool {
+        self.pcid_hw && self.opts.pcid
+    }
+
     /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
     /// (flushing only if it is behind `gen`), else take the next slot round-robin and flush.
     /// Simplification: no `invalidate_other` (PTI kernel-mapping flushes), no global ASIDs.

@@ -1,4 +1,4 @@
-//! The host under the guests in the timed driver (kvm_host.rs): the host scheduler shares
+//! The host under the guests in the timed driver (host/, kvm/): the host scheduler shares
 //! pCPUs between vCPU threads, housekeeping preempts, a halted vCPU blocks and is kicked awake,
 //! and the PV TLB flush skips preempted vCPUs — with every translation use checked.
 use shootdown_engine::timed::{Limits, Stop, TimedDriver};

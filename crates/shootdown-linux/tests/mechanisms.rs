@@ -4,8 +4,8 @@ use shootdown_engine::timed::{Limits, Stop, TimedDriver};
 use shootdown_engine::{Model, Time};
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
-use shootdown_linux::frame::FlushFunc;
 use shootdown_linux::state::{FlushTlbInfo, TlbContext};
+use shootdown_linux::tlb::FlushFunc;
 use shootdown_linux::*;
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@
 //! | `vmexit_cpuid` | 000 (2nd letter) | CPUID loop in every vCPU | VM exits/s per vCPU |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
-//! `shootdown_linux::kvm_host`): the machine is then the vCPUs of `vms` VMs on the topology's
+//! `shootdown_linux::host`): the machine is then the vCPUs of `vms` VMs on the topology's
 //! pCPUs. Only the workloads in [`HOST_KINDS`] accept it (`ebizzy`, `vmexit_cpuid`, and seed
 //! 002's two, which place their threads on CPU numbers and so run unchanged on one VM's vCPUs).
 

@@ -1,0 +1,134 @@
+//! Interrupt delivery (arch/x86/kernel/apic, kernel/smp.c's IPI side): sending the
+//! CALL_FUNCTION IPI through the ICR, taking it (entering `call_function_interrupt`), and
+//! kicking an idle CPU for a reschedule. In a guest, the ICR write and the injection exit to KVM
+//! unless PV send-IPI / posted interrupts are on.
+
+use crate::counters::Counter;
+use crate::frame::Frame;
+use crate::machine::Machine;
+use crate::options::Idle;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Park, Time};
+use shootdown_hw::CpuId;
+
+impl Machine {
+    /// Take the pending CALL_FUNCTION IPI: enter `call_function_interrupt`.
+    pub(crate) fn take_interrupt<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let c = &mut self.cpus[cpu];
+        c.ipi_pending = false;
+        let was_halted = std::mem::replace(&mut c.halted, false);
+        // The slice opens before the entry cost so that a profile counts it in the handler.
+        if env.tracing() {
+            env.trace(TraceEvent::FlowIn {
+                agent: cpu,
+                id: cpu as u64,
+                name: "CALL_FUNCTION IPI",
+            });
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: "call_function_interrupt",
+                detail: None,
+            });
+        }
+        if env.timed() {
+            let costs = &self.perf.profile.costs;
+            let mut t = self.core_time(costs.irq_entry_exit);
+            if was_halted && self.opts.idle == Idle::Halt {
+                t += costs.idle_wakeup;
+            }
+            if self.host.is_some() && !self.opts.posted_interrupts {
+                // Without APICv: the kick exit that injects the interrupt, and the EOI exit.
+                t += Time(self.vm_exit_cost().0 * 2);
+                self.perf
+                    .counters
+                    .add(crate::counters::Counter::KvmExits, 2);
+            }
+            env.charge(t);
+        }
+        self.cpus[cpu]
+            .irq_stack
+            .push(Frame::CallFunctionIrq(crate::smp::CallFunctionIrq::new()));
+        Park::Run
+    }
+
+    /// Send the CALL_FUNCTION IPI to `targets` (one ICR write, x2APIC cluster-style: the first
+    /// target costs `ipi_send`, each further one `ipi_send_per_target`).
+    pub(crate) fn send_call_function_ipi<E: Env>(
+        &mut self,
+        src: CpuId,
+        targets: &[CpuId],
+        env: &mut E,
+    ) {
+        if targets.is_empty() {
+            return;
+        }
+        let now = env.now();
+        if env.timed() {
+            let c = self.perf.profile.clone();
+            let c = &c.costs;
+            let k = targets.len() as u64;
+            let send = if self.host.is_none() {
+                c.ipi_send + Time(c.ipi_send_per_target.0 * (k - 1))
+            } else if self.opts.pv_send_ipi {
+                // One KVM_HC_SEND_IPI hypercall for the whole set.
+                self.perf.counters.inc(crate::counters::Counter::KvmExits);
+                self.vm_exit_cost() + c.ipi_send + Time(c.ipi_send_per_target.0 * (k - 1))
+            } else {
+                // x2APIC cluster mode in a guest without PV IPIs: one ICR write per cluster of
+                // 16 logical CPUs among the targets, and every ICR write exits to KVM, which
+                // then delivers to each destination.
+                let mut clusters: Vec<usize> = targets.iter().map(|&t| t / 16).collect();
+                clusters.dedup();
+                let n = clusters.len() as u64;
+                self.perf
+                    .counters
+                    .add(crate::counters::Counter::KvmExits, n);
+                Time((self.vm_exit_cost().0 + c.ipi_send.0) * n + c.ipi_send_per_target.0 * (k - n))
+            };
+            env.charge(send);
+        }
+        for &t in targets {
+            self.perf.counters.inc(Counter::CallFunctionIpis);
+            self.cpus[t].ipi_pending = true;
+            if env.timed() {
+                let c = &self.perf.profile.costs;
+                let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(t)) {
+                    shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+                    _ => c.ipi_latency_same_socket,
+                };
+                // The ICR write completes at the end of this step's send cost.
+                let arrival = now + lat;
+                self.perf.ipi_arrival[t] = arrival;
+                env.wake(t, arrival);
+            }
+            if env.tracing() {
+                env.trace(TraceEvent::FlowOut {
+                    agent: src,
+                    id: t as u64,
+                    name: "CALL_FUNCTION IPI",
+                });
+            }
+        }
+    }
+
+    /// Wake a sleeping/halted CPU because work was queued for it (`resched_curr` /
+    /// `wake_up_idle_cpu`).
+    pub(crate) fn kick_cpu<E: Env>(&mut self, from: CpuId, cpu: CpuId, env: &mut E) {
+        self.cpus[cpu].need_resched = true;
+        if !env.timed() || cpu == from {
+            return;
+        }
+        let c = &self.perf.profile.costs;
+        let at = if self.opts.idle == Idle::Poll {
+            env.now() + c.poll_idle_notice
+        } else {
+            let lat = match self.topo.distance(self.phys_cpu(from), self.phys_cpu(cpu)) {
+                shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+                _ => c.ipi_latency_same_socket,
+            };
+            env.charge(c.ipi_send);
+            env.now() + lat + c.idle_wakeup + c.irq_entry_exit
+        };
+        env.wake(cpu, at);
+    }
+}

@@ -1,0 +1,170 @@
+//! Host settings: the experiment's `[host]` table (and a scenario's `[host]`). Every setting an
+//! experiment file may give is declared once, in the [`host_settings!`] table below (key, type,
+//! default, bounds, documentation); the struct, the key list and the parser come from it.
+
+use crate::options::OptValue;
+
+/// Most vCPU threads one pCPU may carry (overcommit bound of the host settings).
+pub const MAX_VCPUS_PER_PCPU: usize = 8;
+/// Most VMs on one host.
+pub const MAX_VMS: usize = 16;
+/// One simulated hour, in µs: the bound of every duration setting (so that no typo'd value
+/// overflows a time or a product later).
+const MAX_US: u64 = 3_600_000_000;
+
+/// How one setting's value is read; the error is the reason (the caller adds file and key).
+trait Setting: Sized {
+    fn parse(v: &OptValue, min: u64, max: u64) -> Result<Self, String>;
+}
+
+impl Setting for u64 {
+    fn parse(v: &OptValue, min: u64, max: u64) -> Result<u64, String> {
+        match v {
+            OptValue::Int(i) if *i >= 0 && (min..=max).contains(&(*i as u64)) => Ok(*i as u64),
+            OptValue::Int(i) => Err(format!("must be between {min} and {max} (got {i})")),
+            _ => Err("expected an integer".into()),
+        }
+    }
+}
+
+impl Setting for usize {
+    fn parse(v: &OptValue, min: u64, max: u64) -> Result<usize, String> {
+        u64::parse(v, min, max).map(|x| x as usize)
+    }
+}
+
+impl Setting for bool {
+    fn parse(v: &OptValue, _: u64, _: u64) -> Result<bool, String> {
+        match v {
+            OptValue::Bool(b) => Ok(*b),
+            _ => Err("expected true or false".into()),
+        }
+    }
+}
+
+/// The settings table: `key: type = default, (min, max), "what it means";` for each setting an
+/// experiment's `[host]` may give (`experiment { … }`), then the fields scenarios set in code
+/// (`explorer { … }`).
+macro_rules! host_settings {
+    (
+        experiment { $( $(#[doc = $doc:literal])* $key:ident : $ty:ty = $default:expr, ($min:expr, $max:expr), $help:literal; )+ }
+        explorer { $( $(#[doc = $xdoc:literal])* $xkey:ident : $xty:ty = $xdefault:expr; )* }
+    ) => {
+        /// Host settings: the experiment's `[host]` table (and a scenario's `[host]`).
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub struct HostConfig {
+            $( $(#[doc = $doc])* pub $key: $ty, )+
+            $( $(#[doc = $xdoc])* pub $xkey: $xty, )*
+        }
+
+        impl Default for HostConfig {
+            fn default() -> Self {
+                HostConfig { $( $key: $default, )+ $( $xkey: $xdefault, )* }
+            }
+        }
+
+        /// Every `[host]` key of an experiment file with its accepted values.
+        pub const HOST_KEYS: &[(&str, &str)] = &[ $( (stringify!($key), $help), )+ ];
+
+        impl HostConfig {
+            /// Set one `[host]` key; the error is the reason (the caller adds file and key).
+            pub fn set(&mut self, key: &str, v: &OptValue) -> Result<(), String> {
+                match key {
+                    $( stringify!($key) => self.$key = <$ty as Setting>::parse(v, $min, $max)?, )+
+                    _ => {
+                        let keys: Vec<_> = HOST_KEYS.iter().map(|k| k.0).collect();
+                        return Err(format!("unknown host setting (known: {})", keys.join(", ")));
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+host_settings! {
+    experiment {
+    vms: usize = 1, (1, MAX_VMS as u64), "number of VMs (1..=16)";
+    vcpus_per_vm: usize = 1, (1, shootdown_hw::MAX_CPUS as u64),
+        "vCPUs of each VM (>= 1); vCPU i runs on pCPU i % pcpus";
+    /// Host scheduler time slice of a vCPU thread when others wait for its pCPU.
+    timeslice_us: u64 = 3000, (1, MAX_US), "host time slice of a vCPU thread, microseconds (>= 1)";
+    /// A kicked (woken) vCPU preempts the running one (CFS wake-up preemption).
+    wakeup_preemption: bool = true, (0, 1), "true | false: a kicked vCPU preempts the running one";
+    /// How long the running vCPU keeps the pCPU before a woken one preempts it.
+    wakeup_granularity_us: u64 = 1000, (0, MAX_US),
+        "microseconds the running vCPU keeps its pCPU before a wake-up preempts it (>= 0)";
+    /// Mean interval between housekeeping-task runs on each pCPU (0 = no housekeeping).
+    housekeeping_interval_us: u64 = 0, (0, MAX_US),
+        "mean interval of a housekeeping task on each pCPU, microseconds (0 = none)";
+    /// How long each housekeeping run keeps the pCPU.
+    housekeeping_run_us: u64 = 0, (0, MAX_US), "how long each housekeeping run takes, microseconds";
+    /// VMREAD/VMWRITEs on the path of one VM exit + entry (each pays the error-check fast path).
+    vmcs_accesses_per_exit: u64 = 20, (0, 10_000), "VMREAD/VMWRITEs per VM exit + entry (>= 0)";
+    }
+    explorer {
+        /// Explorer only: vCPUs the host may preempt (`VcpuPut`); empty = none.
+        preemptible: Vec<usize> = Vec::new();
+        /// Explorer only: a preempted vCPU may also be loaded and put again without entering.
+        ioctl_puts: bool = false;
+        /// Explorer only: at most this many preemptions per vCPU (0 = unbounded).
+        max_preemptions: u32 = 0;
+    }
+}
+
+impl HostConfig {
+    /// vCPU threads that share the busiest pCPU.
+    pub fn vcpus_per_pcpu(&self, pcpus: usize) -> usize {
+        self.vms * self.vcpus_per_vm.div_ceil(pcpus.max(1))
+    }
+
+    /// Check the settings against a host of `pcpus` pCPUs; errors are `(key, reason)`.
+    pub fn validate(&self, pcpus: usize) -> Result<(), (String, String)> {
+        let e = |k: &str, r: String| Err((k.to_string(), r));
+        if self.vms == 0 || self.vms > MAX_VMS {
+            return e(
+                "vms",
+                format!("must be between 1 and {MAX_VMS} (got {})", self.vms),
+            );
+        }
+        if self.vcpus_per_vm == 0 {
+            return e("vcpus_per_vm", "must be at least 1".into());
+        }
+        let per = self.vcpus_per_pcpu(pcpus);
+        if per > MAX_VCPUS_PER_PCPU {
+            return e(
+                if self.vms > 1 { "vms" } else { "vcpus_per_vm" },
+                format!(
+                    "{} VM(s) x {} vCPUs on {pcpus} pCPUs puts {per} vCPU threads on one pCPU; at most {MAX_VCPUS_PER_PCPU} are supported",
+                    self.vms, self.vcpus_per_vm
+                ),
+            );
+        }
+        if self.timeslice_us == 0 {
+            return e("timeslice_us", "must be at least 1".into());
+        }
+        if self.housekeeping_interval_us > 0 {
+            if self.housekeeping_run_us == 0 {
+                return e(
+                    "housekeeping_run_us",
+                    "must be at least 1 when housekeeping_interval_us is set".into(),
+                );
+            }
+            if self.housekeeping_run_us >= self.housekeeping_interval_us {
+                return e(
+                    "housekeeping_run_us",
+                    format!(
+                        "must be shorter than housekeeping_interval_us ({} >= {})",
+                        self.housekeeping_run_us, self.housekeeping_interval_us
+                    ),
+                );
+            }
+        } else if self.housekeeping_run_us > 0 {
+            return e(
+                "housekeeping_run_us",
+                "set housekeeping_interval_us too (0 = no housekeeping)".into(),
+            );
+        }
+        Ok(())
+    }
+}

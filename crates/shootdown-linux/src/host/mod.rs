@@ -1,0 +1,145 @@
+//! The host under the guests (issue #4, seed 001): its pCPUs, the vCPU threads it schedules on
+//! them, and the guest memory it shares with the guests (each vCPU's steal-time `preempted`
+//! byte). KVM itself — what a vCPU thread runs on the host side — is in [`crate::kvm`].
+//!
+//! A machine with a host runs every VM's vCPUs as the CPUs of one `Machine`: CPU `v` is vCPU
+//! `v % vcpus_per_vm` of VM `v / vcpus_per_vm`. Each VM has its own mms, so its guest kernel only
+//! ever sees (cpumasks, IPIs) its own vCPUs; each vCPU keeps its own TLB, which stands for the
+//! pCPU's TLB partition tagged with that vCPU's VPID (entries inside are tagged by guest PCID).
+//!
+//! * [`config`] — the `[host]` settings, declared once;
+//! * [`actions`] — the actions the host offers for a vCPU agent, in each driver;
+//! * [`sched`] — the host's scheduling policy for vCPU threads (timed driver only, like the
+//!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
+//!   blocking in HLT and kicks;
+//! * [`env`] — the timed driver's environment for guest steps on a host.
+//!
+//! Simplifications: no halt-polling, no pause-loop exiting / directed yield, no load balancing
+//! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one
+//! `vm_exit_entry` cost for every exit reason plus the emulation cost where it matters.
+
+pub mod actions;
+pub mod config;
+pub mod env;
+pub mod sched;
+
+pub use config::{HostConfig, HOST_KEYS, MAX_VCPUS_PER_PCPU, MAX_VMS};
+
+use crate::kvm::{ThreadState, Vcpu, VcpuRun, KVM_VCPU_PREEMPTED};
+use shootdown_engine::Time;
+use shootdown_hw::CpuId;
+use std::collections::VecDeque;
+
+/// Host scheduler state of one pCPU (timed driver only; constant under the explorer).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pcpu {
+    pub curr: Option<u32>,
+    pub rq: VecDeque<u32>,
+}
+
+/// The host: configuration, vCPU threads, pCPU run queues, and the guest memory it shares with
+/// the guests (each vCPU's steal-time `preempted` byte).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Host {
+    pub cfg: HostConfig,
+    pub vcpus: Vec<Vcpu>,
+    pub pcpus: Vec<Pcpu>,
+    /// Guest memory: `struct kvm_steal_time.preempted` of each vCPU (`Loc::Preempted`).
+    pub steal_preempted: Vec<u8>,
+}
+
+/// Performance-only host state (time slices, housekeeping timers).
+#[derive(Clone, Debug, Default)]
+pub struct HostPerf {
+    pub slice_start: Vec<Time>,
+    pub slice_end: Vec<Time>,
+    /// Next housekeeping run per pCPU (`Time::MAX` without housekeeping).
+    pub next_hk: Vec<Time>,
+    /// Pending wake-up preemption per pCPU.
+    pub resched_at: Vec<Option<Time>>,
+    /// vCPU threads the host scheduler switched to during the current step, and when they run
+    /// (handed to the driver after the step, past the guest wake-up filter).
+    pub switched_in: Vec<(usize, Time)>,
+}
+
+/// A deterministic phase in `[0, 1)` per pCPU, so that the pCPUs' time slices and housekeeping
+/// runs are not in lock-step at time zero.
+fn phase(p: usize, salt: u64) -> f64 {
+    let mut x = (p as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt;
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 32;
+    (x % 1_000_000) as f64 / 1e6
+}
+
+impl Host {
+    /// A host of `pcpus` pCPUs carrying `cfg.vms × cfg.vcpus_per_vm` vCPUs, pinned round-robin.
+    /// On each pCPU the first vCPU placed (VM 0's) is running in the guest; the others are
+    /// runnable and were preempted before time zero (their steal-time byte says so, and their
+    /// threads wait in `vcpu_run` to be loaded).
+    pub fn new(cfg: HostConfig, pcpus: usize) -> Host {
+        let n = cfg.vms * cfg.vcpus_per_vm;
+        let mut h = Host {
+            vcpus: Vec::with_capacity(n),
+            pcpus: vec![
+                Pcpu {
+                    curr: None,
+                    rq: VecDeque::new(),
+                };
+                pcpus
+            ],
+            steal_preempted: vec![0; n],
+            cfg,
+        };
+        for v in 0..n {
+            let vm = v / h.cfg.vcpus_per_vm;
+            let p = (v % h.cfg.vcpus_per_vm) % pcpus;
+            let mut vc = Vcpu {
+                vm: vm as u32,
+                pcpu: p as u32,
+                thread: ThreadState::Running,
+                stack: Vec::new(),
+                st_preempted: 0,
+                preemptions: 0,
+            };
+            if h.pcpus[p].curr.is_none() {
+                h.pcpus[p].curr = Some(v as u32);
+            } else {
+                vc.thread = ThreadState::Runnable;
+                vc.stack.push(VcpuRun::call());
+                vc.st_preempted = KVM_VCPU_PREEMPTED as u8;
+                h.steal_preempted[v] = KVM_VCPU_PREEMPTED as u8;
+                h.pcpus[p].rq.push_back(v as u32);
+            }
+            h.vcpus.push(vc);
+        }
+        h
+    }
+
+    /// The first CPU index of VM `vm` and its vCPU count.
+    pub fn vm_cpus(&self, vm: usize) -> std::ops::Range<CpuId> {
+        let k = self.cfg.vcpus_per_vm;
+        vm * k..(vm + 1) * k
+    }
+
+    /// The scheduling timers of a fresh host.
+    pub(crate) fn perf(&self) -> HostPerf {
+        let n = self.pcpus.len();
+        let slice = Time::from_us(self.cfg.timeslice_us);
+        let mut hp = HostPerf {
+            slice_start: vec![Time::ZERO; n],
+            slice_end: vec![Time::ZERO; n],
+            next_hk: vec![Time::MAX; n],
+            resched_at: vec![None; n],
+            switched_in: Vec::new(),
+        };
+        for p in 0..n {
+            hp.slice_end[p] = Time::from_ns_f64(slice.as_ns_f64() * (0.05 + 0.95 * phase(p, 1)));
+            if self.cfg.housekeeping_interval_us > 0 {
+                let i = self.cfg.housekeeping_interval_us as f64 * 1000.0;
+                hp.next_hk[p] = Time::from_ns_f64(i * phase(p, 2));
+            }
+        }
+        hp
+    }
+}

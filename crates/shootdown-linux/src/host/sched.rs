@@ -1,0 +1,216 @@
+//! The host's scheduling policy for vCPU threads (timed driver only, like the guest scheduler's
+//! time slices; the explorer chooses preemptions freely).
+//!
+//! vCPU `i` of every VM is pinned to pCPU `i % pcpus`; each pCPU round-robins its runnable vCPU
+//! threads with a time slice (`timeslice_us`), a woken (kicked) vCPU goes to the head of the
+//! queue and may preempt the running one after `wakeup_granularity_us` (`wakeup_preemption`),
+//! and an optional housekeeping task preempts whatever runs: sporadic host work arriving at
+//! random (Poisson, mean interval `housekeeping_interval_us`) and running for an exponentially
+//! distributed time (mean `housekeeping_run_us`, capped at ten times that). A vCPU agent runs
+//! only while its thread is current on its pCPU; while descheduled it is parked and its clock
+//! jumps to the moment it is picked again. A guest that halts (HLT exit) blocks its thread
+//! (`kvm_vcpu_block`); an IPI to it kicks it awake. A guest booted with `idle=poll` never halts:
+//! its idle vCPU keeps running (polling) in guest mode until the host preempts it, like a
+//! busy-waiting one.
+
+use crate::counters::Counter;
+use crate::host::env::HostEnv;
+use crate::kvm::{ThreadState, VcpuRun};
+use crate::machine::{Action, Machine};
+use crate::options::{Idle, SetPreempted};
+use shootdown_engine::{Env, Model, Outcome, Park, Time};
+use shootdown_hw::CpuId;
+
+/// An exponentially distributed number with mean 1, from the run's random numbers.
+fn exponential<E: Env>(env: &mut E) -> f64 {
+    let u = (env.random(1 << 30) as f64 + 0.5) / (1u64 << 30) as f64;
+    -u.ln()
+}
+
+impl Machine {
+    /// The timed driver on a host: run the step with wake-ups collected, then let the host act
+    /// on them ([`HostEnv`]), block a vCPU whose guest halted, and make sure a busy-waiting vCPU
+    /// is preempted when its pCPU is wanted.
+    pub(crate) fn apply_on_host<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        let v = self.agent_of(a);
+        let now = env.now();
+        // A guest step (not the host code of `vcpu_run`), and whether the vCPU was in the host.
+        let guest = match a {
+            Action::Step(_) => self.vcpu_in_guest(v),
+            Action::Interrupt(_) => true,
+            _ => false,
+        };
+        let entering = matches!(a, Action::Step(_)) && self.in_host_code(v);
+        let (out, charged, wakes) = {
+            let mut henv = HostEnv {
+                inner: &mut *env,
+                charged: Time::ZERO,
+                wakes: Vec::new(),
+            };
+            let out = self.apply_step(a, &mut henv);
+            (out, henv.charged, henv.wakes)
+        };
+        let idle_poll = self.opts.idle == Idle::Poll;
+        if guest
+            && out.park == Park::Halt
+            && self.vcpu_in_guest(v)
+            && !(self.cpus[v].ipi_pending && self.irqs_enabled(v))
+        {
+            // Parked for interruptible work, the vCPU is running guest code, not halted.
+            if idle_poll || self.is_busy(v) {
+                // idle=poll: the guest's idle loop spins in guest mode and never executes HLT,
+                // so the vCPU thread stays runnable and keeps its pCPU until the host wants it.
+                if let Some(t) = self.host_next_preempt(v) {
+                    env.wake_by(v, t);
+                }
+            } else {
+                self.host_block(v, now + charged, env);
+            }
+        }
+        if entering {
+            // An IPI that waited for this vCPU's thread: how long, from its arrival to entry.
+            if self.vcpu_in_guest(v) && self.cpus[v].ipi_pending {
+                let waited = (now + charged).saturating_sub(self.perf.ipi_arrival[v]);
+                self.perf.counters.add(
+                    Counter::PreemptedIpiWaitUs,
+                    waited.as_us_f64().round() as u64,
+                );
+            }
+        }
+        for (w, at) in wakes {
+            match self.host_ref().vcpus[w].thread {
+                ThreadState::Running => env.wake(w, at),
+                ThreadState::Runnable => {
+                    if self.cpus[w].ipi_pending {
+                        self.perf.counters.inc(Counter::IpisToPreemptedVcpus);
+                    }
+                }
+                ThreadState::Blocked => self.host_kick(w, at, env),
+            }
+        }
+        for (w, at) in std::mem::take(&mut self.perf.host.switched_in) {
+            env.wake(w, at);
+        }
+        if matches!(out.park, Park::Spin | Park::SpinOn(_)) && self.vcpu_in_guest(v) {
+            if let Some(t) = self.host_next_preempt(v) {
+                env.wake_by(v, t);
+            }
+        }
+        out
+    }
+
+    /// Should the host take the pCPU away from running vCPU `v` now?
+    pub(crate) fn host_preempt_due(&self, v: CpuId, now: Time) -> bool {
+        let h = self.host_ref();
+        let p = h.vcpus[v].pcpu as usize;
+        let hp = &self.perf.host;
+        (now >= hp.slice_end[p] && !h.pcpus[p].rq.is_empty())
+            || now >= hp.next_hk[p]
+            || hp.resched_at[p].is_some_and(|t| now >= t)
+    }
+
+    /// When the host will next want the pCPU of `v` (slice end with others waiting,
+    /// housekeeping, pending wake-up preemption).
+    pub(crate) fn host_next_preempt(&self, v: CpuId) -> Option<Time> {
+        let h = self.host_ref();
+        let p = h.vcpus[v].pcpu as usize;
+        let hp = &self.perf.host;
+        let mut t = hp.next_hk[p];
+        if !h.pcpus[p].rq.is_empty() {
+            t = t.min(hp.slice_end[p]);
+        }
+        if let Some(r) = hp.resched_at[p] {
+            t = t.min(r);
+        }
+        (t != Time::MAX).then_some(t)
+    }
+
+    /// The host scheduler on pCPU `p` at time `t` (its current vCPU thread is gone): run the
+    /// housekeeping task if it is due, then switch to the next runnable vCPU thread.
+    pub(crate) fn host_switch<E: Env>(&mut self, p: usize, mut t: Time, env: &mut E) {
+        let cfg_hk = self.host_ref().cfg.housekeeping_interval_us;
+        if cfg_hk > 0 && t >= self.perf.host.next_hk[p] {
+            // Sporadic host work: Poisson arrivals, exponentially distributed run times
+            // (capped at ten times the mean).
+            self.perf.counters.inc(Counter::HostHousekeeping);
+            let run = self.host_ref().cfg.housekeeping_run_us as f64;
+            t += Time::from_ns_f64(1000.0 * run * exponential(env).min(10.0));
+            let gap = cfg_hk as f64 * exponential(env);
+            self.perf.host.next_hk[p] = t + Time::from_ns_f64(1000.0 * gap);
+        }
+        t += self.perf.profile.costs.vcpu_context_switch;
+        let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
+        let h = self.host_mut();
+        match h.pcpus[p].rq.pop_front() {
+            Some(w) => {
+                // `w` stays Runnable until its thread really runs (at `t`): a kick before
+                // that must not bring it in early.
+                h.pcpus[p].curr = Some(w);
+                let hp = &mut self.perf.host;
+                hp.slice_start[p] = t;
+                hp.slice_end[p] = t + slice;
+                hp.resched_at[p] = None;
+                hp.switched_in.push((w as usize, t));
+            }
+            None => h.pcpus[p].curr = None,
+        }
+    }
+
+    /// The guest on `v` halted with nothing pending (HLT exit): its thread blocks in
+    /// `kvm_vcpu_block` (marked preempted with `set_preempted = every_put`, as v4.16's
+    /// `kvm_arch_vcpu_put` did) and the pCPU runs another vCPU thread.
+    pub(crate) fn host_block<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) {
+        self.perf.counters.inc(Counter::KvmHaltExits);
+        self.vm_exit(env);
+        if self.opts.set_preempted == SetPreempted::EveryPut {
+            self.kvm_steal_time_set_preempted(v, env);
+        }
+        let t = end + self.vm_exit_cost();
+        let h = self.host_mut();
+        h.vcpus[v].thread = ThreadState::Blocked;
+        h.vcpus[v].stack.push(VcpuRun::call());
+        let p = h.vcpus[v].pcpu as usize;
+        h.pcpus[p].curr = None;
+        self.perf.host.resched_at[p] = None;
+        self.host_switch(p, t, env);
+    }
+
+    /// `kvm_vcpu_kick` of a blocked vCPU (an IPI or a reschedule for its guest): wake its thread.
+    /// On an idle pCPU it runs at once; otherwise it queues first in line and, with wake-up
+    /// preemption, takes the pCPU after `wakeup_granularity_us` of the running vCPU's slice.
+    pub(crate) fn host_kick<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
+        self.perf.counters.inc(Counter::VcpuWakeups);
+        let wake_cost = self.perf.profile.costs.vcpu_wakeup;
+        let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
+        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
+        let preempt = self.host_ref().cfg.wakeup_preemption;
+        let h = self.host_mut();
+        let p = h.vcpus[w].pcpu as usize;
+        match h.pcpus[p].curr {
+            None => {
+                h.pcpus[p].curr = Some(w as u32);
+                h.vcpus[w].thread = ThreadState::Runnable;
+                let t = at + wake_cost;
+                let hp = &mut self.perf.host;
+                hp.slice_start[p] = t;
+                hp.slice_end[p] = t + slice;
+                hp.switched_in.push((w, t));
+            }
+            Some(u) => {
+                h.vcpus[w].thread = ThreadState::Runnable;
+                h.pcpus[p].rq.push_front(w as u32);
+                if preempt {
+                    let running = h.vcpus[u as usize].in_guest();
+                    let hp = &mut self.perf.host;
+                    let when = at.max(hp.slice_start[p] + gran);
+                    let r = hp.resched_at[p].map_or(when, |r| r.min(when));
+                    hp.resched_at[p] = Some(r);
+                    // A vCPU still switching in sees the request at its first guest step.
+                    if running {
+                        env.wake(u as usize, r);
+                    }
+                }
+            }
+        }
+    }
+}

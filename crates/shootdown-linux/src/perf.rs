@@ -1,0 +1,102 @@
+//! Performance-only state: costs, counters, clocks of interruptible work, trace and label
+//! bookkeeping. It lives in `Machine::perf` (an `Unhashed`), so it never distinguishes two
+//! states for the explorer.
+
+use crate::counters::Counters;
+use crate::host::HostPerf;
+use shootdown_engine::{Time, Violation};
+use shootdown_hw::CostProfile;
+use std::sync::Arc;
+
+/// Performance-only state: never distinguishes two states for the explorer.
+#[derive(Clone, Debug)]
+pub struct Perf {
+    pub profile: Arc<CostProfile>,
+    pub lines: shootdown_hw::cacheline::LineDirectory,
+    pub counters: Counters,
+    /// When each CPU's pending IPI arrives.
+    pub ipi_arrival: Vec<Time>,
+    /// Per CPU: interruptible work in progress ([`Machine::charge_interruptible`]).
+    pub busy: Vec<Busy>,
+    /// When each CPU's current task started its time slice.
+    pub slice_start: Vec<Time>,
+    pub next_flow_id: u64,
+    /// Workload events at or after `measure_from` count towards the metric.
+    pub measure_from: Time,
+    pub events_measured: u64,
+    pub first_event_at: Option<Time>,
+    pub last_event_at: Time,
+    /// Per task: times of its `Mark` ops.
+    pub marks: Vec<Vec<Time>>,
+    /// User tasks not yet exited (kept in step with task states so `finished` is O(1)).
+    pub user_tasks_alive: usize,
+    /// Translation uses the oracle checked.
+    pub uses_checked: u64,
+    /// A violation detected by the current step.
+    pub violation: Option<Violation>,
+    /// Record step descriptions (explorer counterexample replay only).
+    pub labels_on: bool,
+    pub labels: Vec<String>,
+    /// The running step's own text, shown when it produced no more specific label
+    /// ([`Machine::summary`]).
+    pub summary: Option<String>,
+    /// Per CPU: whether its timeline has opened the running task's slices yet.
+    pub trace_started: Vec<bool>,
+    /// Host scheduling timers (machines with a host only).
+    pub host: HostPerf,
+    /// How much the running step's core-bound costs stretch, in thousandths: set at the start
+    /// of each timed step from the SMT siblings' state (smt.rs).
+    pub core_scale_permille: u32,
+    /// Per CPU: executing after its last step — running a task or handler, or parked for
+    /// interruptible work; not idle, not busy-waiting (smt.rs).
+    pub smt_executing: Vec<bool>,
+}
+
+/// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user
+/// code, exception and syscall entry, a writeback's cache flushes): the timed driver parks the
+/// CPU for it instead of folding it into one step, so an IPI arriving meanwhile is taken at its
+/// arrival and the rest of the work resumes after the handler. A step's own cost is otherwise
+/// indivisible: an interrupt waits for the step to end.
+/// On a host the work of a vCPU stops while the host has it descheduled (`vcpu_put`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Busy {
+    /// Charged by the running step, to become a park at its end.
+    pub(crate) pending: Time,
+    /// The parked work ends here (wake-up time of the CPU).
+    pub(crate) until: Time,
+    /// What an interrupt cut off, resumed when its handler has returned.
+    pub(crate) left: Time,
+    /// The SMT stretch (thousandths) the parked work is priced at; 0 = unstretched (smt.rs
+    /// rescales the rest of the work when a sibling starts or stops executing).
+    pub(crate) scale: u32,
+}
+
+impl Perf {
+    /// The performance state of a machine of `n` CPUs on `pcpus` physical CPUs.
+    pub(crate) fn new(profile: Arc<CostProfile>, n: usize, pcpus: usize) -> Perf {
+        Perf {
+            lines: shootdown_hw::cacheline::LineDirectory::new(pcpus),
+            counters: Counters::new(),
+            ipi_arrival: vec![Time::ZERO; n],
+            busy: vec![Busy::default(); n],
+            slice_start: vec![Time::ZERO; n],
+            next_flow_id: 1,
+            measure_from: Time::ZERO,
+            events_measured: 0,
+            first_event_at: None,
+            last_event_at: Time::ZERO,
+            marks: Vec::new(),
+            user_tasks_alive: 0,
+            uses_checked: 0,
+            violation: None,
+            labels_on: false,
+            labels: Vec::new(),
+            summary: None,
+            trace_started: vec![false; n],
+            host: HostPerf::default(),
+            core_scale_permille: 1000,
+            smt_executing: vec![false; n],
+            profile,
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! What a CPU runs: the frames on its interrupt stack or on its current task's kernel stack,
+//! else the task's next user operation, else the idle loop. One `Step` runs the top frame's next
+//! step ([`Machine::step_frame`] dispatches on the frame) and applies its [`Flow`]: continue,
+//! call, return or spin. Also the timeline slices that follow the stacks.
+
+use crate::frame::{Flow, Frame};
+use crate::machine::Machine;
+use crate::state::*;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Outcome, Park, StepKind};
+use shootdown_hw::CpuId;
+
+/// Where a frame came from, so it goes back to the same stack even if the step switched tasks.
+#[derive(Clone, Copy)]
+enum StackRef {
+    Irq,
+    Task(TaskId),
+}
+
+impl Machine {
+    /// Interrupts enabled on `cpu` (no handler running, no IRQs-off frame on top).
+    pub fn irqs_enabled(&self, cpu: CpuId) -> bool {
+        let c = &self.cpus[cpu];
+        if !c.irq_stack.is_empty() || c.irq_off > 0 {
+            return false;
+        }
+        match self.tasks[c.curr as usize].stack.last() {
+            Some(f) => !f.irqs_off(),
+            None => true,
+        }
+    }
+
+    /// Is `cpu` running its idle task?
+    pub fn is_idle_cpu(&self, cpu: CpuId) -> bool {
+        self.is_idle(cpu)
+    }
+
+    pub(crate) fn is_idle(&self, cpu: CpuId) -> bool {
+        self.cpus[cpu].curr == self.cpus[cpu].idle_task
+    }
+
+    /// Would `Step(cpu)` only spin (or halt)? Mirrors the wait conditions in the step code.
+    pub fn step_blocked(&self, cpu: CpuId) -> bool {
+        let c = &self.cpus[cpu];
+        let top = if let Some(f) = c.irq_stack.last() {
+            Some(f)
+        } else {
+            self.tasks[c.curr as usize].stack.last()
+        };
+        match top {
+            Some(f) => self.frame_spins(cpu, f),
+            None => {
+                let t = &self.tasks[c.curr as usize];
+                if c.curr == c.idle_task {
+                    c.runqueue.is_empty()
+                } else {
+                    t.state == TaskState::Dead
+                }
+            }
+        }
+    }
+
+    fn pop_frame(&mut self, cpu: CpuId) -> (StackRef, Option<Frame>) {
+        let c = &mut self.cpus[cpu];
+        if let Some(f) = c.irq_stack.pop() {
+            return (StackRef::Irq, Some(f));
+        }
+        let t = c.curr;
+        (StackRef::Task(t), self.tasks[t as usize].stack.pop())
+    }
+
+    fn push_frame(&mut self, cpu: CpuId, at: StackRef, f: Frame) {
+        match at {
+            StackRef::Irq => self.cpus[cpu].irq_stack.push(f),
+            StackRef::Task(t) => self.tasks[t as usize].stack.push(f),
+        }
+    }
+
+    /// Push a new call on the current stack of `cpu` (used by user-mode code entering the kernel).
+    pub(crate) fn call<E: Env>(&mut self, cpu: CpuId, env: &mut E, f: Frame) {
+        if env.tracing() {
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: f.name(),
+                detail: None,
+            });
+        }
+        let (at, top) = self.pop_frame(cpu);
+        if let Some(t) = top {
+            self.push_frame(cpu, at, t);
+        }
+        self.push_frame(cpu, at, f);
+    }
+
+    /// Open `task`'s slices on `cpu`'s timeline: a bottom slice (`user` or `idle`, with the
+    /// task's name) and one per kernel frame on its stack, outermost first. With
+    /// [`Machine::trace_task_out`] at every context switch, each CPU's track shows exactly what
+    /// runs on that CPU, and a task's half-done kernel call reappears when it runs again.
+    pub(crate) fn trace_task_in<E: Env>(&self, cpu: CpuId, task: TaskId, env: &mut E) {
+        let t = &self.tasks[task as usize];
+        env.trace(TraceEvent::Begin {
+            agent: cpu,
+            name: if t.mm.is_some() { "user" } else { "idle" },
+            detail: Some(t.name.clone()),
+        });
+        for f in &t.stack {
+            env.trace(TraceEvent::Begin {
+                agent: cpu,
+                name: f.name(),
+                detail: None,
+            });
+        }
+    }
+
+    /// Close `task`'s slices on `cpu`'s timeline (see [`Machine::trace_task_in`]); `popped`
+    /// counts its frames being stepped (off its stack) that have open slices.
+    pub(crate) fn trace_task_out<E: Env>(
+        &self,
+        cpu: CpuId,
+        task: TaskId,
+        popped: usize,
+        env: &mut E,
+    ) {
+        for _ in 0..self.tasks[task as usize].stack.len() + popped + 1 {
+            env.trace(TraceEvent::End { agent: cpu });
+        }
+    }
+
+    pub(crate) fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        if env.tracing() && !self.perf.trace_started[cpu] {
+            self.perf.trace_started[cpu] = true;
+            self.trace_task_in(cpu, self.cpus[cpu].curr, env);
+        }
+        let (at, frame) = self.pop_frame(cpu);
+        let Some(mut f) = frame else {
+            return if self.is_idle(cpu) {
+                self.idle_step(cpu, env)
+            } else {
+                self.user_step(cpu, env)
+            };
+        };
+        let flow = self.step_frame(cpu, &mut f, env);
+        match flow {
+            Flow::Next => {
+                self.push_frame(cpu, at, f);
+                Park::Run
+            }
+            Flow::Call(callee) => {
+                if env.tracing() {
+                    env.trace(TraceEvent::Begin {
+                        agent: cpu,
+                        name: callee.name(),
+                        detail: None,
+                    });
+                }
+                self.push_frame(cpu, at, f);
+                self.push_frame(cpu, at, callee);
+                Park::Run
+            }
+            Flow::Return => {
+                if env.tracing() {
+                    env.trace(TraceEvent::End { agent: cpu });
+                }
+                Park::Run
+            }
+            Flow::Spin(key) => {
+                self.push_frame(cpu, at, f);
+                self.charge(env, |c| c.spin_poll);
+                Park::SpinOn(key)
+            }
+        }
+    }
+
+    pub(crate) fn step_frame<E: Env>(&mut self, cpu: CpuId, f: &mut Frame, env: &mut E) -> Flow {
+        match f {
+            Frame::FlushMmRange(s) => self.flush_tlb_mm_range_step(cpu, s, env),
+            Frame::FlushFunc(s) => self.flush_tlb_func_step(cpu, s, env),
+            Frame::SmpCallMany(s) => self.smp_call_function_many_step(cpu, s, env),
+            Frame::CallFunctionIrq(s) => self.call_function_interrupt_step(cpu, s, env),
+            Frame::SwitchMm(s) => self.switch_mm_irqs_off_step(cpu, s, env),
+            Frame::Schedule(s) => self.schedule_step(cpu, s, env),
+            Frame::RwSemDown(s) => self.rwsem_down_step(cpu, s, env),
+            Frame::Syscall(s) => self.syscall_step(cpu, s, env),
+            Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
+            Frame::VcpuRun(s) => self.vcpu_run_step(cpu, s, env),
+        }
+    }
+
+    fn frame_spins(&self, cpu: CpuId, f: &Frame) -> bool {
+        match f {
+            Frame::SmpCallMany(s) => self.smp_call_spins(cpu, s),
+            Frame::Schedule(s) => self.schedule_spins(cpu, s),
+            _ => false,
+        }
+    }
+
+    /// A vCPU thread in host code: the next step of the top frame of its host stack, if the
+    /// thread is current on its pCPU — else (timed driver only: the explorer gives every vCPU
+    /// its own pCPU) a no-op that parks the agent until the host scheduler switches to it.
+    pub(crate) fn step_host<E: Env>(&mut self, v: CpuId, env: &mut E) -> Outcome {
+        let h = self.host_ref();
+        let vc = &h.vcpus[v];
+        let current = vc.thread != crate::kvm::ThreadState::Blocked
+            && h.pcpus[vc.pcpu as usize].curr == Some(v as u32);
+        if !current {
+            return Outcome {
+                park: Park::Halt,
+                kind: StepKind::Local,
+                violation: None,
+            };
+        }
+        let mut f = self.host_mut().vcpus[v].stack.pop().expect("a host frame");
+        let park = match self.step_frame(v, &mut f, env) {
+            Flow::Next => {
+                self.host_mut().vcpus[v].stack.push(f);
+                Park::Run
+            }
+            Flow::Call(callee) => {
+                let stack = &mut self.host_mut().vcpus[v].stack;
+                stack.push(f);
+                stack.push(callee);
+                Park::Run
+            }
+            Flow::Return => Park::Run,
+            Flow::Spin(key) => {
+                self.host_mut().vcpus[v].stack.push(f);
+                self.charge(env, |c| c.spin_poll);
+                Park::SpinOn(key)
+            }
+        };
+        Outcome {
+            park,
+            kind: StepKind::Shared,
+            violation: self.perf.violation.take(),
+        }
+    }
+}
