@@ -102,15 +102,7 @@ impl Machine {
             initiator: pc(i.initiator),
             ..*i
         };
-        let loc = |l: Loc| match l {
-            Loc::CpumaskBit(mm, c) => Loc::CpumaskBit(mm, pc(c as usize) as u32),
-            Loc::LoadedMm(c) => Loc::LoadedMm(pc(c as usize) as u32),
-            Loc::IsLazy(c) => Loc::IsLazy(pc(c as usize) as u32),
-            Loc::CsdLock(k) => Loc::CsdLock(key(k)),
-            Loc::Preempted(c) => Loc::Preempted(pc(c as usize) as u32),
-            // (The xa_lock word holds a CPU id but no checker scenario uses DAX mappings.)
-            l @ (Loc::TlbGen(_) | Loc::XaLock(_)) => l,
-        };
+        let loc = |l: Loc| l.rename_cpus(&|c| pc(c as usize) as u32);
         let frame = |f: &Frame| -> Frame {
             let mut f = f.clone();
             match &mut f {

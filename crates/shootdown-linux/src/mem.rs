@@ -16,24 +16,130 @@ use shootdown_engine::{Env, Time};
 use shootdown_hw::cacheline::LineId;
 use shootdown_hw::CpuId;
 
-/// A shared kernel variable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Loc {
+/// The location table: each shared variable is declared once — its `Loc` variant and fields,
+/// the cache line it lives on (`line`), where the model keeps it (`read`, `write`) and, for
+/// locations indexed by CPU, how it is renamed with the CPUs (`rename`, for symmetry
+/// reduction; identity if absent).
+macro_rules! locations {
+    ($(
+        $(#[doc = $doc:literal])*
+        $var:ident ( $($f:ident : $t:ty),* ) {
+            line($lm:ident) = $line:expr;
+            read($rm:ident) = $read:expr;
+            write($wm:ident, $wv:ident) = $write:expr;
+            $( rename($pf:ident) = $rename:expr; )?
+        }
+    )+) => {
+        /// A shared kernel variable.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Loc { $( $(#[doc = $doc])* $var($($t),*), )+ }
+
+        /// Cache-line identities: which variables share a line is the point (kernel-model.md
+        /// §1.2).
+        #[allow(unused_variables)]
+        pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
+            match loc { $( Loc::$var($($f),*) => { let $lm = m; $line } )+ }
+        }
+
+        impl Loc {
+            /// The location with CPUs renamed by `f` (symmetry reduction).
+            #[allow(unused_variables)]
+            pub fn rename_cpus(self, f: &dyn Fn(u32) -> u32) -> Loc {
+                match self {
+                    $( Loc::$var($($f),*) => {
+                        $( let $pf = f; return $rename; )?
+                        #[allow(unreachable_code)]
+                        Loc::$var($($f),*)
+                    } )+
+                }
+            }
+        }
+
+        impl Machine {
+            /// The value of `loc` in memory (past every store buffer).
+            #[allow(unused_variables)]
+            pub(crate) fn raw_read(&self, loc: Loc) -> u64 {
+                match loc { $( Loc::$var($($f),*) => { let $rm = self; $read } )+ }
+            }
+
+            /// Write `v` to `loc` in memory.
+            #[allow(unused_variables)]
+            pub(crate) fn raw_write(&mut self, loc: Loc, v: u64) {
+                match loc { $( Loc::$var($($f),*) => { let $wm = &mut *self; let $wv = v; $write } )+ }
+            }
+        }
+    };
+}
+
+const MM_LINES: u64 = 1 << 56;
+const TLBSTATE_SHARED_LINES: u64 = 3 << 56;
+const CSD_LINES: u64 = 4 << 56;
+
+locations! {
     /// `mm->context.tlb_gen`.
-    TlbGen(MmId),
+    TlbGen(mm: MmId) {
+        line(m) = MM_LINES | (mm as u64) << 24;
+        read(m) = m.mms[mm as usize].tlb_gen;
+        write(m, v) = m.mms[mm as usize].tlb_gen = v;
+    }
     /// One bit of `mm_cpumask(mm)`.
-    CpumaskBit(MmId, u32),
+    CpumaskBit(mm: MmId, c: u32) {
+        // 512 bits of cpumask per 64-byte line.
+        line(m) = MM_LINES | (mm as u64) << 24 | (1 + c as u64 / 512);
+        read(m) = m.mms[mm as usize].cpumask_test(c as usize) as u64;
+        write(m, v) = m.mms[mm as usize].cpumask_assign(c as usize, v != 0);
+        rename(f) = Loc::CpumaskBit(mm, f(c));
+    }
     /// `cpu_tlbstate.loaded_mm` of a CPU.
-    LoadedMm(u32),
+    LoadedMm(c: u32) {
+        line(m) = tlbstate_line(c as CpuId, 0);
+        read(m) = m.cpus[c as usize].tlbstate.loaded_mm;
+        write(m, v) = m.cpus[c as usize].tlbstate.loaded_mm = v;
+        rename(f) = Loc::LoadedMm(f(c));
+    }
     /// `cpu_tlbstate(_shared).is_lazy` of a CPU.
-    IsLazy(u32),
+    IsLazy(c: u32) {
+        line(m) = if m.opts.tlbstate_shared {
+            TLBSTATE_SHARED_LINES | c as u64
+        } else {
+            tlbstate_line(c as CpuId, TLBSTATE_IS_LAZY_OFFSET)
+        };
+        read(m) = m.cpus[c as usize].tlbstate.is_lazy as u64;
+        write(m, v) = m.cpus[c as usize].tlbstate.is_lazy = v != 0;
+        rename(f) = Loc::IsLazy(f(c));
+    }
     /// The lock bit of a `call_single_data`.
-    CsdLock(CsdKey),
+    CsdLock(k: CsdKey) {
+        line(m) = CSD_LINES | (k.src as u64) << 24 | k.dst as u64;
+        read(m) = m.csd_locked.contains(&k) as u64;
+        write(m, v) = if v != 0 {
+            m.csd_locked.insert(k);
+        } else {
+            m.csd_locked.remove(&k);
+        };
+        rename(f) = Loc::CsdLock(CsdKey {
+            src: f(k.src as u32) as CpuId,
+            dst: f(k.dst as u32) as CpuId,
+        });
+    }
     /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
     /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
-    Preempted(u32),
-    /// The `xa_lock` spinlock of a DAX file's mapping (a `Machine::dax_files` index).
-    XaLock(u32),
+    Preempted(c: u32) {
+        // One steal-time area (64-byte aligned struct) per vCPU.
+        line(m) = (8u64 << 56) | c as u64;
+        read(m) = m.host.as_ref().map_or(0, |h| h.steal_preempted[c as usize]) as u64;
+        write(m, v) = if let Some(h) = m.host.as_mut() {
+            h.steal_preempted[c as usize] = v as u8;
+        };
+        rename(f) = Loc::Preempted(f(c));
+    }
+    /// The `xa_lock` spinlock of a DAX file's mapping (a `Machine::dax_files` index): 0 free,
+    /// else holder CPU + 1.
+    XaLock(file: u32) {
+        line(m) = (9u64 << 56) | file as u64;
+        read(m) = m.dax_files[file as usize].xa_lock;
+        write(m, v) = m.dax_files[file as usize].xa_lock = v;
+    }
 }
 
 /// Whether the model runs with sequential consistency or x86-TSO.
@@ -41,30 +147,6 @@ pub enum Loc {
 pub enum MemoryModel {
     Sc,
     Tso,
-}
-
-/// Cache-line identities: which variables share a line is the point (kernel-model.md §1.2).
-pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
-    const MM: u64 = 1 << 56;
-    const TLBSTATE_SHARED: u64 = 3 << 56;
-    const CSD: u64 = 4 << 56;
-    match loc {
-        Loc::TlbGen(mm) => MM | (mm as u64) << 24,
-        // 512 bits of cpumask per 64-byte line.
-        Loc::CpumaskBit(mm, c) => MM | (mm as u64) << 24 | (1 + c as u64 / 512),
-        Loc::LoadedMm(c) => tlbstate_line(c as CpuId, 0),
-        Loc::IsLazy(c) => {
-            if m.opts.tlbstate_shared {
-                TLBSTATE_SHARED | c as u64
-            } else {
-                tlbstate_line(c as CpuId, TLBSTATE_IS_LAZY_OFFSET)
-            }
-        }
-        Loc::CsdLock(k) => CSD | (k.src as u64) << 24 | k.dst as u64,
-        // One steal-time area (64-byte aligned struct) per vCPU.
-        Loc::Preempted(c) => (8u64 << 56) | c as u64,
-        Loc::XaLock(f) => (9u64 << 56) | f as u64,
-    }
 }
 
 /// User-space and filesystem lines that only cost something (no protocol reads them): sysbench's
@@ -118,63 +200,21 @@ pub(crate) fn call_queue_line(cpu: CpuId) -> LineId {
 }
 
 /// Wake-up key of a location: a CPU spinning on `loc` parks with this key and a store to `loc`
-/// wakes it (timed driver only; the explorer re-evaluates everything anyway).
+/// wakes it (timed driver only; the explorer re-evaluates everything anyway). A fixed hash of
+/// the location (no seed: the same on every machine), in the lower half of the key space.
 pub(crate) fn spin_key(loc: Loc) -> u64 {
-    match loc {
-        Loc::TlbGen(mm) => 1 << 56 | mm as u64,
-        Loc::CpumaskBit(mm, c) => 2 << 56 | (mm as u64) << 24 | c as u64,
-        Loc::LoadedMm(c) => 3 << 56 | c as u64,
-        Loc::IsLazy(c) => 4 << 56 | c as u64,
-        Loc::CsdLock(k) => 5 << 56 | (k.src as u64) << 24 | k.dst as u64,
-        Loc::Preempted(c) => 7 << 56 | c as u64,
-        Loc::XaLock(f) => 8 << 56 | f as u64,
-    }
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    loc.hash(&mut h);
+    h.finish() >> 1
 }
 
-/// Wake-up key of a task's `on_cpu` flag.
+/// Wake-up key of a task's `on_cpu` flag (the upper half of the key space).
 pub(crate) fn on_cpu_key(task: crate::state::TaskId) -> u64 {
-    6 << 56 | task as u64
+    1 << 63 | task as u64
 }
 
 impl Machine {
-    pub(crate) fn raw_read(&self, loc: Loc) -> u64 {
-        match loc {
-            Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen,
-            Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_test(c as usize) as u64,
-            Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm,
-            Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy as u64,
-            Loc::CsdLock(k) => self.csd_locked.contains(&k) as u64,
-            Loc::Preempted(c) => {
-                self.host
-                    .as_ref()
-                    .map_or(0, |h| h.steal_preempted[c as usize]) as u64
-            }
-            Loc::XaLock(f) => self.dax_files[f as usize].xa_lock,
-        }
-    }
-
-    pub(crate) fn raw_write(&mut self, loc: Loc, v: u64) {
-        match loc {
-            Loc::TlbGen(mm) => self.mms[mm as usize].tlb_gen = v,
-            Loc::CpumaskBit(mm, c) => self.mms[mm as usize].cpumask_assign(c as usize, v != 0),
-            Loc::LoadedMm(c) => self.cpus[c as usize].tlbstate.loaded_mm = v,
-            Loc::IsLazy(c) => self.cpus[c as usize].tlbstate.is_lazy = v != 0,
-            Loc::XaLock(f) => self.dax_files[f as usize].xa_lock = v,
-            Loc::CsdLock(k) => {
-                if v != 0 {
-                    self.csd_locked.insert(k);
-                } else {
-                    self.csd_locked.remove(&k);
-                }
-            }
-            Loc::Preempted(c) => {
-                if let Some(h) = self.host.as_mut() {
-                    h.steal_preempted[c as usize] = v as u8;
-                }
-            }
-        }
-    }
-
     /// Charge the cost of touching a cache line (timed driver only).
     pub(crate) fn touch_line<E: Env>(
         &mut self,
