@@ -5,11 +5,13 @@
 //! * [`profile`] — the cost profile: what each hardware and kernel operation costs on a machine;
 //! * [`tlb`] — a per-CPU TLB tagged by PCID, of finite capacity, with a paging-structure cache;
 //! * [`pagetable`] — page-table memory (PTEs with versions, page-table pages that can be freed);
+//! * [`ept`] — EPT page-table memory, the second translation stage of a VM;
 //! * [`oracle`] — ground truth: which translations a use may no longer rely on;
 //! * [`store_buffer`] — x86-TSO per-CPU FIFO store buffers;
 //! * [`cacheline`] — a MESI-like directory that prices remote cache-line transfers.
 
 pub mod cacheline;
+pub mod ept;
 pub mod oracle;
 pub mod pagetable;
 pub mod profile;

@@ -10,7 +10,9 @@
 //! The oracle is part of the model state (it is history the explorer must distinguish), which
 //! is why it lives here and not in the checker crate: both drivers see every use through it.
 
+use crate::ept::{EptMemory, Gfn};
 use crate::pagetable::{Pte, Vpn};
+use crate::tlb::EptUse;
 use shootdown_engine::Violation;
 use std::collections::BTreeMap;
 
@@ -25,11 +27,22 @@ struct MmTruth {
     page_from: BTreeMap<Vpn, u64>,
 }
 
+/// The second stage of a VM: which invalidations of its EPT have returned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct EptTruth {
+    /// Begin epoch of the latest returned `kvm_flush_remote_tlbs` of this VM.
+    full_from: u64,
+    /// Begin epoch of the latest returned invalidation covering each guest frame (an MMU
+    /// notifier's `invalidate_range_start`, after which the host may free the page).
+    gfn_from: BTreeMap<Gfn, u64>,
+}
+
 /// Ground truth for the invariants checked at every translation use.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Oracle {
     epoch: u64,
     mms: Vec<MmTruth>,
+    vms: Vec<EptTruth>,
 }
 
 impl Oracle {
@@ -37,11 +50,76 @@ impl Oracle {
         Oracle {
             epoch: 1,
             mms: vec![MmTruth::default(); nr_mms],
+            vms: Vec::new(),
         }
     }
 
     pub fn add_mm(&mut self) {
         self.mms.push(MmTruth::default());
+    }
+
+    /// Track the EPT of one more VM (its index is the number of VMs tracked before).
+    pub fn add_vm(&mut self) {
+        self.vms.push(EptTruth::default());
+    }
+
+    /// The current epoch, advancing it: the moment of a change (an SPTE write, a page
+    /// unlinked) or of an invalidation's start.
+    pub fn tick(&mut self) -> u64 {
+        let e = self.epoch;
+        self.epoch += 1;
+        e
+    }
+
+    /// The current epoch, without advancing it.
+    pub fn now(&self) -> u64 {
+        self.epoch
+    }
+
+    /// `kvm_flush_remote_tlbs` of VM `vm`, which began at `begin`, returned: every vCPU
+    /// translation whose SPTE changed before that is gone.
+    pub fn ept_flush_returned(&mut self, vm: usize, begin: u64) {
+        let t = &mut self.vms[vm];
+        t.full_from = t.full_from.max(begin);
+    }
+
+    /// An invalidation of guest frames `gfns` of VM `vm` that began at `begin` returned
+    /// (`invalidate_range_start` of an MMU notifier: the host may now free the pages).
+    pub fn ept_gfns_invalidated(&mut self, vm: usize, gfns: std::ops::Range<Gfn>, begin: u64) {
+        let t = &mut self.vms[vm];
+        for g in gfns {
+            let slot = t.gfn_from.entry(g).or_insert(0);
+            *slot = (*slot).max(begin);
+        }
+    }
+
+    /// Check one use of a combined mapping of VM `vm` filled from the EPT leaf `u`: a
+    /// translation whose SPTE was zapped or downgraded (or whose path was cut) before an
+    /// invalidation that has returned began is `INV-STALE`.
+    pub fn check_ept_use(
+        &self,
+        vm: usize,
+        vpn: Vpn,
+        u: &EptUse,
+        ept: &EptMemory,
+    ) -> Result<(), Violation> {
+        let Some(over) = ept.stale_since(u.sp, u.idx, u.version, u.filled) else {
+            return Ok(());
+        };
+        let t = &self.vms[vm];
+        let from = t
+            .full_from
+            .max(t.gfn_from.get(&u.gfn).copied().unwrap_or(0));
+        if over < from {
+            return Err(Violation {
+                invariant: "INV-STALE",
+                detail: format!(
+                    "vm{vm} page {vpn:#x} -> gfn {:#x}: used a translation whose SPTE (EPT page #{} entry {}) changed before an invalidation that has returned",
+                    u.gfn, u.sp, u.idx
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Record a change of `pte` (call after modifying its fields): bumps its version.
@@ -54,9 +132,7 @@ impl Oracle {
 
     /// A flush is starting; returns its begin epoch (keep it in the flush's state).
     pub fn flush_begin(&mut self) -> u64 {
-        let e = self.epoch;
-        self.epoch += 1;
-        e
+        self.tick()
     }
 
     /// A flush of `mm` that began at `begin` returned. `pages = None` means the whole mm.

@@ -55,12 +55,19 @@ impl Pte {
     /// Epoch at which `version` was superseded: `Some(exact)` if remembered, `Some(bound)` (an
     /// upper bound) for older versions, `None` if `version` is current.
     pub fn superseded_at(&self, version: u32) -> Option<u64> {
-        if version >= self.version {
-            return None;
-        }
-        let j = (self.version - 1 - version) as usize;
-        Some(self.ended[j.min(PTE_HISTORY - 1)])
+        superseded_at(self.version, &self.ended, version)
     }
+}
+
+/// Epoch at which `version` of an entry now at version `current` was superseded, given the end
+/// epochs of its recent versions (`ended[j]` ended version `current - 1 - j`): exact if
+/// remembered, an upper bound for older versions, `None` if `version` is current.
+pub(crate) fn superseded_at(current: u32, ended: &[u64; PTE_HISTORY], version: u32) -> Option<u64> {
+    if version >= current {
+        return None;
+    }
+    let j = (current - 1 - version) as usize;
+    Some(ended[j.min(PTE_HISTORY - 1)])
 }
 
 /// Result of a hardware walk of one address.

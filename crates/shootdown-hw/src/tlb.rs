@@ -8,7 +8,15 @@
 //!
 //! Entries record the mm they were filled for and the PTE version they were filled from, for
 //! the oracle. Eviction when full picks a victim with the run's RNG (deterministic).
+//!
+//! A vCPU's TLB stands for the pCPU's TLB partition of its VPID. With EPT, its entries are
+//! *combined* mappings (guest-linear → host-physical) tagged with the EPTP they were cached
+//! under (the current one, [`Tlb::set_ept_tag`]), and an EPT paging-structure cache holds
+//! pointers into the EPT. Guest INVLPG and CR3 writes act on the current tag; INVVPID
+//! ([`Tlb::flush_all`]) on every linear and combined mapping of the vCPU; INVEPT on the
+//! combined mappings and EPT paging-structure entries of one EPTP (single-context) or of all.
 
+use crate::ept::{Gfn, SpId};
 use crate::oracle::MmIndex;
 use crate::pagetable::{PtIndex, PtPageId, Vpn};
 use rustc_hash::FxHashMap;
@@ -17,6 +25,27 @@ use std::hash::{Hash, Hasher};
 
 /// Hardware PCID value (12 bits; bit 11 marks the PTI user half).
 pub type Pcid = u16;
+
+/// The second-stage context a translation was cached under: 0 = none (native, or a guest
+/// whose EPT is not modelled), else the EPT root (EPTP) + 1.
+pub type EptTag = u32;
+
+/// The tag of translations cached under EPT root `root`.
+pub fn ept_tag(root: SpId) -> EptTag {
+    root + 1
+}
+
+/// Oracle: the EPT leaf a combined mapping was filled from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EptUse {
+    pub gfn: Gfn,
+    pub sp: SpId,
+    pub idx: u16,
+    /// The SPTE version it was filled from.
+    pub version: u32,
+    /// The oracle epoch of the fill.
+    pub filled: u64,
+}
 
 /// A cached translation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,18 +57,27 @@ pub struct TlbEntry {
     pub mm: MmIndex,
     /// Oracle: the PTE version it was filled from.
     pub version: u32,
+    /// Oracle: for a combined mapping, the EPT leaf it was filled from.
+    pub ept: Option<EptUse>,
 }
 
-type Key = (Pcid, Vpn);
+type Key = (EptTag, Pcid, Vpn);
 
 /// Paging-structure cache: (PCID, table index) -> the page-table page it points at.
 type PscMap = BTreeMap<(Pcid, PtIndex), PtPageId>;
+
+/// EPT paging-structure cache: (tag, level of the table, guest frame >> (9 × level)) -> the EPT
+/// page of that level that maps the frame.
+type EptPscMap = BTreeMap<(EptTag, u8, u64), SpId>;
 
 #[derive(Clone, Debug)]
 pub struct Tlb {
     entries: Vec<(Key, TlbEntry)>,
     index: FxHashMap<Key, usize>,
     psc: PscMap,
+    ept_psc: EptPscMap,
+    /// The tag lookups, fills and guest flushes use now (the loaded EPTP).
+    tag: EptTag,
     capacity: usize,
     psc_capacity: usize,
 }
@@ -50,6 +88,8 @@ impl Tlb {
             entries: Vec::new(),
             index: FxHashMap::default(),
             psc: BTreeMap::new(),
+            ept_psc: BTreeMap::new(),
+            tag: 0,
             capacity: capacity.max(1),
             psc_capacity: psc_capacity.max(1),
         }
@@ -62,13 +102,24 @@ impl Tlb {
         self.entries.is_empty()
     }
 
+    /// Load an EPTP: lookups, fills and guest flushes use its tag from now on (VM entry).
+    pub fn set_ept_tag(&mut self, tag: EptTag) {
+        self.tag = tag;
+    }
+
+    pub fn ept_tag(&self) -> EptTag {
+        self.tag
+    }
+
     pub fn lookup(&self, pcid: Pcid, vpn: Vpn) -> Option<TlbEntry> {
-        self.index.get(&(pcid, vpn)).map(|&i| self.entries[i].1)
+        self.index
+            .get(&(self.tag, pcid, vpn))
+            .map(|&i| self.entries[i].1)
     }
 
     /// Insert (or replace) an entry; `victim` is a random number used if one must be evicted.
     pub fn insert(&mut self, pcid: Pcid, vpn: Vpn, e: TlbEntry, victim: u64) {
-        let k = (pcid, vpn);
+        let k = (self.tag, pcid, vpn);
         if let Some(&i) = self.index.get(&k) {
             self.entries[i].1 = e;
             return;
@@ -112,34 +163,84 @@ impl Tlb {
         self.psc.insert((pcid, pt), table);
     }
 
-    /// INVLPG (or INVPCID single-address) of `vpn` in `pcid`.
+    /// INVLPG (or INVPCID single-address) of `vpn` in `pcid` (under the current tag).
     pub fn invlpg(&mut self, pcid: Pcid, vpn: Vpn) {
-        if let Some(&i) = self.index.get(&(pcid, vpn)) {
+        if let Some(&i) = self.index.get(&(self.tag, pcid, vpn)) {
             self.remove_at(i);
         }
         // Global entries for the address go too.
-        self.retain(|k, e| !(e.global && k.1 == vpn));
+        self.retain(|k, e| !(e.global && k.2 == vpn));
         self.psc.retain(|k, _| k.0 != pcid);
     }
 
-    /// Drop every non-global entry and PSC entry tagged `pcid` (CR3 write without NOFLUSH,
-    /// INVPCID single-context).
+    /// Drop every non-global entry and PSC entry tagged `pcid` under the current tag (CR3
+    /// write without NOFLUSH, INVPCID single-context).
     pub fn flush_pcid(&mut self, pcid: Pcid) {
-        self.retain(|k, e| e.global || k.0 != pcid);
+        let tag = self.tag;
+        self.retain(|k, e| e.global || k.1 != pcid || k.0 != tag);
         self.psc.retain(|k, _| k.0 != pcid);
     }
 
-    /// Drop everything, global entries included (CR4.PGE toggle, INVPCID all-incl-global).
+    /// Drop every linear and combined mapping, global entries included, and the linear
+    /// paging-structure cache (INVVPID single-context; natively CR4.PGE toggle or INVPCID
+    /// all-incl-global). Guest-physical state (the EPT paging-structure cache) stays: only
+    /// INVEPT drops it.
     pub fn flush_all(&mut self) {
         self.entries.clear();
         self.index.clear();
         self.psc.clear();
     }
 
-    fn canonical(&self) -> (Vec<(Key, TlbEntry)>, &PscMap) {
+    /// INVEPT single-context: drop the combined mappings and EPT paging-structure entries
+    /// cached under `tag`.
+    pub fn invept_single(&mut self, tag: EptTag) {
+        self.retain(|k, _| k.0 != tag);
+        self.ept_psc.retain(|k, _| k.0 != tag);
+    }
+
+    /// INVEPT all-context: drop every combined mapping and the whole EPT paging-structure
+    /// cache.
+    pub fn invept_global(&mut self) {
+        self.retain(|k, _| k.0 == 0);
+        self.ept_psc.clear();
+    }
+
+    /// EPT paging-structure cache lookup: the deepest cached table mapping `gfn` under the
+    /// current tag (a PT, else a PD), with its level.
+    pub fn ept_psc_lookup(&self, gfn: Gfn) -> Option<(u8, SpId)> {
+        (1..=2u8).find_map(|level| {
+            let span = crate::ept::gfns_per_entry(level) * crate::ept::EPT_ENTRIES;
+            self.ept_psc
+                .get(&(self.tag, level, gfn / span))
+                .map(|&sp| (level, sp))
+        })
+    }
+
+    /// Cache the table `sp` of `level` that maps `gfn`, under the current tag.
+    pub fn ept_psc_insert(&mut self, level: u8, gfn: Gfn, sp: SpId) {
+        let span = crate::ept::gfns_per_entry(level) * crate::ept::EPT_ENTRIES;
+        let k = (self.tag, level, gfn / span);
+        if self.ept_psc.len() >= self.psc_capacity && !self.ept_psc.contains_key(&k) {
+            self.ept_psc.pop_first();
+        }
+        self.ept_psc.insert(k, sp);
+    }
+
+    /// Every cached translation with its tag (for the oracle's checks at a lock release or a
+    /// memslot deletion).
+    pub fn entries(&self) -> impl Iterator<Item = (EptTag, Pcid, Vpn, &TlbEntry)> {
+        self.entries.iter().map(|((t, p, v), e)| (*t, *p, *v, e))
+    }
+
+    /// Every EPT paging-structure-cache entry: (tag, level, region, table).
+    pub fn ept_psc_entries(&self) -> impl Iterator<Item = (EptTag, u8, u64, SpId)> + '_ {
+        self.ept_psc.iter().map(|(&(t, l, r), &sp)| (t, l, r, sp))
+    }
+
+    fn canonical(&self) -> (Vec<(Key, TlbEntry)>, &PscMap, &EptPscMap, EptTag) {
         let mut v = self.entries.clone();
         v.sort_by_key(|(k, _)| *k);
-        (v, &self.psc)
+        (v, &self.psc, &self.ept_psc, self.tag)
     }
 }
 
@@ -173,6 +274,8 @@ impl Hash for Tlb {
         h.write_u64(a);
         h.write_u64(b);
         self.psc.hash(h);
+        self.ept_psc.hash(h);
+        self.tag.hash(h);
     }
 }
 
@@ -186,6 +289,7 @@ mod tests {
             global: false,
             mm,
             version: 1,
+            ept: None,
         }
     }
     #[test]

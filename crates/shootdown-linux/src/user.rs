@@ -127,6 +127,7 @@ impl Machine {
                 global: false,
                 mm,
                 version: pte.version,
+                ept: None,
             },
             victim,
         );
@@ -188,6 +189,7 @@ impl Machine {
                         global: false,
                         mm,
                         version: pte.version,
+                        ept: None,
                     },
                     0,
                 );
