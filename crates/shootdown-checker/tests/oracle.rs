@@ -46,6 +46,7 @@ fn entry_of_another_mm_under_the_same_pcid_is_inv_asid() {
             global: false,
             mm: other,
             version: 0,
+            ept: None,
         },
         0,
     );

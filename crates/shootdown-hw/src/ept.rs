@@ -87,7 +87,7 @@ pub struct EptPage {
     /// Where the page is linked (its parent page and entry), if it is.
     pub parent: Option<(SpId, u16)>,
     /// Oracle: the epoch at which the page was last unlinked from its parent (0 = never): a
-    /// translation cached through it before that is stale from then on.
+    /// translation cached through it at or before that epoch is stale from then on.
     pub detached_at: u64,
 }
 
@@ -210,7 +210,7 @@ impl EptMemory {
         let mut p = Some(sp);
         while let Some(s) = p {
             let page = &self.pages[s as usize];
-            if page.detached_at > filled {
+            if page.detached_at >= filled && page.detached_at > 0 {
                 since = Some(since.map_or(page.detached_at, |x| x.min(page.detached_at)));
             }
             p = page.parent.map(|(parent, _)| parent);

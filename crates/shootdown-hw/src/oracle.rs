@@ -58,6 +58,11 @@ impl Oracle {
         self.mms.push(MmTruth::default());
     }
 
+    /// VMs whose EPT is tracked.
+    pub fn nr_vms(&self) -> usize {
+        self.vms.len()
+    }
+
     /// Track the EPT of one more VM (its index is the number of VMs tracked before).
     pub fn add_vm(&mut self) {
         self.vms.push(EptTruth::default());

@@ -144,6 +144,32 @@ cost_keys! {
     /// The fixed part of `fsync()`/`fdatasync()` on a DAX file besides syscall entry/exit and
     /// per-entry writeback: `ext4_sync_file()`'s jbd2 checks and `blkdev_issue_flush()`.
     fsync_base,
+    /// KVM MMU: an EPT violation's handling outside `mmu_lock` (`kvm_mmu_page_fault`, the memslot lookup, `gfn_to_pfn`), besides the exit itself.
+    ept_violation,
+    /// KVM MMU: `__direct_map` under `mmu_lock` for one fault (walk, install the leaf SPTE, rmap), besides new shadow pages.
+    spte_install,
+    /// KVM MMU: allocating and hashing one new shadow page (`kvm_mmu_get_page` missing the hash).
+    sp_alloc,
+    /// KVM MMU: zapping one SPTE (`drop_spte`: clear it, its A/D bits and its rmap entry).
+    spte_zap,
+    /// KVM MMU: `kvm_mmu_prepare_zap_page` of one shadow page besides its SPTEs (unlink, accounting, list move).
+    sp_zap,
+    /// KVM MMU: freeing one zapped shadow page (`kvm_mmu_free_page`).
+    sp_free,
+    /// KVM MMU: one step of a walk over a memslot's rmaps or the page hash.
+    rmap_walk_step,
+    /// KVM: INVEPT (single- or all-context), excluding the refills.
+    invept,
+    /// KVM MMU: `kvm_mmu_load` of a direct root (`mmu_alloc_direct_roots`, the EPTP write), excluding INVEPT.
+    mmu_root_load,
+    /// KVM: `synchronize_srcu_expedited`'s own cost besides waiting for the readers (the expedited grace period's IPIs and polling).
+    srcu_sync_expedited,
+    /// KVM: one `install_new_memslots` besides the SRCU wait (copy of the memslots array, `update_memslots`).
+    memslot_install,
+    /// VMM: QEMU's handling of one BAR mapping change besides the KVM ioctl (the config-space exit to userspace, the memory transaction and listener).
+    vmm_memslot_update,
+    /// KVM: emulating one MMIO access (`x86_emulate_instruction`, `KVM_EXIT_MMIO` to the VMM and back).
+    mmio_emulation,
 }
 
 /// Hardware features and capacities of the machine.

@@ -141,10 +141,21 @@ impl Machine {
                         v.iter_mut().for_each(|c| *c = pc(*c));
                     }
                 }
-                Frame::SwitchMm(_)
-                | Frame::RwSemDown(_)
-                | Frame::Syscall(_)
-                | Frame::VcpuRun(_) => {}
+                Frame::SwitchMm(_) | Frame::RwSemDown(_) | Frame::Syscall(_) => {}
+                // Host frames: symmetry is not available with a host (scenario.rs).
+                Frame::VcpuRun(_)
+                | Frame::MakeAllCpusRequest(_)
+                | Frame::FlushRemoteTlbs(_)
+                | Frame::SynchronizeSrcu(_)
+                | Frame::InstallMemslots(_)
+                | Frame::SetMemoryRegion(_)
+                | Frame::MmuNotifierInvalidate(_)
+                | Frame::TdpPageFault(_)
+                | Frame::MmioPageFault(_)
+                | Frame::MmuLoad(_)
+                | Frame::MmuUnload(_)
+                | Frame::CommitZap(_)
+                | Frame::ZapMemslot(_) => {}
             }
             f
         };

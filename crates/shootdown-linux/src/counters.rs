@@ -67,6 +67,33 @@ counters! {
     IpisToPreemptedVcpus = "host.ipis_to_preempted_vcpus",
     /// Host: total microseconds those IPIs waited for their vCPU to be loaded again.
     PreemptedIpiWaitUs = "host.preempted_ipi_wait_us",
+    /// KVM stat `remote_tlb_flush`: `kvm_flush_remote_tlbs` calls.
+    KvmRemoteTlbFlush = "kvm.remote_tlb_flush",
+    /// Kick IPIs sent by `kvm_make_all_cpus_request` (to vCPUs not outside guest mode).
+    KvmKickIpis = "kvm.kick_ipis",
+    /// KVM stat `mmu_shadow_zapped`: shadow pages prepared for zapping.
+    KvmMmuShadowZapped = "kvm.mmu_shadow_zapped",
+    /// KVM stat `mmu_cache_miss`: shadow pages allocated (`kvm_mmu_get_page` missed the hash).
+    KvmMmuCacheMiss = "kvm.mmu_cache_miss",
+    /// KVM stat `mmu_pf_fixed`: leaf SPTEs the fault path installed.
+    KvmMmuPfFixed = "kvm.mmu_pf_fixed",
+    /// KVM stat `mmu_recycled`: shadow pages recycled for lack of room (never, in this model:
+    /// no limit on shadow pages).
+    KvmMmuRecycled = "kvm.mmu_recycled",
+    /// Memslot sets published (`install_new_memslots`: two per deletion, one per creation).
+    KvmMemslotUpdates = "kvm.memslot_updates",
+    /// EPT violations handled (`tdp_page_fault` calls).
+    KvmEptViolations = "kvm.ept_violations",
+    /// Faults that retried because an invalidation raced with them (`mmu_notifier_retry`).
+    KvmFaultRetries = "kvm.fault_retries",
+    /// EPT misconfigurations (MMIO exits into `handle_mmio_page_fault`).
+    KvmMmioExits = "kvm.mmio_exits",
+    /// Accesses emulated as MMIO (`KVM_EXIT_MMIO`).
+    KvmMmioEmulated = "kvm.mmio_emulated",
+    /// `mmu_lock` acquisitions that had to wait.
+    KvmMmuLockContended = "kvm.mmu_lock_contended",
+    /// Lock breaks (`cond_resched_lock` dropping `mmu_lock`) in zaps.
+    KvmMmuLockBreaks = "kvm.mmu_lock_breaks",
     /// Workload events (the metric).
     Events = "events",
 }

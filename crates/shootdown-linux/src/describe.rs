@@ -72,14 +72,43 @@ pub fn describe(m: &Machine, a: Action) -> String {
             let _ = INIT_MM;
             return format!("page walker{lazy}: speculative fill of mm{mm} page {vpn:#x}");
         }
+        Action::Step(c) if c as usize >= m.cpus.len() => {
+            let mut copy = m.clone();
+            copy.perf.labels_on = true;
+            copy.perf.labels.clear();
+            copy.perf.summary = None;
+            let top = m.host_stack(c as usize).last().map(|f| f.name());
+            copy.apply(a, &mut NullEnv);
+            let text = if copy.perf.labels.is_empty() {
+                copy.perf.summary.take().unwrap_or_default()
+            } else {
+                copy.perf.labels.join("; ")
+            };
+            return match top {
+                Some(f) if !text.is_empty() => format!("{f}: {text}"),
+                Some(f) => f.to_string(),
+                None => text,
+            };
+        }
         Action::Step(c) if m.in_host_code(c as usize) => {
             let mut copy = m.clone();
             copy.perf.labels_on = true;
             copy.perf.labels.clear();
+            copy.perf.summary = None;
+            let top = m.host_stack(c as usize).last().map(|f| f.name());
             copy.apply(a, &mut NullEnv);
-            return format!("host: {}", copy.perf.labels.join("; "));
+            let text = if copy.perf.labels.is_empty() {
+                copy.perf.summary.take().unwrap_or_default()
+            } else {
+                copy.perf.labels.join("; ")
+            };
+            // vcpu_run's steps name the functions they run; the others are prefixed with theirs.
+            return match top {
+                Some(f) if f != "vcpu_run" => format!("host: {f}: {text}"),
+                _ => format!("host: {text}"),
+            };
         }
-        Action::VcpuPut(_) | Action::VcpuIoctl(_) => {
+        Action::VcpuPut(_) | Action::VcpuIoctl(_) | Action::HostIrq(_) => {
             let mut copy = m.clone();
             copy.perf.labels_on = true;
             copy.perf.labels.clear();

@@ -9,6 +9,13 @@
 //! Writing each function as explicit steps is what lets the timed driver and the explorer run
 //! exactly the same protocol code.
 
+use crate::kvm::kvm_main::{
+    FlushRemoteTlbs, InstallMemslots, MakeAllCpusRequest, MmuNotifierInvalidate, SetMemoryRegion,
+    SynchronizeSrcu,
+};
+use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
+use crate::kvm::mmu::page::{CommitZap, MmuLoad, MmuUnload};
+use crate::kvm::mmu::zap::ZapMemslot;
 use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
 use crate::sched::{RwSemDown, Schedule};
@@ -58,6 +65,20 @@ pub enum Frame {
     PvFlushTlbMulti(Box<PvFlushTlbMulti>),
     /// Host (KVM): a vCPU thread's way back into the guest.
     VcpuRun(VcpuRun),
+    /// Host (KVM): requests, flushes, SRCU, memslots, MMU notifiers (kvm_main.c).
+    MakeAllCpusRequest(Box<MakeAllCpusRequest>),
+    FlushRemoteTlbs(FlushRemoteTlbs),
+    SynchronizeSrcu(SynchronizeSrcu),
+    InstallMemslots(InstallMemslots),
+    SetMemoryRegion(Box<SetMemoryRegion>),
+    MmuNotifierInvalidate(Box<MmuNotifierInvalidate>),
+    /// Host (KVM MMU): fault paths, roots, zaps (arch/x86/kvm/mmu).
+    TdpPageFault(Box<TdpPageFault>),
+    MmioPageFault(MmioPageFault),
+    MmuLoad(MmuLoad),
+    MmuUnload(MmuUnload),
+    CommitZap(Box<CommitZap>),
+    ZapMemslot(Box<ZapMemslot>),
 }
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -93,6 +114,23 @@ impl Frame {
             Frame::RwSemDown(_) => "down_read(mmap_sem)",
             Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
             Frame::VcpuRun(_) => "vcpu_run",
+            Frame::MakeAllCpusRequest(_) => "kvm_make_all_cpus_request",
+            Frame::FlushRemoteTlbs(_) => "kvm_flush_remote_tlbs",
+            Frame::SynchronizeSrcu(_) => "synchronize_srcu_expedited",
+            Frame::InstallMemslots(_) => "install_new_memslots",
+            Frame::SetMemoryRegion(_) => "__kvm_set_memory_region",
+            Frame::MmuNotifierInvalidate(_) => "kvm_mmu_notifier_invalidate_range",
+            Frame::TdpPageFault(_) => "tdp_page_fault",
+            Frame::MmioPageFault(_) => "handle_mmio_page_fault",
+            Frame::MmuLoad(_) => "kvm_mmu_load",
+            Frame::MmuUnload(_) => "kvm_mmu_unload",
+            Frame::CommitZap(_) => "kvm_mmu_commit_zap_page",
+            Frame::ZapMemslot(z) => match z.strategy {
+                _ if z.mmio_only => "kvm_mmu_zap_mmio_sptes",
+                crate::options::MemslotZap::FastInvalidate => "kvm_mmu_invalidate_zap_all_pages",
+                crate::options::MemslotZap::SlotOnly => "kvm_mmu_invalidate_zap_pages_in_memslot",
+                crate::options::MemslotZap::ZapAll => "kvm_mmu_zap_all",
+            },
             Frame::Syscall(s) => s.name(),
         }
     }
@@ -109,6 +147,18 @@ impl Frame {
             Frame::RwSemDown(s) => format!("{:?}", s.pc),
             Frame::PvFlushTlbMulti(s) => format!("{:?}", s.pc),
             Frame::VcpuRun(s) => format!("{:?}", s.pc),
+            Frame::MakeAllCpusRequest(s) => format!("{:?}", s.pc),
+            Frame::FlushRemoteTlbs(s) => format!("{:?}", s.pc),
+            Frame::SynchronizeSrcu(s) => format!("{:?}", s.pc),
+            Frame::InstallMemslots(s) => format!("{:?}", s.pc),
+            Frame::SetMemoryRegion(s) => format!("{:?}", s.pc),
+            Frame::MmuNotifierInvalidate(s) => format!("{:?}", s.pc),
+            Frame::TdpPageFault(s) => format!("{:?}", s.pc),
+            Frame::MmioPageFault(s) => format!("{:?}", s.pc),
+            Frame::MmuLoad(s) => format!("{:?}", s.pc),
+            Frame::MmuUnload(s) => format!("{:?}", s.pc),
+            Frame::CommitZap(s) => format!("{:?}", s.pc),
+            Frame::ZapMemslot(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),
         }
     }

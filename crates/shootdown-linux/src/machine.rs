@@ -40,6 +40,9 @@ pub enum Action {
     VcpuPut(u32),
     /// Host (explorer only): `vcpu_load` + `vcpu_put` of a preempted vCPU without entering.
     VcpuIoctl(u32),
+    /// Host: a pending kick IPI reaches vCPU `v`'s pCPU: a VM exit if it runs the guest, else
+    /// (host interrupts on) `ack_flush`.
+    HostIrq(u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -54,6 +57,8 @@ pub struct Machine {
     pub tasks: Vec<Task>,
     pub mms: Vec<Mm>,
     pub pt_pages: PtPages,
+    /// EPT page-table memory of every VM with a KVM MMU.
+    pub ept: shootdown_hw::ept::EptMemory,
     pub oracle: Oracle,
     /// Locked `call_single_data`s.
     pub csd_locked: BTreeSet<CsdKey>,
@@ -106,6 +111,7 @@ impl Machine {
             tasks: Vec::new(),
             mms: vec![Mm::new(0, n, "init_mm".into())],
             pt_pages: PtPages::default(),
+            ept: Default::default(),
             oracle: Oracle::new(1),
             csd_locked: BTreeSet::new(),
             flush_info: vec![None; n],
@@ -183,12 +189,15 @@ impl Machine {
         }
     }
 
-    /// The pCPU a CPU runs on (itself without a host).
+    /// The pCPU an agent runs on (a CPU itself without a host; a vCPU's or a host thread's).
     #[inline]
     pub fn phys_cpu(&self, cpu: CpuId) -> CpuId {
         match &self.host {
             None => cpu,
-            Some(h) => h.vcpus[cpu].pcpu as usize,
+            Some(h) => match h.vcpus.get(cpu) {
+                Some(v) => v.pcpu as usize,
+                None => h.threads[cpu - self.cpus.len()].pcpu as usize,
+            },
         }
     }
 
@@ -197,7 +206,7 @@ impl Machine {
     pub fn vcpu_in_guest(&self, cpu: CpuId) -> bool {
         match &self.host {
             None => true,
-            Some(h) => h.vcpus[cpu].in_guest(),
+            Some(h) => h.vcpus.get(cpu).is_some_and(|v| v.in_guest()),
         }
     }
 
@@ -206,7 +215,7 @@ impl Machine {
     pub fn in_host_code(&self, cpu: CpuId) -> bool {
         self.host
             .as_ref()
-            .is_some_and(|h| !h.vcpus[cpu].stack.is_empty())
+            .is_some_and(|h| h.vcpus.get(cpu).is_some_and(|v| !v.stack.is_empty()))
     }
 
     pub(crate) fn host_ref(&self) -> &Host {
@@ -221,13 +230,16 @@ impl Model for Machine {
     type Action = Action;
 
     fn agents(&self) -> usize {
-        self.cpus.len()
+        self.cpus.len() + self.host.as_ref().map_or(0, |h| h.threads.len())
     }
 
     fn enabled(&self, out: &mut Vec<Action>) {
         for cpu in 0..self.cpus.len() {
             let c = cpu as u32;
             if self.host.is_some() && !self.vcpu_enabled(cpu, out) {
+                if !self.cpus[cpu].sb.is_empty() {
+                    out.push(Action::Drain(c));
+                }
                 continue;
             }
             if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
@@ -248,9 +260,13 @@ impl Model for Machine {
                 }
             }
         }
+        self.host_threads_enabled(out);
     }
 
     fn timed_action(&self, agent: usize, now: Time) -> Action {
+        if agent >= self.cpus.len() {
+            return Action::Step(agent as u32);
+        }
         if self.host.is_some() {
             if let Some(a) = self.vcpu_timed_action(agent, now) {
                 return a;
@@ -273,7 +289,8 @@ impl Model for Machine {
             | Action::Drain(c)
             | Action::Fill(c, _)
             | Action::VcpuPut(c)
-            | Action::VcpuIoctl(c) => c as usize,
+            | Action::VcpuIoctl(c)
+            | Action::HostIrq(c) => c as usize,
         }
     }
 
@@ -289,7 +306,11 @@ impl Model for Machine {
     }
 
     fn agent_name(&self, agent: usize) -> String {
-        if self.host.is_some() {
+        if agent >= self.cpus.len() {
+            self.host_ref().threads[agent - self.cpus.len()]
+                .name
+                .clone()
+        } else if self.host.is_some() {
             format!("vcpu{agent}")
         } else {
             format!("cpu{agent}")
@@ -297,7 +318,7 @@ impl Model for Machine {
     }
 
     fn finished(&self) -> bool {
-        self.perf.user_tasks_alive == 0
+        self.perf.user_tasks_alive == 0 && self.perf.host_threads_alive == 0
     }
 }
 
@@ -307,6 +328,9 @@ impl Machine {
     pub(crate) fn apply_step<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
         if let Action::Step(c) = a {
             let c = c as usize;
+            if c >= self.cpus.len() {
+                return self.step_host_thread(c, env);
+            }
             if self.in_host_code(c) {
                 return self.step_host(c, env);
             }
@@ -335,6 +359,7 @@ impl Machine {
         let (park, kind) = match a {
             Action::VcpuPut(c) => (self.vcpu_put_step(c as usize, env), StepKind::Shared),
             Action::VcpuIoctl(c) => (self.vcpu_ioctl_step(c as usize, env), StepKind::Shared),
+            Action::HostIrq(c) => (self.host_irq(c as usize, env), StepKind::Shared),
             Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
             Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
             Action::Drain(c) => {

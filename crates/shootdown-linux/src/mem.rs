@@ -14,6 +14,7 @@ use crate::machine::Machine;
 use crate::state::{CsdKey, MmId};
 use shootdown_engine::{Env, Time};
 use shootdown_hw::cacheline::LineId;
+use shootdown_hw::store_buffer::StoreBuffer;
 use shootdown_hw::CpuId;
 
 /// The location table: each shared variable is declared once — its `Loc` variant and fields,
@@ -140,6 +141,82 @@ locations! {
         read(m) = m.dax_files[file as usize].xa_lock;
         write(m, v) = m.dax_files[file as usize].xa_lock = v;
     }
+    /// KVM: `vcpu->mode` (`kvm::mode`).
+    VcpuMode(v: u32) {
+        // `mode` and `requests` are neighbours in struct kvm_vcpu.
+        line(m) = (12u64 << 56) | v as u64;
+        read(m) = m.host_ref().vcpus[v as usize].mode;
+        write(m, x) = m.host_mut().vcpus[v as usize].mode = x;
+        rename(f) = Loc::VcpuMode(f(v));
+    }
+    /// KVM: `vcpu->requests` (a bit per `kvm::Request`).
+    VcpuRequests(v: u32) {
+        line(m) = (12u64 << 56) | v as u64;
+        read(m) = m.host_ref().vcpus[v as usize].requests;
+        write(m, x) = m.host_mut().vcpus[v as usize].requests = x;
+        rename(f) = Loc::VcpuRequests(f(v));
+    }
+    /// KVM: `kvm->memslots[as]`, the published memslot set (which of the address space's two).
+    /// Its write is the publication the oracle dates (`rcu_assign_pointer` reaching memory).
+    Memslots(vm: u32, as_id: u32) {
+        line(m) = (13u64 << 56) | (vm as u64) << 8 | as_id as u64;
+        read(m) = m.kvm(vm as usize).address_spaces[as_id as usize].active as u64;
+        write(m, x) = m.publish_memslots(vm as usize, as_id as usize, x as u8);
+    }
+    /// KVM: `slots->generation` of one of an address space's two memslot sets.
+    SlotsGen(vm: u32, as_id: u32, set: u8) {
+        line(m) = (14u64 << 56) | (vm as u64) << 16 | (as_id as u64) << 8 | set as u64;
+        read(m) = m.kvm(vm as usize).address_spaces[as_id as usize].sets[set as usize].generation;
+        write(m, x) = m.kvm_mut(vm as usize).address_spaces[as_id as usize].sets[set as usize].generation = x;
+    }
+    /// KVM: `mmu_lock`'s next ticket.
+    MmuLockNext(vm: u32) {
+        line(m) = (15u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_lock.next;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_lock.next = x;
+    }
+    /// KVM: `mmu_lock`'s ticket being served.
+    MmuLockOwner(vm: u32) {
+        line(m) = (15u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_lock.owner;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_lock.owner = x;
+    }
+    /// KVM: `kvm->slots_lock` (a mutex): holder agent + 1, or 0.
+    SlotsLock(vm: u32) {
+        line(m) = (19u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).slots_lock;
+        write(m, x) = m.kvm_mut(vm as usize).slots_lock = x;
+    }
+    /// KVM: `kvm->mmu_notifier_seq` (`mmu_invalidate_seq`).
+    MmuNotifierSeq(vm: u32) {
+        line(m) = (16u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_notifier_seq;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_notifier_seq = x;
+    }
+    /// KVM: `kvm->mmu_notifier_count` (`mmu_invalidate_in_progress`).
+    MmuNotifierCount(vm: u32) {
+        line(m) = (16u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_notifier_count;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_notifier_count = x;
+    }
+    /// Host: the lock bit of the `call_single_data` agent `src` queued to kick vCPU `dst`
+    /// (`kvm_kick_many_cpus` with wait: `smp_call_function_many(..., ack_flush, ...)`).
+    KickCsd(src: u32, dst: u32) {
+        line(m) = (17u64 << 56) | (src as u64) << 24 | dst as u64;
+        read(m) = m.host_ref().kick_csd.contains(&(src, dst)) as u64;
+        write(m, x) = if x != 0 {
+            m.host_mut().kick_csd.insert((src, dst));
+        } else {
+            m.host_mut().kick_csd.remove(&(src, dst));
+        };
+    }
+    /// Host: an agent's SRCU read section on `kvm->srcu` (its per-CPU counters): the oracle
+    /// epoch at which it began, 0 outside one.
+    SrcuReader(agent: u32) {
+        line(m) = (18u64 << 56) | agent as u64;
+        read(m) = m.srcu_of(agent as usize);
+        write(m, x) = m.set_srcu_of(agent as usize, x);
+    }
 }
 
 /// Whether the model runs with sequential consistency or x86-TSO.
@@ -245,11 +322,27 @@ impl Machine {
         self.charge(env, |c| c.atomic_rmw);
     }
 
+    /// The store buffer of an agent: a CPU's, or a host thread's.
+    pub(crate) fn sb(&self, agent: usize) -> &StoreBuffer<Loc> {
+        match self.cpus.get(agent) {
+            Some(c) => &c.sb,
+            None => &self.host_ref().threads[agent - self.cpus.len()].sb,
+        }
+    }
+    pub(crate) fn sb_mut(&mut self, agent: usize) -> &mut StoreBuffer<Loc> {
+        let n = self.cpus.len();
+        if agent < n {
+            &mut self.cpus[agent].sb
+        } else {
+            &mut self.host_mut().threads[agent - n].sb
+        }
+    }
+
     /// A load by `cpu`: its own buffered store if any, else memory.
     pub(crate) fn load<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
         let line = line_of(self, loc);
         self.touch_line(env, cpu, line, false);
-        if let Some(v) = self.cpus[cpu].sb.forward(loc) {
+        if let Some(v) = self.sb(cpu).forward(loc) {
             return v;
         }
         self.raw_read(loc)
@@ -263,7 +356,7 @@ impl Machine {
             let t = self.line_cost(env, cpu, line, false);
             env.charge(Time(t.0 / self.perf.profile.features.mlp.max(1) as u64));
         }
-        if let Some(v) = self.cpus[cpu].sb.forward(loc) {
+        if let Some(v) = self.sb(cpu).forward(loc) {
             return v;
         }
         self.raw_read(loc)
@@ -290,7 +383,7 @@ impl Machine {
         self.touch_line(env, cpu, line, true);
         match self.memory_model {
             MemoryModel::Sc => self.raw_write(loc, v),
-            MemoryModel::Tso => self.cpus[cpu].sb.push(loc, v),
+            MemoryModel::Tso => self.sb_mut(cpu).push(loc, v),
         }
         env.notify_key(spin_key(loc));
     }
@@ -316,14 +409,14 @@ impl Machine {
 
     /// MFENCE / serializing instruction / locked op: every buffered store reaches memory now.
     pub(crate) fn fence(&mut self, cpu: CpuId) {
-        while let Some((loc, v)) = self.cpus[cpu].sb.pop_oldest() {
+        while let Some((loc, v)) = self.sb_mut(cpu).pop_oldest() {
             self.raw_write(loc, v);
         }
     }
 
     /// One buffered store of `cpu` reaches memory (an explorer action under TSO).
     pub(crate) fn drain_one(&mut self, cpu: CpuId) -> Option<Loc> {
-        let (loc, v) = self.cpus[cpu].sb.pop_oldest()?;
+        let (loc, v) = self.sb_mut(cpu).pop_oldest()?;
         self.raw_write(loc, v);
         Some(loc)
     }

@@ -171,6 +171,63 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// The KVM around the MMU (seed 003; kernel-model.md §4.3–§4.5): how memslot updates mark
+    /// and publish the generation, what the MMIO cache and MMIO SPTEs accept, what a
+    /// `KVM_REQ_TLB_FLUSH` flushes, and the form of each memslot zap strategy.
+    pub enum KvmVersion {
+        /// v5.0, before seed 003: the generation is odd while an update is in progress (+1, then
+        /// +3); `kvm_arch_memslots_updated()` runs after the new generation is visible (K6);
+        /// the MMIO cache records an in-progress generation (K7); `fast_invalidate` is
+        /// Xiao Guangrong's 2013 form (`mmu_valid_gen++`, `KVM_REQ_MMU_RELOAD` to every vCPU
+        /// under `mmu_lock`, obsolete pages zapped in batches of 10 with lock breaks that do not
+        /// flush, parked on `zapped_obsolete_pages`).
+        V5_0 = "v5_0",
+        /// v5.1, after seed 003: bit 63 marks an update in progress, the arch hook runs before
+        /// the generation is stored, nothing is cached while an update is in flux; `slot_only`
+        /// is the 2019 form (rmap walk whose lock breaks do not flush, then a per-gfn hash walk
+        /// that flushes or commits before each break).
+        V5_1 = "v5_1",
+        /// Current mainline (legacy shadow MMU paths): as v5.1, plus a memslot swap waits for
+        /// in-flight MMU-notifier invalidations, `KVM_REQ_TLB_FLUSH` is INVEPT all-context, and
+        /// `slot_only` (`kvm_mmu_zap_memslot`) carries its pending flush into every lock break.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
+    /// What `kvm_arch_flush_shadow_memslot()` zaps when a memslot is deleted or moved
+    /// (kernel-model.md §4.5; the form of each follows `kvm`).
+    pub enum MemslotZap {
+        /// `kvm_mmu_zap_all()`: every shadow page, with lock breaks (the v5.3-rc revert; can
+        /// livelock against faulting vCPUs).
+        ZapAll = "zap_all",
+        /// `kvm_mmu_invalidate_zap_all_pages()` / `kvm_mmu_zap_all_fast()`: obsolete every page
+        /// at once (a new `mmu_valid_gen`), make every vCPU drop its root, zap the obsolete
+        /// pages (≤v5.0, v5.3+; mainline's default with `KVM_X86_QUIRK_SLOT_ZAP_ALL`).
+        FastInvalidate = "fast_invalidate",
+        /// Zap only the slot's SPTEs and shadow pages (v5.1–v5.2, seed 003's patch; mainline
+        /// without the quirk).
+        SlotOnly = "slot_only",
+    }
+}
+
+/// Width of the memslot generation kept in MMIO SPTEs (19 bits from v5.1, 20 before):
+/// scenarios narrow it so that a wrap takes a few updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct MmioGenBits(pub u8);
+
+impl OptionValue for MmioGenBits {
+    fn parse(v: &OptValue) -> Result<MmioGenBits, String> {
+        match v {
+            OptValue::Int(i) if (2..=20).contains(i) => Ok(MmioGenBits(*i as u8)),
+            OptValue::Int(i) => Err(format!("must be between 2 and 20 (got {i})")),
+            _ => Err("expected an integer".into()),
+        }
+    }
+}
+
 /// The mutant table: each historical bug or seeded mistake is declared once, with its name,
 /// its catalog id (`""` for a seeded mistake) and what the broken code does.
 macro_rules! mutants {
@@ -236,6 +293,24 @@ mutants! {
     /// had `KVM_VCPU_FLUSH_TLB`) and writes the copy back: a flag set by the guest in between is
     /// lost.
     pv_record_steal_time_nonatomic = "K2",
+    /// K6 (before 152482580a1b): `install_new_memslots()` stores the new generation and only
+    /// then calls `kvm_arch_memslots_updated()`, which zaps MMIO SPTEs when the MMIO generation
+    /// wrapped: in between, a vCPU can validate an ancient MMIO SPTE against the wrapped
+    /// generation.
+    memslots_updated_after_gen = "K6",
+    /// K7 (before ddfd1730fd82): `vcpu_cache_mmio_info()` caches an MMIO access while a memslot
+    /// update is in progress, with the in-progress generation, which still matches after the
+    /// vCPU sees the new memslots.
+    mmio_cache_in_progress = "K7",
+    /// K10 (a21136345cb6, fixed in v5.1-rc6): `kvm_mmu_remote_flush_or_zap()` bails out when no
+    /// flush was asked for and the invalid list is *not* empty (an inverted `list_empty()`):
+    /// the prepared pages are neither flushed nor freed before `mmu_lock` is dropped.
+    remote_flush_or_zap_inverted = "K10",
+    /// Seed 003 v1's "zap vs flush priority bug" (F1 in kvm-mmu-seeds.md §4; the v1 body was
+    /// not retrieved, this is its likely shape): `kvm_mmu_remote_flush_or_zap()` honours a
+    /// requested flush first and returns, leaving a non-empty invalid list uncommitted (the
+    /// zapped pages leak).
+    remote_flush_or_zap_flush_first = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -336,6 +411,17 @@ options! {
     /// Host: the error check after each VMREAD/VMWRITE on the VM-exit path.
     vmx_insn_error_check: VmxInsnErrorCheck = VmxInsnErrorCheck::Jcc,
         accepts = format!("{} (instructions after each VMREAD/VMWRITE)", names(VmxInsnErrorCheck::NAMES));
+    /// Host: the KVM version around the MMU (memslot generations, MMIO checks, TLB flush
+    /// requests, the form of the zap strategies). Only meaningful for a VM whose MMU is
+    /// modelled.
+    kvm: KvmVersion = KvmVersion::Mainline,
+        accepts = format!("{} (KVM around the MMU; needs a VM with a modelled MMU)", names(KvmVersion::NAMES));
+    /// Host: what a memslot deletion zaps.
+    memslot_zap: MemslotZap = MemslotZap::FastInvalidate,
+        accepts = format!("{} (what deleting a memslot zaps)", names(MemslotZap::NAMES));
+    /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
+    mmio_gen_bits: MmioGenBits = MmioGenBits(19),
+        accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";
 }
 
 #[cfg(test)]

@@ -28,6 +28,12 @@ pub struct Perf {
     pub last_event_at: Time,
     /// Per task: times of its `Mark` ops.
     pub marks: Vec<Vec<Time>>,
+    /// Host threads' `Mark` ops: (thread, time).
+    pub host_marks: Vec<(usize, Time)>,
+    /// Host threads not yet exited.
+    pub host_threads_alive: usize,
+    /// When each vCPU's pending kick IPI arrives.
+    pub kick_arrival: Vec<Time>,
     /// User tasks not yet exited (kept in step with task states so `finished` is O(1)).
     pub user_tasks_alive: usize,
     /// Translation uses the oracle checked.
@@ -86,6 +92,9 @@ impl Perf {
             first_event_at: None,
             last_event_at: Time::ZERO,
             marks: Vec::new(),
+            host_marks: Vec::new(),
+            host_threads_alive: 0,
+            kick_arrival: vec![Time::ZERO; n],
             user_tasks_alive: 0,
             uses_checked: 0,
             violation: None,

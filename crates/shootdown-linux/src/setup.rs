@@ -1,6 +1,10 @@
 //! Building a machine's initial state: processes (`mm_alloc`), tasks, pre-faulted memory, DAX
 //! files, and an aged ASID rotor. Workloads and checker scenarios call these before a run.
 
+use crate::host::{HostOp, HostThread};
+use crate::kvm::memslot::Memslot;
+use crate::kvm::mmu::fault::FaultTarget;
+use crate::kvm::{mode, Kvm, VcpuRun, VcpuRunPc};
 use crate::machine::Machine;
 use crate::state::*;
 use shootdown_hw::pagetable::{Pte, Vpn};
@@ -116,5 +120,70 @@ impl Machine {
             let t = self.pt_pages.alloc();
             self.mms[mm as usize].space.pmd.insert(idx, t);
         }
+    }
+
+    /// Model VM `vm`'s MMU: memslots `slots` in address space 0, an EPT the vCPUs fill by
+    /// faulting, `mmu_lock`, SRCU, requests. Its running vCPUs start in `vcpu_run` outside the
+    /// guest (they load a root before their first entry). Machines with a host only.
+    pub fn enable_kvm_mmu(&mut self, vm: usize, slots: Vec<Memslot>) {
+        let vcpus = self.host_ref().vm_cpus(vm);
+        while self.oracle.nr_vms() <= vm {
+            self.oracle.add_vm();
+        }
+        self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone()));
+        for v in vcpus {
+            let e = self.oracle.tick();
+            let vc = &mut self.host_mut().vcpus[v];
+            vc.mode = mode::OUTSIDE_GUEST_MODE;
+            if vc.stack.is_empty() {
+                vc.stack.push(crate::frame::Frame::VcpuRun(VcpuRun {
+                    pc: VcpuRunPc::Requests,
+                    exit: crate::kvm::Exit::Preempted,
+                }));
+                vc.srcu = e;
+            }
+        }
+    }
+
+    /// Populate VM `vm`'s EPT for guest frames `[start, start + npages)` as faults would have
+    /// (memory the guest touched before the run): the shared direct root and its tables, 2 MiB
+    /// leaves where the memslot allows them.
+    pub fn prefault_ept(&mut self, vm: usize, start: u64, npages: u64) {
+        let mut env = crate::describe::NullEnv;
+        let root = self.kvm_mmu_get_page(vm, 0, shootdown_hw::ept::EPT_ROOT_LEVEL, &mut env);
+        let mut gfn = start;
+        while gfn < start + npages {
+            let target = self.fault_target(vm, gfn, false);
+            let step = match target {
+                FaultTarget::Ram { level: 2, .. } => shootdown_hw::ept::gfns_per_entry(2),
+                _ => 1,
+            };
+            if !matches!(target, FaultTarget::Ram { .. }) {
+                gfn += 1;
+                continue;
+            }
+            self.map_gfn(vm, root, gfn, target, None, 0, &mut env);
+            gfn = gfn / step * step + step;
+        }
+        self.kvm_mut(vm).mmu.last_zap = 0;
+        self.perf.counters = crate::counters::Counters::new();
+    }
+
+    /// Add a host thread (the VMM's, or one that invalidates guest memory) working for VM `vm`
+    /// on pCPU `pcpu`. Machines with a host only. Returns its agent index.
+    pub fn add_host_thread(
+        &mut self,
+        name: &str,
+        vm: usize,
+        pcpu: usize,
+        program: Vec<HostOp>,
+    ) -> usize {
+        let n = self.cpus.len();
+        let h = self.host_mut();
+        h.threads
+            .push(HostThread::new(name, vm as u32, pcpu as u32, program));
+        let a = n + h.threads.len() - 1;
+        self.perf.host_threads_alive += 1;
+        a
     }
 }

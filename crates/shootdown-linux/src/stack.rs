@@ -183,13 +183,48 @@ impl Machine {
             Frame::Syscall(s) => self.syscall_step(cpu, s, env),
             Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
             Frame::VcpuRun(s) => self.vcpu_run_step(cpu, s, env),
+            Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_step(cpu, s, env),
+            Frame::FlushRemoteTlbs(s) => self.flush_remote_tlbs_step(cpu, s, env),
+            Frame::SynchronizeSrcu(s) => self.synchronize_srcu_step(cpu, s, env),
+            Frame::InstallMemslots(s) => self.install_memslots_step(cpu, s, env),
+            Frame::SetMemoryRegion(s) => self.set_memory_region_step(cpu, s, env),
+            Frame::MmuNotifierInvalidate(s) => self.mmu_notifier_step(cpu, s, env),
+            Frame::TdpPageFault(s) => self.tdp_page_fault_step(cpu, s, env),
+            Frame::MmioPageFault(s) => self.mmio_page_fault_step(cpu, s, env),
+            Frame::MmuLoad(s) => self.mmu_load_step(cpu, s, env),
+            Frame::MmuUnload(s) => self.mmu_unload_step(cpu, s, env),
+            Frame::CommitZap(s) => self.commit_zap_step(cpu, s, env),
+            Frame::ZapMemslot(s) => self.zap_memslot_step(cpu, s, env),
         }
     }
 
-    fn frame_spins(&self, cpu: CpuId, f: &Frame) -> bool {
+    /// Would the frame's next step only wait (spin) for something another agent changes?
+    /// Mirrors the wait conditions in the step code.
+    pub(crate) fn frame_spins(&self, cpu: CpuId, f: &Frame) -> bool {
+        use crate::kvm::kvm_main::{InstallMemslotsPc, MmuNotifierPc, SetMemoryRegionPc};
+        use crate::kvm::mmu::fault::TdpPageFaultPc;
+        use crate::kvm::mmu::page::{MmuLoadPc, MmuUnloadPc};
         match f {
             Frame::SmpCallMany(s) => self.smp_call_spins(cpu, s),
             Frame::Schedule(s) => self.schedule_spins(cpu, s),
+            Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_spins(cpu, s),
+            Frame::SynchronizeSrcu(s) => self.srcu_waits(cpu, s),
+            Frame::InstallMemslots(s) => {
+                s.pc == InstallMemslotsPc::WaitNotifiers && self.memslots_wait_notifiers(cpu)
+            }
+            Frame::SetMemoryRegion(s) => {
+                s.pc == SetMemoryRegionPc::Lock && self.slots_lock_busy(cpu)
+            }
+            Frame::TdpPageFault(s) => {
+                s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu, s.ticket)
+            }
+            Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu, s.ticket),
+            Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu, s.ticket),
+            Frame::MmuNotifierInvalidate(s) => {
+                matches!(s.pc, MmuNotifierPc::StartLock | MmuNotifierPc::EndLock)
+                    && self.mmu_lock_waits(cpu, s.ticket)
+            }
+            Frame::ZapMemslot(s) => self.zap_waits(cpu, s),
             _ => false,
         }
     }
@@ -209,29 +244,90 @@ impl Machine {
                 violation: None,
             };
         }
-        let mut f = self.host_mut().vcpus[v].stack.pop().expect("a host frame");
-        let park = match self.step_frame(v, &mut f, env) {
-            Flow::Next => {
-                self.host_mut().vcpus[v].stack.push(f);
-                Park::Run
-            }
-            Flow::Call(callee) => {
-                let stack = &mut self.host_mut().vcpus[v].stack;
-                stack.push(f);
-                stack.push(callee);
-                Park::Run
-            }
-            Flow::Return => Park::Run,
-            Flow::Spin(key) => {
-                self.host_mut().vcpus[v].stack.push(f);
-                self.charge(env, |c| c.spin_poll);
-                Park::SpinOn(key)
-            }
-        };
+        let park = self.step_host_stack(v, env);
         Outcome {
             park,
             kind: StepKind::Shared,
             violation: self.perf.violation.take(),
         }
+    }
+
+    /// The host stack of an agent: a vCPU thread's, or a host thread's.
+    pub(crate) fn host_stack(&self, agent: usize) -> &Vec<Frame> {
+        let h = self.host_ref();
+        match h.vcpus.get(agent) {
+            Some(v) => &v.stack,
+            None => &h.threads[agent - self.cpus.len()].stack,
+        }
+    }
+    pub(crate) fn host_stack_mut(&mut self, agent: usize) -> &mut Vec<Frame> {
+        let n = self.cpus.len();
+        let h = self.host_mut();
+        if agent < n {
+            &mut h.vcpus[agent].stack
+        } else {
+            &mut h.threads[agent - n].stack
+        }
+    }
+
+    /// Whether host frames of `agent` show on the timeline: a host thread's, and a vCPU's in a
+    /// VM with a KVM MMU (the PV-flush experiments keep their host side out of the trace).
+    pub(crate) fn traces_host(&self, agent: usize) -> bool {
+        agent >= self.cpus.len() || self.has_kvm_mmu(agent)
+    }
+
+    /// Push a host frame from outside a step of the stack (an exit, a host thread's program).
+    pub(crate) fn push_host_frame<E: Env>(&mut self, agent: usize, f: Frame, env: &mut E) {
+        if env.tracing() && self.traces_host(agent) {
+            env.trace(TraceEvent::Begin {
+                agent,
+                name: f.name(),
+                detail: None,
+            });
+        }
+        self.host_stack_mut(agent).push(f);
+    }
+
+    /// Run the next step of the top frame of `agent`'s host stack.
+    pub(crate) fn step_host_stack<E: Env>(&mut self, agent: usize, env: &mut E) -> Park {
+        let tracing = env.tracing() && self.traces_host(agent);
+        let mut f = self.host_stack_mut(agent).pop().expect("a host frame");
+        match self.step_frame(agent, &mut f, env) {
+            Flow::Next => {
+                self.host_stack_mut(agent).push(f);
+                Park::Run
+            }
+            Flow::Call(callee) => {
+                if tracing {
+                    env.trace(TraceEvent::Begin {
+                        agent,
+                        name: callee.name(),
+                        detail: None,
+                    });
+                }
+                let stack = self.host_stack_mut(agent);
+                stack.push(f);
+                stack.push(callee);
+                Park::Run
+            }
+            Flow::Return => {
+                if tracing {
+                    env.trace(TraceEvent::End { agent });
+                }
+                Park::Run
+            }
+            Flow::Spin(key) => {
+                self.host_stack_mut(agent).push(f);
+                self.charge(env, |c| c.spin_poll);
+                Park::SpinOn(key)
+            }
+        }
+    }
+
+    /// Would `agent`'s next host step only wait?
+    pub(crate) fn host_stack_blocked(&self, agent: usize) -> bool {
+        self.host_stack(agent)
+            .last()
+            .is_some_and(|f| self.frame_spins(agent, f))
     }
 }

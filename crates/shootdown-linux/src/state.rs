@@ -259,6 +259,30 @@ pub enum UserOp {
     Exit,
 }
 
+/// A program's loop op at `*pc`: jump to `to`, `times` more times (`None` = forever), counting
+/// the jumps left in `left` (one entry per loop op being run).
+pub fn take_loop(pc: &mut u16, left: &mut Vec<(u16, u32)>, to: u16, times: Option<u32>) {
+    let Some(n) = times else {
+        *pc = to;
+        return;
+    };
+    let here = *pc;
+    let i = match left.iter().position(|(p, _)| *p == here) {
+        Some(i) => i,
+        None => {
+            left.push((here, n));
+            left.len() - 1
+        }
+    };
+    if left[i].1 > 0 {
+        left[i].1 -= 1;
+        *pc = to;
+    } else {
+        left.remove(i);
+        *pc += 1;
+    }
+}
+
 /// Scheduling state of a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TaskState {

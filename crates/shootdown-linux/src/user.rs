@@ -4,6 +4,7 @@
 
 use crate::counters::Counter;
 use crate::frame::Frame;
+use crate::kvm::Exit;
 use crate::machine::Machine;
 use crate::mem::{tlbstate_line, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET};
 use crate::state::*;
@@ -11,8 +12,9 @@ use crate::syscalls::{
     FdatasyncPc, MmapPc, PageFaultPc, ReclaimUnmapPc, SetAffinityPc, Syscall, ZapPc,
 };
 use shootdown_engine::{Env, Park, Time, Violation};
+use shootdown_hw::ept::EptWalk;
 use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
-use shootdown_hw::tlb::TlbEntry;
+use shootdown_hw::tlb::{EptUse, TlbEntry};
 use shootdown_hw::CpuId;
 
 /// A fresh `fdatasync()` (or, with `msync`, `msync(MS_SYNC)` of its whole mapping) frame for DAX
@@ -27,8 +29,13 @@ fn fdatasync(file: u32, msync: bool) -> Syscall {
     }
 }
 
-/// An access that needs the page-fault handler.
-pub(crate) struct Fault;
+/// Why an access did not complete.
+pub(crate) enum Fault {
+    /// The guest's page-fault handler must run.
+    PageFault,
+    /// The second stage stops it: a VM exit to KVM.
+    Exit(Exit),
+}
 
 impl Machine {
     /// Walk `vpn` for `cpu` under `pcid` in `mm`: paging-structure cache first, then the PMD.
@@ -70,7 +77,9 @@ impl Machine {
     }
 
     /// One user access by the current task: TLB hit (checked by the oracle) or miss + walk +
-    /// fill; `Err(Fault)` when the page-fault handler must run.
+    /// fill; `Err(PageFault)` when the page-fault handler must run. On a vCPU whose VM has a
+    /// KVM MMU the walk goes on through the EPT (its paging-structure cache first) and the
+    /// entry cached is a combined one; a missing or MMIO SPTE is a VM exit (`Err(Exit)`).
     pub(crate) fn user_access<E: Env>(
         &mut self,
         cpu: CpuId,
@@ -91,20 +100,30 @@ impl Machine {
             return Ok(());
         }
         let pcid = self.access_pcid(cpu);
-        if let Some(e) = self.cpus[cpu].tlb.lookup(pcid, vpn) {
+        let hit = self.cpus[cpu].tlb.lookup(pcid, vpn);
+        if let Some(e) = hit.filter(|e| !(write && !e.writable && e.ept.is_some())) {
             if write && !e.writable {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
-                return Err(Fault);
+                return Err(Fault::PageFault);
             }
             let pte = self.mms[e.mm as usize].space.pte(vpn);
             self.perf.uses_checked += 1;
             if let Err(v) = self.oracle.check_use(mm, e.mm, vpn, e.version, &pte) {
                 self.violate(v);
             }
+            if let Some(u) = &e.ept {
+                let vm = self.vm_of(cpu);
+                if let Err(v) = self.oracle.check_ept_use(vm, vpn, u, &self.ept) {
+                    self.violate(v);
+                }
+            }
             self.say(|| {
                 format!(
-                    "user access mm{mm} page {vpn:#x}: TLB hit (PTE version {})",
-                    e.version
+                    "user access mm{mm} page {vpn:#x}: TLB hit (PTE version {}{})",
+                    e.version,
+                    e.ept
+                        .map(|u| format!(", SPTE version {}", u.version))
+                        .unwrap_or_default()
                 )
             });
             return Ok(());
@@ -112,33 +131,123 @@ impl Machine {
         self.charge(env, |c| c.tlb_miss_walk);
         self.perf.counters.inc(Counter::TlbMisses);
         let Some(pte) = self.walk(cpu, mm, pcid, vpn, env) else {
-            return Err(Fault);
+            return Err(Fault::PageFault);
         };
         if !pte.present || (write && !pte.writable) {
-            return Err(Fault);
+            return Err(Fault::PageFault);
         }
+        let (ept, writable) = if self.has_kvm_mmu(cpu) {
+            let (u, w) = self.ept_translate(cpu, pte.pfn as u64, write)?;
+            (Some(u), pte.writable && w)
+        } else {
+            (None, pte.writable)
+        };
         let victim = env.random(u64::MAX);
         self.cpus[cpu].tlb.insert(
             pcid,
             vpn,
             TlbEntry {
                 pfn: pte.pfn,
-                writable: pte.writable,
+                writable,
                 global: false,
                 mm,
                 version: pte.version,
-                ept: None,
+                ept,
             },
             victim,
         );
         self.perf.uses_checked += 1;
         self.say(|| {
             format!(
-                "user access mm{mm} page {vpn:#x}: walk, fill TLB (PTE version {})",
-                pte.version
+                "user access mm{mm} page {vpn:#x}: walk, fill TLB (PTE version {}{})",
+                pte.version,
+                ept.map(|u| format!(", gfn {:#x}, SPTE version {}", u.gfn, u.version))
+                    .unwrap_or_default()
             )
         });
         Ok(())
+    }
+
+    /// The second stage of a vCPU's walk: guest frame `gfn` through the EPT of its root (from
+    /// a table its EPT paging-structure cache holds, if any). A walk through a freed EPT page is
+    /// `INV-PTFREE`; a missing SPTE (or a read-only one, written) is an EPT violation, an MMIO
+    /// SPTE an EPT misconfiguration.
+    fn ept_translate(&mut self, v: CpuId, gfn: u64, write: bool) -> Result<(EptUse, bool), Fault> {
+        let root = self.host_ref().vcpus[v]
+            .root
+            .expect("a vCPU in the guest has a root");
+        let start = self.cpus[v]
+            .tlb
+            .ept_psc_lookup(gfn)
+            .map_or(root, |(_, sp)| sp);
+        match self.ept.walk_from(start, gfn) {
+            EptWalk::FreedTable(sp) => {
+                self.violate(Violation {
+                    invariant: "INV-PTFREE",
+                    detail: format!("vcpu{v} walked gfn {gfn:#x} through freed EPT page #{sp}"),
+                });
+                Err(Fault::Exit(Exit::EptViolation { gfn, write }))
+            }
+            EptWalk::NotPresent { .. } => Err(Fault::Exit(Exit::EptViolation { gfn, write })),
+            EptWalk::Mmio { .. } => Err(Fault::Exit(Exit::EptMisconfig { gfn })),
+            EptWalk::Leaf {
+                sp,
+                idx,
+                level,
+                spte,
+            } => {
+                let writable = matches!(
+                    spte.kind,
+                    shootdown_hw::ept::SpteKind::Leaf { writable: true, .. }
+                );
+                if write && !writable {
+                    return Err(Fault::Exit(Exit::EptViolation { gfn, write }));
+                }
+                self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);
+                let filled = self.oracle.now();
+                Ok((
+                    EptUse {
+                        gfn,
+                        sp,
+                        idx,
+                        version: spte.version,
+                        filled,
+                    },
+                    writable,
+                ))
+            }
+        }
+    }
+
+    /// The current task's access was completed by KVM (emulated MMIO): its op moves on as if
+    /// the access had been made.
+    pub(crate) fn complete_user_access<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+        let t = self.cpus[cpu].curr as usize;
+        let op = self.tasks[t]
+            .program
+            .get(self.tasks[t].pc as usize)
+            .copied();
+        let _ = env;
+        match op {
+            Some(UserOp::Touch { .. }) => self.tasks[t].pc += 1,
+            Some(
+                UserOp::TouchRange { npages, .. }
+                | UserOp::TouchRandomBlock { npages, .. }
+                | UserOp::FileioExec { npages, .. },
+            ) => self.advance_multi(t, npages),
+            _ => {}
+        }
+    }
+
+    /// One page of a multi-page access op done: the next, or the op after it.
+    fn advance_multi(&mut self, t: usize, npages: u64) {
+        let task = &mut self.tasks[t];
+        task.op_progress += 1;
+        if task.op_progress >= npages {
+            task.op_progress = 0;
+            task.op_base = None;
+            task.pc += 1;
+        }
     }
 
     /// Would a speculative fill of `vpn` through `cpu`'s CR3 change anything?
@@ -403,27 +512,7 @@ impl Machine {
             }
             UserOp::Loop { to, times } => {
                 let task = &mut self.tasks[t];
-                match times {
-                    None => task.pc = to,
-                    Some(n) => {
-                        let here = task.pc;
-                        let slot = task.loop_left.iter().position(|(p, _)| *p == here);
-                        let left = match slot {
-                            Some(i) => &mut task.loop_left[i].1,
-                            None => {
-                                task.loop_left.push((here, n));
-                                &mut task.loop_left.last_mut().expect("just pushed").1
-                            }
-                        };
-                        if *left > 0 {
-                            *left -= 1;
-                            task.pc = to;
-                        } else {
-                            task.loop_left.retain(|(p, _)| *p != here);
-                            task.pc += 1;
-                        }
-                    }
-                }
+                take_loop(&mut task.pc, &mut task.loop_left, to, times);
             }
             UserOp::Exit => {
                 self.tasks[t].state = TaskState::Dead;
@@ -488,7 +577,11 @@ impl Machine {
                 }
                 true
             }
-            Err(Fault) => {
+            Err(Fault::Exit(exit)) => {
+                self.vm_exit_to_kvm(cpu, exit, env);
+                false
+            }
+            Err(Fault::PageFault) => {
                 self.call(
                     cpu,
                     env,
@@ -512,13 +605,7 @@ impl Machine {
         env: &mut E,
     ) {
         if self.user_touch(cpu, vpn, write, false, env) {
-            let task = &mut self.tasks[self.cpus[cpu].curr as usize];
-            task.op_progress += 1;
-            if task.op_progress >= npages {
-                task.op_progress = 0;
-                task.op_base = None;
-                task.pc += 1;
-            }
+            self.advance_multi(self.cpus[cpu].curr as usize, npages);
         }
     }
 }

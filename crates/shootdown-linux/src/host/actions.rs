@@ -2,9 +2,9 @@
 //! explorer (host code of `vcpu_run`, preemption, ioctl puts) and the one the timed driver runs
 //! when its clock comes up.
 
-use crate::kvm::ThreadState;
+use crate::kvm::{Exit, ThreadState};
 use crate::machine::{Action, Machine};
-use shootdown_engine::Time;
+use shootdown_engine::{Env, Park, Time};
 use shootdown_hw::CpuId;
 
 impl Machine {
@@ -14,9 +14,12 @@ impl Machine {
         let h = self.host_ref();
         let v = &h.vcpus[cpu];
         let c = cpu as u32;
+        if self.kick_deliverable(cpu) {
+            out.push(Action::HostIrq(c));
+        }
         if !v.stack.is_empty() {
-            // The vCPU thread runs host code (`vcpu_run`), unless it is blocked.
-            if v.thread != ThreadState::Blocked {
+            // The vCPU thread runs host code (`vcpu_run`), unless it is blocked or waits.
+            if v.thread != ThreadState::Blocked && !self.host_stack_blocked(cpu) {
                 out.push(Action::Step(c));
             }
             if v.thread == ThreadState::Runnable
@@ -42,6 +45,9 @@ impl Machine {
     /// due.
     pub(crate) fn vcpu_timed_action(&self, agent: CpuId, now: Time) -> Option<Action> {
         let v = &self.host_ref().vcpus[agent];
+        if self.kick_deliverable(agent) && now >= self.perf.kick_arrival[agent] {
+            return Some(Action::HostIrq(agent as u32));
+        }
         if !v.stack.is_empty() || v.thread != ThreadState::Running {
             return Some(Action::Step(agent as u32));
         }
@@ -49,5 +55,41 @@ impl Machine {
             return Some(Action::VcpuPut(agent as u32));
         }
         None
+    }
+
+    /// The actions of host threads (explorer).
+    pub(crate) fn host_threads_enabled(&self, out: &mut Vec<Action>) {
+        let Some(h) = &self.host else { return };
+        let n = self.cpus.len();
+        for (t, th) in h.threads.iter().enumerate() {
+            let a = n + t;
+            if !self.host_thread_blocked(a) {
+                out.push(Action::Step(a as u32));
+            }
+            if !th.sb.is_empty() {
+                out.push(Action::Drain(a as u32));
+            }
+        }
+    }
+
+    /// Can a pending kick IPI be taken by vCPU `v` now: its thread runs guest code (the IPI
+    /// exits it), or host code with interrupts enabled?
+    pub(crate) fn kick_deliverable(&self, v: CpuId) -> bool {
+        let vc = &self.host_ref().vcpus[v];
+        !vc.kicks.is_empty()
+            && vc.thread == ThreadState::Running
+            && (vc.stack.is_empty() || !vc.irqs_off)
+    }
+
+    /// Action `HostIrq(v)`: the kick IPI exits a vCPU in the guest (acknowledged once
+    /// `vcpu_run` enables interrupts), or runs `ack_flush` on a vCPU thread in host code.
+    pub(crate) fn host_irq<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
+        if self.vcpu_in_guest(v) {
+            self.say(|| "kick IPI: VM exit (external interrupt)".into());
+            self.vm_exit_to_kvm(v, Exit::Kick, env);
+        } else {
+            self.ack_kicks(v, env);
+        }
+        Park::Run
     }
 }

@@ -12,7 +12,9 @@
 //! * [`sched`] — the host's scheduling policy for vCPU threads (timed driver only, like the
 //!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
 //!   blocking in HLT and kicks;
-//! * [`env`] — the timed driver's environment for guest steps on a host.
+//! * [`env`] — the timed driver's environment for guest steps on a host;
+//! * [`thread`] — host threads that are not vCPUs (the VMM's ioctl thread, an MMU-notifier
+//!   caller): agents with programs of their own; [`vmm`] runs their programs.
 //!
 //! Simplifications: no halt-polling, no pause-loop exiting / directed yield, no load balancing
 //! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one
@@ -22,13 +24,16 @@ pub mod actions;
 pub mod config;
 pub mod env;
 pub mod sched;
+pub mod thread;
+pub mod vmm;
 
 pub use config::{HostConfig, HOST_KEYS, MAX_VCPUS_PER_PCPU, MAX_VMS};
 
-use crate::kvm::{ThreadState, Vcpu, VcpuRun, KVM_VCPU_PREEMPTED};
+use crate::kvm::{Kvm, ThreadState, Vcpu, VcpuRun, KVM_VCPU_PREEMPTED};
 use shootdown_engine::Time;
 use shootdown_hw::CpuId;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
+pub use thread::{HostOp, HostThread};
 
 /// Host scheduler state of one pCPU (timed driver only; constant under the explorer).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,6 +51,13 @@ pub struct Host {
     pub pcpus: Vec<Pcpu>,
     /// Guest memory: `struct kvm_steal_time.preempted` of each vCPU (`Loc::Preempted`).
     pub steal_preempted: Vec<u8>,
+    /// Per VM, its KVM MMU state if it is modelled (`None`: a VM whose guest-physical memory is
+    /// taken as mapped, as in the PV-flush experiments).
+    pub kvms: Vec<Option<Kvm>>,
+    /// Host threads that are not vCPUs (agents after the vCPUs).
+    pub threads: Vec<HostThread>,
+    /// Locked `call_single_data`s of host cross calls kicking vCPUs (`Loc::KickCsd`).
+    pub kick_csd: BTreeSet<(u32, u32)>,
 }
 
 /// Performance-only host state (time slices, housekeeping timers).
@@ -89,19 +101,15 @@ impl Host {
                 pcpus
             ],
             steal_preempted: vec![0; n],
+            kvms: vec![None; cfg.vms],
+            threads: Vec::new(),
+            kick_csd: BTreeSet::new(),
             cfg,
         };
         for v in 0..n {
             let vm = v / h.cfg.vcpus_per_vm;
             let p = (v % h.cfg.vcpus_per_vm) % pcpus;
-            let mut vc = Vcpu {
-                vm: vm as u32,
-                pcpu: p as u32,
-                thread: ThreadState::Running,
-                stack: Vec::new(),
-                st_preempted: 0,
-                preemptions: 0,
-            };
+            let mut vc = Vcpu::new(vm as u32, p as u32);
             if h.pcpus[p].curr.is_none() {
                 h.pcpus[p].curr = Some(v as u32);
             } else {

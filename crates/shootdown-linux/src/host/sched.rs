@@ -78,6 +78,10 @@ impl Machine {
             }
         }
         for (w, at) in wakes {
+            if w >= self.cpus.len() {
+                env.wake(w, at);
+                continue;
+            }
             match self.host_ref().vcpus[w].thread {
                 ThreadState::Running => env.wake(w, at),
                 ThreadState::Runnable => {

@@ -1,15 +1,97 @@
-//! virt/kvm/kvm_main.c: the preempt notifiers of a vCPU thread. When the host scheduler takes
-//! the pCPU away from a vCPU, `kvm_sched_out` → `kvm_arch_vcpu_put` runs (and marks the vCPU
-//! preempted in its steal-time area); when it gets the pCPU back, `kvm_sched_in` →
-//! `vcpu_load`, then `vcpu_run` continues ([`crate::kvm::x86`]).
+//! virt/kvm/kvm_main.c: a vCPU thread's preempt notifiers (`kvm_sched_out` / `kvm_sched_in`),
+//! vCPU requests and kicks (`kvm_make_all_cpus_request`), `kvm_flush_remote_tlbs`, SRCU on
+//! `kvm->srcu`, memslot updates (`__kvm_set_memory_region`, `install_new_memslots`) and the MMU
+//! notifiers (kernel-model.md §4.2–§4.3; kvm-mmu-seeds.md §1.2).
 
 use crate::counters::Counter;
-use crate::kvm::{ThreadState, VcpuRun};
+use crate::frame::{Flow, Frame};
+use crate::kvm::memslot::{Memslot, GEN_UPDATE_IN_PROGRESS, KVM_ADDRESS_SPACE_NUM};
+use crate::kvm::mmu::zap::ZapMemslot;
+use crate::kvm::{mode, Kvm, Request, ThreadState, VcpuRun};
 use crate::machine::Machine;
+use crate::mem::{spin_key, Loc};
+use crate::options::KvmVersion;
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park};
+use shootdown_hw::ept::Gfn;
 use shootdown_hw::CpuId;
 
 impl Machine {
+    /// `struct kvm` of VM `vm` (a VM whose MMU is modelled).
+    pub(crate) fn kvm(&self, vm: usize) -> &Kvm {
+        self.host_ref().kvms[vm]
+            .as_ref()
+            .expect("a VM with a modelled MMU")
+    }
+    pub(crate) fn kvm_mut(&mut self, vm: usize) -> &mut Kvm {
+        self.host_mut().kvms[vm]
+            .as_mut()
+            .expect("a VM with a modelled MMU")
+    }
+
+    /// Whether vCPU (CPU) `cpu` belongs to a VM whose MMU is modelled.
+    pub(crate) fn has_kvm_mmu(&self, cpu: CpuId) -> bool {
+        self.host.as_ref().is_some_and(|h| {
+            h.vcpus
+                .get(cpu)
+                .is_some_and(|v| h.kvms[v.vm as usize].is_some())
+        })
+    }
+
+    /// The VM an agent (vCPU or host thread) works for.
+    pub(crate) fn vm_of(&self, agent: usize) -> usize {
+        let h = self.host_ref();
+        match h.vcpus.get(agent) {
+            Some(v) => v.vm as usize,
+            None => h.threads[agent - self.cpus.len()].vm as usize,
+        }
+    }
+
+    /// The value of an agent's `Loc::SrcuReader`.
+    pub(crate) fn srcu_of(&self, agent: usize) -> u64 {
+        let h = self.host_ref();
+        match h.vcpus.get(agent) {
+            Some(v) => v.srcu,
+            None => h.threads[agent - self.cpus.len()].srcu,
+        }
+    }
+    pub(crate) fn set_srcu_of(&mut self, agent: usize, x: u64) {
+        let n = self.cpus.len();
+        let h = self.host_mut();
+        if agent < n {
+            h.vcpus[agent].srcu = x;
+        } else {
+            h.threads[agent - n].srcu = x;
+        }
+    }
+
+    /// `srcu_read_lock(&kvm->srcu)`: the per-CPU counter increment and its full barrier.
+    pub(crate) fn srcu_read_lock<E: Env>(&mut self, agent: usize, env: &mut E) {
+        let e = self.oracle.tick();
+        self.rmw(env, agent, Loc::SrcuReader(agent as u32), |_| e);
+    }
+
+    /// `srcu_read_unlock(&kvm->srcu)`: a full barrier, then the per-CPU counter increment.
+    pub(crate) fn srcu_read_unlock<E: Env>(&mut self, agent: usize, env: &mut E) {
+        self.rmw(env, agent, Loc::SrcuReader(agent as u32), |_| 0);
+    }
+
+    /// `kvm->memslots[as]` now points to set `set` (the location's write: under TSO, when the
+    /// store reaches memory). The oracle dates the publication.
+    pub(crate) fn publish_memslots(&mut self, vm: usize, as_id: usize, set: u8) {
+        let e = self.oracle.tick();
+        let a = &mut self.kvm_mut(vm).address_spaces[as_id];
+        a.active = set;
+        let version = a.sets[set as usize].version;
+        if a.published.last().map(|p| p.1) != Some(version) {
+            a.published.push((e, version));
+            // Readers only ever need the last few (see `AddressSpace::version_seen_from`).
+            if a.published.len() > 4 {
+                a.published.remove(0);
+            }
+        }
+    }
+
     /// Host action `VcpuPut(v)` enabled in the explorer?
     pub(crate) fn host_may_preempt(&self, v: CpuId) -> bool {
         let h = self.host_ref();
@@ -21,8 +103,10 @@ impl Machine {
 
     /// Host action `VcpuPut(v)` (H1+H2): a host interrupt exits vCPU `v`, the host scheduler
     /// preempts its thread (`kvm_sched_out` → `kvm_arch_vcpu_put`) and marks it preempted; the
-    /// thread will come back through `vcpu_run`. The timed driver then runs the host scheduler
-    /// on that pCPU.
+    /// thread will come back through `vcpu_run`. With a KVM MMU the exit also leaves guest mode
+    /// (`vcpu->mode = OUTSIDE_GUEST_MODE`, kicks acknowledged once interrupts are on), and
+    /// `vcpu_run` drops SRCU around `cond_resched()`. The timed driver then runs the host
+    /// scheduler on that pCPU.
     pub(crate) fn vcpu_put_step<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
         // The exit orders the guest's stores before anything the host does.
         self.fence(v);
@@ -30,6 +114,11 @@ impl Machine {
         self.vm_exit(env);
         self.perf.counters.inc(Counter::HostPreemptions);
         self.say(|| format!("preempt vcpu{v}: VM exit, kvm_sched_out, vcpu_put"));
+        if self.has_kvm_mmu(v) {
+            self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+            self.fence(v);
+            self.ack_kicks(v, env);
+        }
         self.kvm_steal_time_set_preempted(v, env);
         let bounded = self.host_ref().cfg.max_preemptions > 0;
         let h = self.host_mut();
@@ -56,5 +145,737 @@ impl Machine {
         self.say(|| format!("vcpu_load + vcpu_put of vcpu{v} without entering the guest (ioctl)"));
         self.kvm_steal_time_set_preempted(v, env);
         Park::Halt
+    }
+
+    /// The kick IPIs pending on vCPU `v`'s pCPU are taken (interrupts on): `ack_flush` runs and
+    /// each sender's csd is unlocked.
+    pub(crate) fn ack_kicks<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        let senders = std::mem::take(&mut self.host_mut().vcpus[v].kicks);
+        for src in senders {
+            self.store(env, v, Loc::KickCsd(src, v as u32), 0);
+            let who = self.agent_label(src as usize);
+            self.say(|| format!("kick IPI from {who} acknowledged"));
+        }
+    }
+
+    /// A short name of an agent for step texts.
+    pub(crate) fn agent_label(&self, a: usize) -> String {
+        if a < self.cpus.len() {
+            format!("vcpu{a}")
+        } else {
+            self.host_ref().threads[a - self.cpus.len()].name.clone()
+        }
+    }
+}
+
+/// `kvm_make_all_cpus_request(kvm, req)` with a `KVM_REQUEST_WAIT` request: set the request on
+/// every vCPU, IPI those not outside guest mode, wait until each took the IPI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MakeAllCpusRequest {
+    pub pc: MakeAllCpusRequestPc,
+    pub req: Request,
+    /// The VM's vCPUs still to look at / wait for.
+    pub i: usize,
+    /// vCPUs that need the IPI (`kvm_request_needs_ipi`), in order.
+    pub targets: Vec<u32>,
+    /// Some IPI was sent (`called`).
+    pub called: bool,
+}
+
+/// The steps of `kvm_make_all_cpus_request()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MakeAllCpusRequestPc {
+    /// `kvm_make_request()`: `set_bit(req, &vcpu->requests)` on the next vCPU.
+    SetRequest,
+    /// `kvm_request_needs_ipi()`: `cmpxchg(&vcpu->mode, IN_GUEST_MODE, EXITING_GUEST_MODE)`;
+    /// an IPI is needed unless the vCPU was outside guest mode.
+    ExitingGuestMode,
+    /// `kvm_kick_many_cpus()`: lock a csd per target and send the IPIs.
+    Kick,
+    /// Wait for each target's acknowledgement.
+    Wait,
+}
+
+impl MakeAllCpusRequest {
+    pub fn call(req: Request) -> Frame {
+        Frame::MakeAllCpusRequest(Box::new(MakeAllCpusRequest {
+            pc: MakeAllCpusRequestPc::SetRequest,
+            req,
+            i: 0,
+            targets: Vec::new(),
+            called: false,
+        }))
+    }
+}
+
+/// `kvm_flush_remote_tlbs(kvm)`: `KVM_REQ_TLB_FLUSH` to every vCPU, waited for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FlushRemoteTlbs {
+    pub pc: FlushRemoteTlbsPc,
+    /// Oracle: the epoch the flush began at.
+    pub begin: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushRemoteTlbsPc {
+    /// Make the request of every vCPU.
+    Request,
+    /// Every vCPU has it and none is still in guest mode on an old translation: return.
+    Done,
+}
+
+impl FlushRemoteTlbs {
+    pub fn call() -> Frame {
+        Frame::FlushRemoteTlbs(FlushRemoteTlbs {
+            pc: FlushRemoteTlbsPc::Request,
+            begin: 0,
+        })
+    }
+}
+
+/// `synchronize_srcu_expedited(&kvm->srcu)`: wait for every SRCU read section of the VM that
+/// began before it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SynchronizeSrcu {
+    pub pc: SynchronizeSrcuPc,
+    /// Oracle epoch at which the grace period began.
+    pub begin: u64,
+    /// Readers (agents) still to wait for, in order.
+    pub i: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SynchronizeSrcuPc {
+    /// Start the grace period.
+    Start,
+    /// Wait for the next reader whose section began before it.
+    Wait,
+}
+
+impl SynchronizeSrcu {
+    pub fn call() -> Frame {
+        Frame::SynchronizeSrcu(SynchronizeSrcu {
+            pc: SynchronizeSrcuPc::Start,
+            begin: 0,
+            i: 0,
+        })
+    }
+}
+
+/// `install_new_memslots(kvm, as_id, slots)` (v5.x; mainline's `kvm_swap_active_memslots`):
+/// publish the inactive set, built by the caller, with the generation protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct InstallMemslots {
+    pub pc: InstallMemslotsPc,
+    pub as_id: u32,
+    /// The generation before the update.
+    pub old_gen: u64,
+    /// The generation after it (computed once the readers are gone).
+    pub gen: u64,
+}
+
+/// The steps of `install_new_memslots()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InstallMemslotsPc {
+    /// Mark the new set's generation "update in progress" (v5.1+: bit 63; v5.0: odd).
+    MarkInProgress,
+    /// Mainline: wait until no MMU-notifier invalidation is in flight.
+    WaitNotifiers,
+    /// `rcu_assign_pointer(kvm->memslots[as_id], slots)`.
+    Publish,
+    /// `synchronize_srcu_expedited()`.
+    Sync,
+    /// `kvm_arch_memslots_updated(kvm, gen)`: on an MMIO-generation wrap, zap MMIO SPTEs.
+    ArchHook,
+    /// `slots->generation = gen`.
+    StoreGen,
+    /// (K6 / v5.0) the arch hook after the generation is visible.
+    LateArchHook,
+    Done,
+}
+
+/// What a memslot ioctl changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemslotChange {
+    Create,
+    Delete,
+}
+
+/// `kvm_set_memory_region()` → `__kvm_set_memory_region()` for a CREATE or DELETE of one
+/// memslot of address space 0, under `slots_lock`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetMemoryRegion {
+    pub pc: SetMemoryRegionPc,
+    pub change: MemslotChange,
+    pub slot: Memslot,
+}
+
+/// The steps of `__kvm_set_memory_region()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SetMemoryRegionPc {
+    /// `mutex_lock(&kvm->slots_lock)`.
+    Lock,
+    /// DELETE: copy the memslots with the slot marked `KVM_MEMSLOT_INVALID` and install them.
+    InstallInvalid,
+    /// DELETE: `kvm_arch_flush_shadow_memslot()` (the zap strategy).
+    FlushShadow,
+    /// Build the final set (the slot added or gone) and install it.
+    InstallFinal,
+    /// `kvm_arch_commit_memory_region()`, `mutex_unlock(&kvm->slots_lock)`; return.
+    Done,
+}
+
+/// An MMU-notifier invalidation of the host pages behind guest frames `[gfn, gfn + npages)`:
+/// `kvm_mmu_notifier_invalidate_range_start()` → (the host frees the pages) →
+/// `kvm_mmu_notifier_invalidate_range_end()`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MmuNotifierInvalidate {
+    pub pc: MmuNotifierPc,
+    pub gfn: Gfn,
+    pub npages: u64,
+    pub ticket: Option<u64>,
+    /// The oracle epoch the invalidation began at.
+    pub begin: u64,
+    /// `kvm_unmap_hva_range()` zapped something: a flush is owed.
+    pub flush: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmuNotifierPc {
+    /// `srcu_read_lock`; take `mmu_lock`.
+    StartLock,
+    /// `mmu_notifier_count++`, `kvm_unmap_hva_range()` over every memslot (INVALID ones too).
+    Unmap,
+    /// Flush if anything was zapped.
+    Flush,
+    /// Drop `mmu_lock` and SRCU: `invalidate_range_start` returns (the host may free the pages).
+    StartUnlock,
+    /// `invalidate_range_end`: take `mmu_lock`.
+    EndLock,
+    /// `mmu_notifier_seq++`, `mmu_notifier_count--`, unlock.
+    EndUnlock,
+}
+
+impl Machine {
+    /// One step of `kvm_make_all_cpus_request(kvm, req)` (`KVM_REQUEST_WAIT | NO_WAKEUP`).
+    pub(crate) fn make_all_cpus_request_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut MakeAllCpusRequest,
+        env: &mut E,
+    ) -> Flow {
+        use MakeAllCpusRequestPc::*;
+        let vm = self.vm_of(me);
+        let vcpus = self.kvm(vm).vcpus.clone();
+        let name = s.req.name();
+        match s.pc {
+            SetRequest => {
+                let Some(v) = vcpus.clone().nth(s.i) else {
+                    s.pc = Kick;
+                    s.i = 0;
+                    return Flow::Next;
+                };
+                // smp_wmb(); set_bit(): a locked op.
+                let bit = s.req.bit();
+                self.rmw(env, me, Loc::VcpuRequests(v as u32), |r| r | bit);
+                self.say(|| format!("kvm_make_request({name}, vcpu{v})"));
+                s.pc = if v == me {
+                    SetRequest
+                } else {
+                    ExitingGuestMode
+                };
+                if v == me {
+                    s.i += 1;
+                }
+                Flow::Next
+            }
+            ExitingGuestMode => {
+                let v = vcpus.clone().nth(s.i).expect("a vCPU");
+                let old = self.rmw(env, me, Loc::VcpuMode(v as u32), |m| {
+                    if m == mode::IN_GUEST_MODE {
+                        mode::EXITING_GUEST_MODE
+                    } else {
+                        m
+                    }
+                });
+                let ipi = old != mode::OUTSIDE_GUEST_MODE;
+                if ipi {
+                    s.targets.push(v as u32);
+                }
+                self.say(|| {
+                    format!(
+                        "kvm_vcpu_exiting_guest_mode(vcpu{v}): mode was {}{}",
+                        mode_name(old),
+                        if ipi { ": needs an IPI" } else { ": no IPI" }
+                    )
+                });
+                s.i += 1;
+                s.pc = SetRequest;
+                Flow::Next
+            }
+            Kick => {
+                let targets = s.targets.clone();
+                for &t in &targets {
+                    self.rmw(env, me, Loc::KickCsd(me as u32, t), |_| 1);
+                    self.send_kick(me, t as usize, env);
+                }
+                s.called = !targets.is_empty();
+                self.say(|| {
+                    if targets.is_empty() {
+                        "kvm_kick_many_cpus: no vCPU to IPI".into()
+                    } else {
+                        format!("kvm_kick_many_cpus: IPI vcpus {targets:?}, wait")
+                    }
+                });
+                s.pc = Wait;
+                s.i = 0;
+                Flow::Next
+            }
+            Wait => {
+                let Some(&t) = s.targets.get(s.i) else {
+                    self.summary(|| format!("every vCPU has {name}"));
+                    return Flow::Return;
+                };
+                if self.make_all_cpus_request_spins(me, s) {
+                    return Flow::Spin(spin_key(Loc::KickCsd(me as u32, t)));
+                }
+                self.load(env, me, Loc::KickCsd(me as u32, t));
+                self.say(|| format!("csd_lock_wait(vcpu{t}): IPI acknowledged"));
+                s.i += 1;
+                Flow::Next
+            }
+        }
+    }
+
+    /// Would the request's next step only wait?
+    pub(crate) fn make_all_cpus_request_spins(&self, me: usize, s: &MakeAllCpusRequest) -> bool {
+        s.pc == MakeAllCpusRequestPc::Wait
+            && s.targets.get(s.i).is_some_and(|&t| {
+                let loc = Loc::KickCsd(me as u32, t);
+                self.sb(me)
+                    .forward(loc)
+                    .unwrap_or_else(|| self.raw_read(loc))
+                    != 0
+            })
+    }
+
+    /// Send a kick IPI from agent `src` to vCPU `v`'s pCPU.
+    fn send_kick<E: Env>(&mut self, src: usize, v: usize, env: &mut E) {
+        self.perf.counters.inc(Counter::KvmKickIpis);
+        self.host_mut().vcpus[v].kicks.push(src as u32);
+        if env.timed() {
+            let c = &self.perf.profile.costs;
+            let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(v)) {
+                shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+                _ => c.ipi_latency_same_socket,
+            };
+            let send = c.ipi_send;
+            env.charge(send);
+            let at = env.now() + env.elapsed() + lat;
+            self.perf.kick_arrival[v] = at;
+            env.wake(v, at);
+        }
+    }
+
+    /// One step of `kvm_flush_remote_tlbs(kvm)`.
+    pub(crate) fn flush_remote_tlbs_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut FlushRemoteTlbs,
+        _env: &mut E,
+    ) -> Flow {
+        let vm = self.vm_of(me);
+        match s.pc {
+            FlushRemoteTlbsPc::Request => {
+                s.begin = self.oracle.flush_begin();
+                self.kvm_mut(vm).mmu.last_flush_begin = s.begin;
+                self.perf.counters.inc(Counter::KvmRemoteTlbFlush);
+                self.summary(|| "KVM_REQ_TLB_FLUSH to every vCPU".into());
+                s.pc = FlushRemoteTlbsPc::Done;
+                Flow::Call(MakeAllCpusRequest::call(Request::TlbFlush))
+            }
+            FlushRemoteTlbsPc::Done => {
+                self.oracle.ept_flush_returned(vm, s.begin);
+                self.summary(|| "remote TLB flush complete: return".into());
+                Flow::Return
+            }
+        }
+    }
+
+    /// One step of `synchronize_srcu_expedited(&kvm->srcu)`: the readers are the VM's vCPUs and
+    /// host threads.
+    pub(crate) fn synchronize_srcu_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut SynchronizeSrcu,
+        env: &mut E,
+    ) -> Flow {
+        let readers = self.srcu_readers(me);
+        match s.pc {
+            SynchronizeSrcuPc::Start => {
+                s.begin = self.oracle.tick();
+                self.fence(me);
+                self.charge(env, |c| c.srcu_sync_expedited);
+                self.summary(|| "synchronize_srcu_expedited: grace period begins".into());
+                s.pc = SynchronizeSrcuPc::Wait;
+                Flow::Next
+            }
+            SynchronizeSrcuPc::Wait => {
+                let Some(&r) = readers.get(s.i) else {
+                    self.summary(|| "grace period over: every earlier reader is gone".into());
+                    return Flow::Return;
+                };
+                if self.srcu_waits(me, s) {
+                    return Flow::Spin(spin_key(Loc::SrcuReader(r as u32)));
+                }
+                let at = self.load(env, me, Loc::SrcuReader(r as u32));
+                let who = self.agent_label(r);
+                self.say(|| {
+                    format!(
+                        "{who}: {}",
+                        if at == 0 {
+                            "not in an SRCU read section"
+                        } else {
+                            "its read section began after the grace period"
+                        }
+                    )
+                });
+                s.i += 1;
+                Flow::Next
+            }
+        }
+    }
+
+    /// The SRCU readers of the VM agent `me` works for: its vCPUs and host threads.
+    fn srcu_readers(&self, me: usize) -> Vec<usize> {
+        let vm = self.vm_of(me);
+        let n = self.cpus.len();
+        let mut r: Vec<usize> = self.kvm(vm).vcpus.clone().collect();
+        let h = self.host_ref();
+        r.extend(
+            (0..h.threads.len())
+                .filter(|&t| h.threads[t].vm as usize == vm)
+                .map(|t| n + t),
+        );
+        r.retain(|&a| a != me);
+        r
+    }
+
+    /// Would the grace period's next step only wait for a reader?
+    pub(crate) fn srcu_waits(&self, me: usize, s: &SynchronizeSrcu) -> bool {
+        if s.pc != SynchronizeSrcuPc::Wait {
+            return false;
+        }
+        let readers = self.srcu_readers(me);
+        readers.get(s.i).is_some_and(|&r| {
+            let loc = Loc::SrcuReader(r as u32);
+            let at = self
+                .sb(me)
+                .forward(loc)
+                .unwrap_or_else(|| self.raw_read(loc));
+            at != 0 && at < s.begin
+        })
+    }
+
+    /// One step of `install_new_memslots()`: the caller built the inactive set of `as_id`.
+    pub(crate) fn install_memslots_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut InstallMemslots,
+        env: &mut E,
+    ) -> Flow {
+        use InstallMemslotsPc::*;
+        let vm = self.vm_of(me);
+        let version = self.opts.kvm;
+        let a = s.as_id as usize;
+        let (active, inactive) = {
+            let sp = &self.kvm(vm).address_spaces[a];
+            (sp.active, 1 - sp.active)
+        };
+        let late_hook = version == KvmVersion::V5_0 || self.opts.mutants.memslots_updated_after_gen;
+        match s.pc {
+            MarkInProgress => {
+                s.old_gen = self.load(env, me, Loc::SlotsGen(vm as u32, s.as_id, active));
+                let marked = match version {
+                    KvmVersion::V5_0 => s.old_gen + 1,
+                    _ => s.old_gen | GEN_UPDATE_IN_PROGRESS,
+                };
+                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, inactive), marked);
+                self.charge(env, |c| c.memslot_install);
+                let old = s.old_gen;
+                self.say(|| {
+                    format!("install_new_memslots: new slots->generation = {} (update in progress; was {old})", gen_text(marked))
+                });
+                s.pc = if version == KvmVersion::Mainline {
+                    WaitNotifiers
+                } else {
+                    Publish
+                };
+                Flow::Next
+            }
+            WaitNotifiers => {
+                // kvm_swap_active_memslots(): rcuwait until mn_active_invalidate_count == 0
+                // (modelled with the notifier count itself).
+                if self.memslots_wait_notifiers(me) {
+                    return Flow::Spin(spin_key(Loc::MmuNotifierCount(vm as u32)));
+                }
+                self.load(env, me, Loc::MmuNotifierCount(vm as u32));
+                self.summary(|| "no MMU-notifier invalidation in flight".into());
+                s.pc = Publish;
+                Flow::Next
+            }
+            Publish => {
+                self.store(env, me, Loc::Memslots(vm as u32, s.as_id), inactive as u64);
+                self.perf.counters.inc(Counter::KvmMemslotUpdates);
+                self.say(|| format!("rcu_assign_pointer(kvm->memslots[{a}], new slots)"));
+                if env.tracing() {
+                    env.trace(TraceEvent::Instant {
+                        agent: me,
+                        name: "memslot swap",
+                        detail: None,
+                    });
+                }
+                s.pc = Sync;
+                Flow::Next
+            }
+            Sync => {
+                s.pc = if late_hook { StoreGen } else { ArchHook };
+                Flow::Call(SynchronizeSrcu::call())
+            }
+            ArchHook | LateArchHook => {
+                if s.pc == ArchHook {
+                    s.gen = self.final_gen(s.old_gen);
+                }
+                s.pc = if s.pc == ArchHook { StoreGen } else { Done };
+                self.kvm_arch_memslots_updated(me, s.gen, env)
+            }
+            StoreGen => {
+                if late_hook {
+                    s.gen = self.final_gen(s.old_gen);
+                }
+                let g = s.gen;
+                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, inactive), g);
+                self.say(|| format!("slots->generation = {g}"));
+                s.pc = if late_hook { LateArchHook } else { Done };
+                Flow::Next
+            }
+            Done => Flow::Return,
+        }
+    }
+
+    /// The generation after an update from `old` (v5.0: odd +3 = +4 in all; v5.1+: +2).
+    fn final_gen(&self, old: u64) -> u64 {
+        match self.opts.kvm {
+            KvmVersion::V5_0 => old + 4,
+            _ => (old & !GEN_UPDATE_IN_PROGRESS) + KVM_ADDRESS_SPACE_NUM,
+        }
+    }
+
+    /// Would mainline's swap only wait for in-flight notifier invalidations?
+    pub(crate) fn memslots_wait_notifiers(&self, me: usize) -> bool {
+        let vm = self.vm_of(me);
+        let loc = Loc::MmuNotifierCount(vm as u32);
+        self.sb(me)
+            .forward(loc)
+            .unwrap_or_else(|| self.raw_read(loc))
+            != 0
+    }
+
+    /// One step of `__kvm_set_memory_region()` (CREATE or DELETE of a slot of address space 0).
+    pub(crate) fn set_memory_region_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut SetMemoryRegion,
+        env: &mut E,
+    ) -> Flow {
+        use SetMemoryRegionPc::*;
+        let vm = self.vm_of(me);
+        let id = s.slot.id;
+        match s.pc {
+            Lock => {
+                if self.slots_lock_busy(me) {
+                    return Flow::Spin(spin_key(Loc::SlotsLock(vm as u32)));
+                }
+                self.rmw(env, me, Loc::SlotsLock(vm as u32), |_| me as u64 + 1);
+                self.say(|| "mutex_lock(&kvm->slots_lock)".into());
+                s.pc = match s.change {
+                    MemslotChange::Delete => InstallInvalid,
+                    MemslotChange::Create => InstallFinal,
+                };
+                Flow::Next
+            }
+            InstallInvalid => {
+                self.build_inactive_set(vm, |slots| {
+                    for sl in slots.iter_mut().filter(|sl| sl.id == id) {
+                        sl.invalid = true;
+                    }
+                });
+                if let Some(sl) = self.kvm(vm).address_spaces[0]
+                    .active_set()
+                    .slots
+                    .iter()
+                    .find(|sl| sl.id == id)
+                {
+                    s.slot = sl.clone();
+                }
+                self.say(|| format!("copy the memslots with slot {id} KVM_MEMSLOT_INVALID"));
+                s.pc = FlushShadow;
+                Flow::Call(install_memslots(0))
+            }
+            FlushShadow => {
+                s.pc = InstallFinal;
+                self.summary(|| "kvm_arch_flush_shadow_memslot".into());
+                Flow::Call(ZapMemslot::call(self.opts.memslot_zap, s.slot.clone()))
+            }
+            InstallFinal => {
+                let slot = s.slot.clone();
+                let change = s.change;
+                self.build_inactive_set(vm, |slots| match change {
+                    MemslotChange::Delete => slots.retain(|sl| sl.id != slot.id),
+                    MemslotChange::Create => {
+                        slots.retain(|sl| sl.id != slot.id);
+                        slots.push(slot.clone());
+                        slots.sort_by_key(|sl| sl.base_gfn);
+                    }
+                });
+                self.say(|| match change {
+                    MemslotChange::Delete => format!("copy the memslots without slot {id}"),
+                    MemslotChange::Create => format!(
+                        "copy the memslots with new slot {id} (gfns {:#x}..{:#x})",
+                        s.slot.base_gfn,
+                        s.slot.end()
+                    ),
+                });
+                s.pc = Done;
+                Flow::Call(install_memslots(0))
+            }
+            Done => {
+                if s.change == MemslotChange::Delete {
+                    self.check_memslot_deleted(vm, &s.slot);
+                }
+                self.store(env, me, Loc::SlotsLock(vm as u32), 0);
+                self.say(|| "mutex_unlock(&kvm->slots_lock); return".into());
+                Flow::Return
+            }
+        }
+    }
+
+    /// Would taking `slots_lock` only wait?
+    pub(crate) fn slots_lock_busy(&self, me: usize) -> bool {
+        let vm = self.vm_of(me);
+        let loc = Loc::SlotsLock(vm as u32);
+        let holder = self
+            .sb(me)
+            .forward(loc)
+            .unwrap_or_else(|| self.raw_read(loc));
+        holder != 0 && holder != me as u64 + 1
+    }
+
+    /// Fill the inactive set of address space 0 from the active one, changed by `f` (under
+    /// `slots_lock`, while readers may still use the active set).
+    fn build_inactive_set(&mut self, vm: usize, f: impl FnOnce(&mut Vec<Memslot>)) {
+        let a = &mut self.kvm_mut(vm).address_spaces[0];
+        let (cur, next) = (a.active as usize, 1 - a.active as usize);
+        let mut slots = a.sets[cur].slots.clone();
+        f(&mut slots);
+        let version = a.sets[cur].version.max(a.sets[next].version) + 1;
+        a.sets[next].slots = slots;
+        a.sets[next].version = version;
+    }
+
+    /// One step of an MMU-notifier invalidation (`kvm_mmu_notifier_invalidate_range_start` and
+    /// `_end`, v5.x: the count and sequence under `mmu_lock`).
+    pub(crate) fn mmu_notifier_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut MmuNotifierInvalidate,
+        env: &mut E,
+    ) -> Flow {
+        use MmuNotifierPc::*;
+        let vm = self.vm_of(me);
+        match s.pc {
+            StartLock | EndLock => {
+                if s.pc == StartLock && s.ticket.is_none() {
+                    self.srcu_read_lock(me, env);
+                    s.begin = self.oracle.tick();
+                }
+                if let Some(spin) = self.mmu_lock_acquire(me, &mut s.ticket, env) {
+                    return spin;
+                }
+                s.pc = if s.pc == StartLock { Unmap } else { EndUnlock };
+                Flow::Next
+            }
+            Unmap => {
+                self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
+                let zapped = self.unmap_gfn_range(vm, s.gfn, s.gfn + s.npages, env);
+                s.flush = zapped > 0;
+                let (g, n) = (s.gfn, s.npages);
+                self.say(|| {
+                    format!(
+                        "invalidate_range_start(gfns {g:#x}..{:#x}): mmu_notifier_count++, kvm_unmap_hva_range zaps {zapped} SPTE(s)",
+                        g + n
+                    )
+                });
+                s.pc = Flush;
+                Flow::Next
+            }
+            Flush => {
+                s.pc = StartUnlock;
+                if s.flush {
+                    self.summary(|| "flush before the pages can be freed".into());
+                    return Flow::Call(FlushRemoteTlbs::call());
+                }
+                self.summary(|| "nothing zapped: no flush".into());
+                Flow::Next
+            }
+            StartUnlock => {
+                self.mmu_lock_release(me, env);
+                self.srcu_read_unlock(me, env);
+                self.oracle
+                    .ept_gfns_invalidated(vm, s.gfn..s.gfn + s.npages, s.begin);
+                self.say(|| "invalidate_range_start returns: the host may free the pages".into());
+                s.ticket = None;
+                s.pc = EndLock;
+                Flow::Next
+            }
+            EndUnlock => {
+                self.rmw(env, me, Loc::MmuNotifierSeq(vm as u32), |q| q + 1);
+                self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c - 1);
+                self.mmu_lock_release(me, env);
+                self.say(|| {
+                    "invalidate_range_end: mmu_notifier_seq++, mmu_notifier_count--".into()
+                });
+                Flow::Return
+            }
+        }
+    }
+}
+
+/// A call of `install_new_memslots()` for address space `as_id`.
+fn install_memslots(as_id: u32) -> Frame {
+    Frame::InstallMemslots(InstallMemslots {
+        pc: InstallMemslotsPc::MarkInProgress,
+        as_id,
+        old_gen: 0,
+        gen: 0,
+    })
+}
+
+/// `vcpu->mode` by name.
+pub(crate) fn mode_name(m: u64) -> &'static str {
+    match m {
+        mode::OUTSIDE_GUEST_MODE => "OUTSIDE_GUEST_MODE",
+        mode::IN_GUEST_MODE => "IN_GUEST_MODE",
+        mode::EXITING_GUEST_MODE => "EXITING_GUEST_MODE",
+        _ => "READING_SHADOW_PAGE_TABLES",
+    }
+}
+
+/// A memslot generation as a counterexample shows it.
+pub(crate) fn gen_text(g: u64) -> String {
+    if g & GEN_UPDATE_IN_PROGRESS != 0 {
+        format!("{} | IN_PROGRESS", g & !GEN_UPDATE_IN_PROGRESS)
+    } else {
+        g.to_string()
     }
 }

@@ -1,31 +1,77 @@
-//! KVM: what a vCPU thread runs on the host side, mirroring the kernel's layout —
-//! [`kvm_main`] is virt/kvm/kvm_main.c (the preempt notifiers `kvm_sched_out` / `kvm_sched_in`),
-//! [`x86`] is arch/x86/kvm/x86.c (`vcpu_run` / `vcpu_enter_guest`, steal time), [`vmx`] is
-//! arch/x86/kvm/vmx (VM exit and entry, INVVPID). The host that schedules vCPU threads is
+//! KVM: what a vCPU thread and the VMM's threads run on the host side, mirroring the kernel's
+//! layout — [`kvm_main`] is virt/kvm/kvm_main.c (preempt notifiers, requests and kicks,
+//! `kvm_flush_remote_tlbs`, memslot updates, SRCU, MMU notifiers), [`x86`] is
+//! arch/x86/kvm/x86.c (`vcpu_run` / `vcpu_enter_guest`, steal time), [`vmx`] is
+//! arch/x86/kvm/vmx (VM exit and entry, INVVPID, INVEPT), [`mmu`] is arch/x86/kvm/mmu (the EPT
+//! fault path, MMIO SPTEs, shadow pages and their zapping), [`memslot`] the memslot sets, and
+//! [`oracle`] the KVM invariants the oracle checks. The host that schedules the threads is
 //! [`crate::host`].
 //!
-//! **Protocol steps** (shared by both drivers, kernel-model.md §3.3–§3.5): `VcpuPut(v)` is H1+H2
-//! (the host preempts the vCPU thread: VM exit, `kvm_sched_out` → `kvm_arch_vcpu_put` →
+//! **PV TLB flush** (seed 001; kernel-model.md §3.3–§3.5): `VcpuPut(v)` is H1+H2 (the host
+//! preempts the vCPU thread: VM exit, `kvm_sched_out` → `kvm_arch_vcpu_put` →
 //! `kvm_steal_time_set_preempted`); the thread then waits in `vcpu_run` ([`VcpuRun`], a frame on
-//! the vCPU's host stack) and its next `Step` is H3..H7 (`vcpu_load` raises
-//! `KVM_REQ_STEAL_UPDATE`, `record_steal_time` exchanges the byte with 0 and flushes the vCPU's
-//! guest TLB if `KVM_VCPU_FLUSH_TLB` was set, then VM entry) — one atomic step, or two with the
-//! K2 mutant; `VcpuIoctl(v)` (explorer only) is a `vcpu_load`+`vcpu_put` pair without entering
-//! the guest. Host accesses to the steal-time byte go straight to memory: VM exits and the
-//! host's locked operations around them (run-queue lock) order them; the guest side goes through
-//! the vCPU's store buffer like any guest access.
+//! the vCPU's host stack) and its next `Step` is H3..H7 (`vcpu_load`, `record_steal_time`
+//! exchanges the byte with 0 and flushes the vCPU's guest TLB if `KVM_VCPU_FLUSH_TLB` was set,
+//! then VM entry) — one atomic step, or two with the K2 mutant; `VcpuIoctl(v)` (explorer only)
+//! is a `vcpu_load`+`vcpu_put` pair without entering the guest. Host accesses to the
+//! steal-time byte go straight to memory: VM exits and the host's locked operations around them
+//! order them; the guest side goes through the vCPU's store buffer like any guest access.
+//!
+//! **KVM MMU** (seed 003; kernel-model.md §4): a VM may have its second translation stage
+//! modelled ([`Kvm`]): memslots, an EPT of direct shadow pages under `mmu_lock`, and the
+//! `vcpu_enter_guest` handshake with `vcpu->mode` and requests. Its guest accesses then walk
+//! the EPT too; an EPT violation or misconfiguration exits to KVM, whose fault path runs as
+//! frames on the vCPU's host stack.
 
 pub mod kvm_main;
+pub mod memslot;
+pub mod mmu;
+pub mod oracle;
 pub mod vmx;
 pub mod x86;
 
 use crate::frame::Frame;
-pub use x86::{VcpuRun, VcpuRunPc};
+use memslot::AddressSpace;
+use mmu::KvmMmu;
+use shootdown_hw::ept::{Gfn, SpId};
+pub use x86::{Exit, VcpuRun, VcpuRunPc};
 
 /// `KVM_VCPU_PREEMPTED`.
 pub const KVM_VCPU_PREEMPTED: u64 = 1 << 0;
 /// `KVM_VCPU_FLUSH_TLB`.
 pub const KVM_VCPU_FLUSH_TLB: u64 = 1 << 1;
+
+/// `vcpu->mode`.
+pub mod mode {
+    pub const OUTSIDE_GUEST_MODE: u64 = 0;
+    pub const IN_GUEST_MODE: u64 = 1;
+    pub const EXITING_GUEST_MODE: u64 = 2;
+    pub const READING_SHADOW_PAGE_TABLES: u64 = 3;
+}
+
+/// A vCPU request (`KVM_REQ_*`): its bit in `vcpu->requests`. Both are `KVM_REQUEST_WAIT |
+/// KVM_REQUEST_NO_WAKEUP`: the requester IPIs every vCPU not outside guest mode and waits for
+/// it to acknowledge; blocked vCPUs are not woken (they see the bit at their next entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Request {
+    /// `KVM_REQ_TLB_FLUSH`: flush the vCPU's TLB before it re-enters (INVEPT).
+    TlbFlush = 0,
+    /// `KVM_REQ_MMU_RELOAD` (v5.x; `KVM_REQ_MMU_FREE_OBSOLETE_ROOTS` in mainline): drop the
+    /// root and load a new one before re-entering.
+    MmuReload = 1,
+}
+
+impl Request {
+    pub fn bit(self) -> u64 {
+        1 << self as u64
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Request::TlbFlush => "KVM_REQ_TLB_FLUSH",
+            Request::MmuReload => "KVM_REQ_MMU_RELOAD",
+        }
+    }
+}
 
 /// Where a vCPU thread is, for the host scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,6 +84,16 @@ pub enum ThreadState {
     Runnable,
     /// Blocked in `kvm_vcpu_block` after a HLT exit (timed driver only).
     Blocked,
+}
+
+/// The per-vCPU MMIO cache (`vcpu->arch.mmio_gfn`, `mmio_gen`; direct MMU: no gva).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmioCache {
+    pub gfn: Gfn,
+    /// The memslot generation recorded with it.
+    pub gen: u64,
+    /// Oracle: the version of the memslot set the "no slot here" it caches was derived from.
+    pub derived: u64,
 }
 
 /// One vCPU: `struct kvm_vcpu` as far as the model goes, and its thread.
@@ -55,11 +111,92 @@ pub struct Vcpu {
     pub st_preempted: u8,
     /// Preemptions so far (counted only under an explorer bound).
     pub preemptions: u8,
+    /// `vcpu->mode` (`Loc::VcpuMode`), with a KVM MMU.
+    pub mode: u64,
+    /// `vcpu->requests` (`Loc::VcpuRequests`): a bit per [`Request`].
+    pub requests: u64,
+    /// `vcpu->arch.mmu->root_hpa`: the EPT root the vCPU runs on (`None` = `INVALID_PAGE`).
+    pub root: Option<SpId>,
+    /// The per-vCPU MMIO cache.
+    pub mmio: Option<MmioCache>,
+    /// `vcpu->srcu_idx`: the oracle epoch at which the vCPU's current SRCU read section on
+    /// `kvm->srcu` began (`Loc::SrcuReader`), 0 outside one.
+    pub srcu: u64,
+    /// Host interrupts disabled on the vCPU thread (between `local_irq_disable` and VM entry,
+    /// and in a lockless shadow-page walk): a kick IPI waits.
+    pub irqs_off: bool,
+    /// A host IPI (a kick from `kvm_make_all_cpus_request`) is pending on the vCPU's pCPU, from
+    /// these senders (agents).
+    pub kicks: Vec<u32>,
+    /// What the fault paths left for `vcpu_run` to emulate.
+    pub emulate: Option<mmu::fault::Emulation>,
 }
 
 impl Vcpu {
+    /// A vCPU of VM `vm` on pCPU `pcpu`, running in the guest.
+    pub fn new(vm: u32, pcpu: u32) -> Vcpu {
+        Vcpu {
+            vm,
+            pcpu,
+            thread: ThreadState::Running,
+            stack: Vec::new(),
+            st_preempted: 0,
+            preemptions: 0,
+            mode: mode::IN_GUEST_MODE,
+            requests: 0,
+            root: None,
+            mmio: None,
+            srcu: 0,
+            irqs_off: false,
+            kicks: Vec::new(),
+            emulate: None,
+        }
+    }
+
     /// Running guest code: current on its pCPU with no host frame.
     pub fn in_guest(&self) -> bool {
         self.thread == ThreadState::Running && self.stack.is_empty()
+    }
+}
+
+/// A ticket spinlock (`spinlock_t` in v5.x: a queued spinlock, FIFO like a ticket lock):
+/// `Loc::MmuLockNext` hands out tickets, `Loc::MmuLockOwner` is the ticket served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TicketLock {
+    pub next: u64,
+    pub owner: u64,
+}
+
+/// `struct kvm` of a VM whose MMU is modelled.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kvm {
+    /// Memslots per address space (`kvm->memslots[as]`).
+    pub address_spaces: Vec<AddressSpace>,
+    /// `kvm->mmu_lock`.
+    pub mmu_lock: TicketLock,
+    /// `kvm->slots_lock` (a mutex serializing memslot updates): the holder agent + 1, or 0.
+    pub slots_lock: u64,
+    /// `kvm->mmu_notifier_seq` / `mmu_invalidate_seq` (`Loc::MmuNotifierSeq`).
+    pub mmu_notifier_seq: u64,
+    /// `kvm->mmu_notifier_count` / `mmu_invalidate_in_progress` (`Loc::MmuNotifierCount`).
+    pub mmu_notifier_count: u64,
+    /// The MMU: shadow pages, their lists and rmaps.
+    pub mmu: KvmMmu,
+    /// The vCPUs of the VM (CPU indices).
+    pub vcpus: std::ops::Range<usize>,
+}
+
+impl Kvm {
+    /// A VM with memslots `slots` in address space 0.
+    pub fn new(slots: Vec<memslot::Memslot>, vcpus: std::ops::Range<usize>) -> Kvm {
+        Kvm {
+            address_spaces: vec![AddressSpace::new(0, slots)],
+            mmu_lock: TicketLock::default(),
+            slots_lock: 0,
+            mmu_notifier_seq: 0,
+            mmu_notifier_count: 0,
+            mmu: KvmMmu::default(),
+            vcpus,
+        }
     }
 }

@@ -3,13 +3,42 @@
 //! that `kvm_arch_vcpu_put` marks (`kvm_steal_time_set_preempted`) and that `record_steal_time`
 //! consumes before entry (kernel-model.md §3.3–§3.5; CVE-2019-3016's two halves are mutants K1
 //! and K2).
+//!
+//! With a KVM MMU, `vcpu_run` is the whole loop of kernel-model.md §4.2: after an exit,
+//! `vcpu->mode = OUTSIDE_GUEST_MODE`, interrupts on (kicks are acknowledged), SRCU read lock,
+//! the exit handled (an EPT violation or misconfiguration through the MMU's fault paths, MMIO
+//! emulated); then the requests (`KVM_REQ_MMU_RELOAD` before `KVM_REQ_TLB_FLUSH`), a root
+//! loaded if there is none, and the entry handshake: interrupts off, `vcpu->mode =
+//! IN_GUEST_MODE`, SRCU read unlock with its full barrier, and a last look at the mode and the
+//! requests — which pairs with `kvm_make_all_cpus_request()` setting the request before
+//! reading the mode.
 
+use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
-use crate::kvm::{ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
+use crate::kvm::kvm_main::mode_name;
+use crate::kvm::mmu::fault::{Emulation, MmioPageFault, TdpPageFault};
+use crate::kvm::mmu::page::{MmuLoad, MmuLoadPc, MmuUnload, MmuUnloadPc};
+use crate::kvm::{mode, Request, ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
 use crate::mem::{line_of, spin_key, Loc};
+use crate::options::KvmVersion;
 use shootdown_engine::Env;
+use shootdown_hw::ept::Gfn;
+use shootdown_hw::tlb::ept_tag;
 use shootdown_hw::CpuId;
+
+/// Why a vCPU left the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Exit {
+    /// The host preempted the vCPU thread (a host interrupt, then `schedule()`).
+    Preempted,
+    /// A host IPI: a kick from `kvm_make_all_cpus_request()`.
+    Kick,
+    /// An EPT violation: no SPTE for `gfn` (or a write to a read-only one).
+    EptViolation { gfn: Gfn, write: bool },
+    /// An EPT misconfiguration: an MMIO SPTE for `gfn`.
+    EptMisconfig { gfn: Gfn },
+}
 
 /// `vcpu_run()` of a vCPU thread that is outside the guest: the host side of its return into
 /// the guest. The frame sits on the vCPU's host stack from the moment the thread leaves the
@@ -17,23 +46,50 @@ use shootdown_hw::CpuId;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct VcpuRun {
     pub pc: VcpuRunPc,
+    pub exit: Exit,
 }
 
 /// The steps of `vcpu_run()` back into the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum VcpuRunPc {
     /// `vcpu_load` (raises `KVM_REQ_STEAL_UPDATE`), then `vcpu_enter_guest`: `record_steal_time`
-    /// and VM entry — or, with the K2 mutant, only its read of the steal-time struct.
+    /// and, without a KVM MMU, VM entry — or, with the K2 mutant, only its read of the
+    /// steal-time struct.
     Load,
     /// K2 mutant: the rest of `record_steal_time` on the host copy, its write-back, VM entry.
     WriteBack,
+    /// Right after a VM exit: `vcpu->mode = OUTSIDE_GUEST_MODE`, `local_irq_enable()`,
+    /// `srcu_read_lock()`.
+    Exited,
+    /// `kvm_x86_ops->handle_exit()`: the fault paths.
+    HandleExit,
+    /// Emulate the access the fault paths gave up on (MMIO, or a write to a ROM).
+    Emulate,
+    /// `kvm_check_request()` for the pending requests.
+    Requests,
+    /// `kvm_mmu_reload()`: load a root if there is none.
+    Reload,
+    /// `local_irq_disable()`, `vcpu->mode = IN_GUEST_MODE`, `srcu_read_unlock()` and its full
+    /// barrier.
+    ModeIn,
+    /// The last look at `vcpu->mode` and `vcpu->requests`: back out, or VM entry.
+    Recheck,
 }
 
 impl VcpuRun {
-    /// A vCPU thread that left the guest and will come back through `vcpu_run`.
+    /// A vCPU thread that was preempted and will come back through `vcpu_run`.
     pub fn call() -> Frame {
         Frame::VcpuRun(VcpuRun {
             pc: VcpuRunPc::Load,
+            exit: Exit::Preempted,
+        })
+    }
+
+    /// A vCPU that just left the guest for `exit`.
+    pub fn exited(exit: Exit) -> Frame {
+        Frame::VcpuRun(VcpuRun {
+            pc: VcpuRunPc::Exited,
+            exit,
         })
     }
 }
@@ -110,8 +166,7 @@ impl Machine {
                 if flush {
                     self.kvm_vcpu_flush_tlb(v, env);
                 }
-                self.vm_enter(v);
-                Flow::Return
+                self.enter_or_continue(v, s, env)
             }
             (VcpuRunPc::Load, true) => {
                 let b = self.host_read_byte(v, env);
@@ -138,10 +193,177 @@ impl Machine {
                         if flush { " ⇒ kvm_vcpu_flush_tlb (INVVPID)" } else { ", no flush" }
                     )
                 });
+                self.enter_or_continue(v, s, env)
+            }
+            _ => self.vcpu_enter_guest_step(v, s, env),
+        }
+    }
+
+    /// After `vcpu_load` and `record_steal_time`: without a KVM MMU, VM entry; with one,
+    /// `vcpu_run` retakes SRCU after `cond_resched()` and goes on to the requests.
+    fn enter_or_continue<E: Env>(&mut self, v: CpuId, s: &mut VcpuRun, env: &mut E) -> Flow {
+        if !self.has_kvm_mmu(v) {
+            self.vm_enter(v);
+            return Flow::Return;
+        }
+        self.host_mut().vcpus[v].thread = ThreadState::Running;
+        self.srcu_read_lock(v, env);
+        s.pc = VcpuRunPc::Requests;
+        Flow::Next
+    }
+
+    /// One step of `vcpu_run()` / `vcpu_enter_guest()` of a vCPU of a VM with a KVM MMU, from a
+    /// VM exit to the next VM entry (see the module documentation).
+    fn vcpu_enter_guest_step<E: Env>(&mut self, v: CpuId, s: &mut VcpuRun, env: &mut E) -> Flow {
+        use VcpuRunPc::*;
+        let reqs = Loc::VcpuRequests(v as u32);
+        match s.pc {
+            Load | WriteBack => unreachable!("handled by vcpu_run_step"),
+            Exited => {
+                self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+                self.host_mut().vcpus[v].irqs_off = false;
+                self.ack_kicks(v, env);
+                self.srcu_read_lock(v, env);
+                let why = match s.exit {
+                    Exit::Preempted => "preemption".to_string(),
+                    Exit::Kick => "host IPI".to_string(),
+                    Exit::EptViolation { gfn, write } => {
+                        format!(
+                            "EPT violation ({} gfn {gfn:#x})",
+                            if write { "write" } else { "read" }
+                        )
+                    }
+                    Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
+                };
+                self.say(|| {
+                    format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock")
+                });
+                s.pc = HandleExit;
+                Flow::Next
+            }
+            HandleExit => {
+                s.pc = Emulate;
+                match s.exit {
+                    Exit::EptViolation { gfn, write } => {
+                        self.summary(|| "handle_ept_violation: kvm_mmu_page_fault".into());
+                        Flow::Call(TdpPageFault::call(gfn, write))
+                    }
+                    Exit::EptMisconfig { gfn } => {
+                        self.summary(|| "handle_ept_misconfig: kvm_mmu_page_fault (RSVD)".into());
+                        Flow::Call(MmioPageFault::call(gfn))
+                    }
+                    Exit::Preempted | Exit::Kick => {
+                        self.summary(|| "nothing to handle".into());
+                        Flow::Next
+                    }
+                }
+            }
+            Emulate => {
+                s.pc = Requests;
+                match self.host_mut().vcpus[v].emulate.take() {
+                    Some(Emulation::Mmio { gfn, derived }) => {
+                        self.check_mmio_emulation(v, gfn, derived);
+                        self.perf.counters.inc(Counter::KvmMmioEmulated);
+                        self.charge(env, |c| c.mmio_emulation);
+                        self.complete_user_access(v, env);
+                        self.say(|| {
+                            format!("x86_emulate_instruction: MMIO access to gfn {gfn:#x} (KVM_EXIT_MMIO)")
+                        });
+                    }
+                    Some(Emulation::RomWrite { gfn }) => {
+                        self.charge(env, |c| c.mmio_emulation);
+                        self.complete_user_access(v, env);
+                        self.say(|| format!("emulate the write to ROM gfn {gfn:#x} (dropped)"));
+                    }
+                    None => self.summary(|| "retry the access in the guest".into()),
+                }
+                Flow::Next
+            }
+            Requests => {
+                let r = self.load(env, v, reqs);
+                if r & Request::MmuReload.bit() != 0 {
+                    self.rmw(env, v, reqs, |x| x & !Request::MmuReload.bit());
+                    self.say(|| "kvm_check_request(KVM_REQ_MMU_RELOAD): kvm_mmu_unload".into());
+                    return Flow::Call(Frame::MmuUnload(MmuUnload {
+                        pc: MmuUnloadPc::Lock,
+                        ticket: None,
+                    }));
+                }
+                if r & Request::TlbFlush.bit() != 0 {
+                    self.rmw(env, v, reqs, |x| x & !Request::TlbFlush.bit());
+                    let root = self.host_ref().vcpus[v].root;
+                    match (self.opts.kvm, root) {
+                        (KvmVersion::Mainline, _) => self.invept_global(v, env),
+                        (_, Some(root)) => self.invept_single(v, root, env),
+                        // __vmx_flush_tlb(): no root, nothing to flush (the next root load does).
+                        (_, None) => {}
+                    }
+                    let how = match (self.opts.kvm, root) {
+                        (KvmVersion::Mainline, _) => "INVEPT all-context".to_string(),
+                        (_, Some(r)) => format!("INVEPT single-context (EPT page #{r})"),
+                        (_, None) => "no root: nothing to flush".to_string(),
+                    };
+                    self.say(|| format!("kvm_check_request(KVM_REQ_TLB_FLUSH): {how}"));
+                    return Flow::Next;
+                }
+                self.summary(|| "no request pending".into());
+                s.pc = Reload;
+                Flow::Next
+            }
+            Reload => {
+                s.pc = ModeIn;
+                if self.host_ref().vcpus[v].root.is_none() {
+                    self.summary(|| "kvm_mmu_reload: no root: kvm_mmu_load".into());
+                    return Flow::Call(Frame::MmuLoad(MmuLoad {
+                        pc: MmuLoadPc::Lock,
+                        ticket: None,
+                    }));
+                }
+                self.summary(|| "kvm_mmu_reload: root loaded".into());
+                Flow::Next
+            }
+            ModeIn => {
+                self.host_mut().vcpus[v].irqs_off = true;
+                self.store(env, v, Loc::VcpuMode(v as u32), mode::IN_GUEST_MODE);
+                self.srcu_read_unlock(v, env);
+                self.say(|| {
+                    "local_irq_disable; mode = IN_GUEST_MODE; srcu_read_unlock; smp_mb".into()
+                });
+                s.pc = Recheck;
+                Flow::Next
+            }
+            Recheck => {
+                let m = self.load(env, v, Loc::VcpuMode(v as u32));
+                let r = self.load(env, v, reqs);
+                if m == mode::EXITING_GUEST_MODE || r != 0 {
+                    self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+                    self.host_mut().vcpus[v].irqs_off = false;
+                    self.ack_kicks(v, env);
+                    self.srcu_read_lock(v, env);
+                    self.say(|| {
+                        format!("mode {} / requests {r:#x}: cancel the entry (mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock)", mode_name(m))
+                    });
+                    s.pc = Requests;
+                    return Flow::Next;
+                }
+                let root = self.host_ref().vcpus[v].root.expect("a root before entry");
+                self.cpus[v].tlb.set_ept_tag(ept_tag(root));
+                self.host_mut().vcpus[v].irqs_off = false;
+                self.say(|| format!("no request: VM entry (EPTP = EPT page #{root})"));
                 self.vm_enter(v);
                 Flow::Return
             }
         }
+    }
+
+    /// A vCPU leaves the guest for `exit` (a step of guest code ends in a VM exit): the exit
+    /// orders its stores, the interruptible work it was doing stops, and the host side runs
+    /// `vcpu_run` from `Exited`.
+    pub(crate) fn vm_exit_to_kvm<E: Env>(&mut self, v: CpuId, exit: Exit, env: &mut E) {
+        self.fence(v);
+        self.suspend_busy(v, env.now());
+        self.vm_exit(env);
+        self.host_mut().vcpus[v].stack.push(VcpuRun::exited(exit));
     }
 
     /// Would `VcpuIoctl(v)` change anything? (Like a speculative fill, it is only offered when it

@@ -1,0 +1,86 @@
+//! Host threads that are not vCPUs: the VMM's thread that updates memslots (QEMU handling a
+//! guest's BAR writes: `KVM_SET_USER_MEMORY_REGION`) and a thread whose memory management
+//! invalidates the host pages behind guest memory (reclaim, migration: the MMU notifiers). They
+//! are agents like the vCPUs: a program of [`HostOp`]s, kernel frames on their own stack, a store
+//! buffer, a pCPU of their own.
+
+use crate::frame::Frame;
+use crate::mem::Loc;
+use serde::Serialize;
+use shootdown_hw::ept::Gfn;
+use shootdown_hw::store_buffer::StoreBuffer;
+
+/// What a host thread does next: its program is a list of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum HostOp {
+    /// `KVM_SET_USER_MEMORY_REGION` creating memslot `id` over guest frames
+    /// `[base_gfn, base_gfn + npages)` of address space 0, backed by host frames from `pfn`
+    /// (the VMM maps a BAR or a ROM).
+    MemslotCreate {
+        id: u16,
+        base_gfn: Gfn,
+        npages: u64,
+        readonly: bool,
+        huge: bool,
+        pfn: u64,
+    },
+    /// `KVM_SET_USER_MEMORY_REGION` with no pages: delete memslot `id` of address space 0.
+    MemslotDelete {
+        id: u16,
+    },
+    /// An MMU-notifier invalidation of the host pages behind guest frames
+    /// `[gfn, gfn + npages)`: `invalidate_range_start` (after which the host may free them),
+    /// then `invalidate_range_end`.
+    InvalidateGfns {
+        gfn: Gfn,
+        npages: u64,
+    },
+    /// Userspace work of the VMM between its ioctls.
+    Compute {
+        ns: u64,
+    },
+    /// Record a timestamp (cycle boundaries).
+    Mark,
+    /// Jump to op `to`; `times` = how many more jumps (None = forever).
+    Loop {
+        to: u16,
+        times: Option<u32>,
+    },
+    Exit,
+}
+
+/// A host thread (agent `cpus + index`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostThread {
+    pub name: String,
+    /// The VM whose ioctls it makes.
+    pub vm: u32,
+    /// The pCPU it runs on (caches, IPI distances).
+    pub pcpu: u32,
+    pub stack: Vec<Frame>,
+    pub program: Vec<HostOp>,
+    pub pc: u16,
+    /// Remaining iterations of the loop op at each pc (lazily created).
+    pub loop_left: Vec<(u16, u32)>,
+    pub sb: StoreBuffer<Loc>,
+    /// Its SRCU read section on `kvm->srcu` (`Loc::SrcuReader`): begin epoch, 0 outside.
+    pub srcu: u64,
+    pub done: bool,
+}
+
+impl HostThread {
+    pub fn new(name: &str, vm: u32, pcpu: u32, program: Vec<HostOp>) -> HostThread {
+        HostThread {
+            name: name.to_string(),
+            vm,
+            pcpu,
+            stack: Vec::new(),
+            program,
+            pc: 0,
+            loop_left: Vec::new(),
+            sb: StoreBuffer::default(),
+            srcu: 0,
+            done: false,
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What a host thread does between its system calls: the next op of its program (the VMM's
+//! memslot ioctls, an MMU-notifier invalidation, userspace work) — the host-thread counterpart
+//! of `user.rs`. Each ioctl runs as kernel frames on the thread's own stack.
+
+use crate::frame::Frame;
+use crate::host::HostOp;
+use crate::kvm::kvm_main::{
+    MemslotChange, MmuNotifierInvalidate, MmuNotifierPc, SetMemoryRegion, SetMemoryRegionPc,
+};
+use crate::kvm::memslot::Memslot;
+use crate::machine::Machine;
+use crate::state::take_loop;
+use shootdown_engine::{Env, Outcome, Park, StepKind, Time};
+
+impl Machine {
+    /// One step of host thread agent `a`: its top frame, else its next op.
+    pub(crate) fn step_host_thread<E: Env>(&mut self, a: usize, env: &mut E) -> Outcome {
+        let t = a - self.cpus.len();
+        let park = if !self.host_ref().threads[t].stack.is_empty() {
+            self.step_host_stack(a, env)
+        } else {
+            self.host_thread_op(a, env)
+        };
+        Outcome {
+            park,
+            kind: StepKind::Shared,
+            violation: self.perf.violation.take(),
+        }
+    }
+
+    /// Would host thread `a`'s next step only wait, or has it exited?
+    pub(crate) fn host_thread_blocked(&self, a: usize) -> bool {
+        let t = &self.host_ref().threads[a - self.cpus.len()];
+        t.done || self.host_stack_blocked(a)
+    }
+
+    fn host_thread_op<E: Env>(&mut self, a: usize, env: &mut E) -> Park {
+        let t = a - self.cpus.len();
+        let th = &self.host_ref().threads[t];
+        let op = th
+            .program
+            .get(th.pc as usize)
+            .copied()
+            .unwrap_or(HostOp::Exit);
+        let vm = th.vm as usize;
+        let advance = |m: &mut Machine| m.host_mut().threads[t].pc += 1;
+        match op {
+            HostOp::MemslotCreate {
+                id,
+                base_gfn,
+                npages,
+                readonly,
+                huge,
+                pfn,
+            } => {
+                advance(self);
+                self.charge(env, |c| c.vmm_memslot_update);
+                self.say(|| {
+                    format!(
+                        "KVM_SET_USER_MEMORY_REGION: create slot {id} (gfns {base_gfn:#x}..{:#x})",
+                        base_gfn + npages
+                    )
+                });
+                let slot = Memslot {
+                    id,
+                    base_gfn,
+                    npages,
+                    readonly,
+                    invalid: false,
+                    huge,
+                    pfn,
+                };
+                self.push_host_frame(a, set_memory_region(MemslotChange::Create, slot), env);
+            }
+            HostOp::MemslotDelete { id } => {
+                advance(self);
+                self.charge(env, |c| c.vmm_memslot_update);
+                let slot = self.kvm(vm).address_spaces[0]
+                    .active_set()
+                    .slots
+                    .iter()
+                    .find(|s| s.id == id)
+                    .cloned();
+                match slot {
+                    Some(slot) => {
+                        self.say(|| format!("KVM_SET_USER_MEMORY_REGION: delete slot {id}"));
+                        self.push_host_frame(
+                            a,
+                            set_memory_region(MemslotChange::Delete, slot),
+                            env,
+                        );
+                    }
+                    None => self.say(|| format!("slot {id} does not exist: nothing to delete")),
+                }
+            }
+            HostOp::InvalidateGfns { gfn, npages } => {
+                advance(self);
+                self.say(|| {
+                    format!(
+                        "mmu_notifier_invalidate_range(gfns {gfn:#x}..{:#x})",
+                        gfn + npages
+                    )
+                });
+                self.push_host_frame(
+                    a,
+                    Frame::MmuNotifierInvalidate(Box::new(MmuNotifierInvalidate {
+                        pc: MmuNotifierPc::StartLock,
+                        gfn,
+                        npages,
+                        ticket: None,
+                        begin: 0,
+                        flush: false,
+                    })),
+                    env,
+                );
+            }
+            HostOp::Compute { ns } => {
+                advance(self);
+                if env.timed() {
+                    env.charge(Time::from_ns(ns));
+                }
+            }
+            HostOp::Mark => {
+                advance(self);
+                let now = env.now();
+                self.perf.host_marks.push((t, now));
+            }
+            HostOp::Loop { to, times } => {
+                let th = &mut self.host_mut().threads[t];
+                take_loop(&mut th.pc, &mut th.loop_left, to, times);
+            }
+            HostOp::Exit => {
+                self.host_mut().threads[t].done = true;
+                self.perf.host_threads_alive -= 1;
+                self.say(|| "exit".into());
+                return Park::Done;
+            }
+        }
+        Park::Run
+    }
+}
+
+fn set_memory_region(change: MemslotChange, slot: Memslot) -> Frame {
+    Frame::SetMemoryRegion(Box::new(SetMemoryRegion {
+        pc: SetMemoryRegionPc::Lock,
+        change,
+        slot,
+    }))
+}

@@ -1,0 +1,438 @@
+//! The fault paths of the direct MMU (arch/x86/kvm/mmu.c, v5.x): an EPT violation goes to
+//! `tdp_page_fault` (memslot lookup under SRCU, `mmu_notifier_seq` snapshot, `mmu_lock`, the
+//! retry check, `__direct_map` installing 4 KiB or 2 MiB leaves — or, for a frame no memslot
+//! covers, an MMIO SPTE and an entry in the per-vCPU MMIO cache); an EPT misconfiguration (an
+//! MMIO SPTE) goes to `handle_mmio_page_fault` (the MMIO cache, a lockless walk,
+//! `check_mmio_spte`) and falls back to `tdp_page_fault` when the SPTE is stale
+//! (kernel-model.md §4.4; kvm-mmu-seeds.md §1.2).
+//!
+//! Simplifications: no `fast_page_fault`, no async page faults, gfn-to-pfn is one step (a
+//! memslot lookup; no GUP), no write tracking, the RO-slot write path (`KVM_PFN_ERR_RO_FAULT`)
+//! is an emulated write.
+
+use crate::counters::Counter;
+use crate::frame::{Flow, Frame};
+use crate::kvm::kvm_main::gen_text;
+use crate::kvm::memslot::GEN_UPDATE_IN_PROGRESS;
+use crate::kvm::mmu::spte::{check_mmio_spte, mmio_spte_gen};
+use crate::kvm::{mode, MmioCache};
+use crate::machine::Machine;
+use crate::mem::Loc;
+use crate::options::KvmVersion;
+use shootdown_engine::{Env, Violation};
+use shootdown_hw::ept::{ept_index, gfns_per_entry, EptWalk, Gfn, SpteKind, EPT_ROOT_LEVEL};
+use shootdown_hw::CpuId;
+
+/// What the fault found behind the guest frame (`try_async_pf` → `__gfn_to_pfn_memslot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultTarget {
+    /// No memslot, or one being deleted (`KVM_PFN_NOSLOT`): an MMIO SPTE.
+    NoSlot,
+    /// RAM: host frame `pfn` of the faulting frame, mapped at `level` (2 = a 2 MiB leaf the
+    /// slot covers whole on huge host pages).
+    Ram { pfn: u64, writable: bool, level: u8 },
+    /// A write to a read-only slot (`KVM_PFN_ERR_RO_FAULT`): emulated, nothing mapped.
+    RomWrite,
+}
+
+/// An access KVM emulates instead of letting the guest retry it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Emulation {
+    /// MMIO (a `KVM_EXIT_MMIO` to the VMM) of `gfn`, decided from memslot-set version
+    /// `derived` (oracle).
+    Mmio { gfn: Gfn, derived: u64 },
+    /// A write to a ROM slot, dropped by the VMM.
+    RomWrite { gfn: Gfn },
+}
+
+/// `tdp_page_fault(vcpu, gpa, error_code)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TdpPageFault {
+    pub pc: TdpPageFaultPc,
+    pub gfn: Gfn,
+    pub write: bool,
+    /// `mmu_seq = kvm->mmu_notifier_seq` before the lookup.
+    pub mmu_seq: u64,
+    pub target: FaultTarget,
+    /// Oracle: the memslot-set version the lookup used.
+    pub derived: u64,
+    pub ticket: Option<u64>,
+}
+
+/// The steps of `tdp_page_fault()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TdpPageFaultPc {
+    /// Snapshot `mmu_notifier_seq`, look the frame up in the memslots (SRCU), cache MMIO info
+    /// for a frame without a slot.
+    Lookup,
+    /// `spin_lock(&kvm->mmu_lock)`.
+    Lock,
+    /// `mmu_notifier_retry()`; `__direct_map()`; `spin_unlock`.
+    Map,
+}
+
+impl TdpPageFault {
+    pub fn call(gfn: Gfn, write: bool) -> Frame {
+        Frame::TdpPageFault(Box::new(TdpPageFault {
+            pc: TdpPageFaultPc::Lookup,
+            gfn,
+            write,
+            mmu_seq: 0,
+            target: FaultTarget::NoSlot,
+            derived: 0,
+            ticket: None,
+        }))
+    }
+}
+
+/// `handle_mmio_page_fault(vcpu, addr, direct)` (an EPT misconfiguration).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MmioPageFault {
+    pub pc: MmioPageFaultPc,
+    pub gfn: Gfn,
+    /// The MMIO SPTE the lockless walk found: its generation and (oracle) derivation.
+    pub found: Option<(u64, u64)>,
+}
+
+/// The steps of `handle_mmio_page_fault()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmioPageFaultPc {
+    /// `mmio_info_in_cache()`.
+    Cache,
+    /// `walk_shadow_page_lockless_begin()` (interrupts off, `vcpu->mode =
+    /// READING_SHADOW_PAGE_TABLES` with a full barrier) and the walk.
+    Walk,
+    /// `walk_shadow_page_lockless_end()`.
+    WalkEnd,
+    /// `check_mmio_spte()`: emulate, or fall back to the page-fault path.
+    Check,
+    /// Back from the page-fault path: return.
+    Done,
+}
+
+impl MmioPageFault {
+    pub fn call(gfn: Gfn) -> Frame {
+        Frame::MmioPageFault(MmioPageFault {
+            pc: MmioPageFaultPc::Cache,
+            gfn,
+            found: None,
+        })
+    }
+}
+
+impl Machine {
+    /// `kvm_memslots(kvm)->generation` of address space 0 as agent `me` reads it now.
+    pub(crate) fn load_memslots_gen<E: Env>(&mut self, me: usize, env: &mut E) -> u64 {
+        let vm = self.vm_of(me) as u32;
+        let set = self.load(env, me, Loc::Memslots(vm, 0)) as u8;
+        self.load(env, me, Loc::SlotsGen(vm, 0, set))
+    }
+
+    /// `vcpu_cache_mmio_info(vcpu, gva, gfn, access)`: remember that `gfn` is MMIO under the
+    /// current generation — unless an update is in progress (v5.1+; the K7 mutant and v5.0
+    /// cache anyway, with the in-progress generation).
+    fn vcpu_cache_mmio_info<E: Env>(&mut self, v: CpuId, gfn: Gfn, derived: u64, env: &mut E) {
+        let gen = self.load_memslots_gen(v, env);
+        let in_progress = match self.opts.kvm {
+            KvmVersion::V5_0 => false,
+            _ => gen & GEN_UPDATE_IN_PROGRESS != 0 && !self.opts.mutants.mmio_cache_in_progress,
+        };
+        if in_progress {
+            self.say(|| "memslots in flux: MMIO info not cached".into());
+            return;
+        }
+        self.host_mut().vcpus[v].mmio = Some(MmioCache { gfn, gen, derived });
+        self.say(|| format!("vcpu_cache_mmio_info(gfn {gfn:#x}, gen {})", gen_text(gen)));
+    }
+
+    /// One step of `tdp_page_fault()` on vCPU `v`.
+    pub(crate) fn tdp_page_fault_step<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &mut TdpPageFault,
+        env: &mut E,
+    ) -> Flow {
+        use TdpPageFaultPc::*;
+        let vm = self.vm_of(v);
+        let gfn = s.gfn;
+        match s.pc {
+            Lookup => {
+                self.perf.counters.inc(Counter::KvmEptViolations);
+                self.charge(env, |c| c.ept_violation);
+                s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
+                let set = self.load(env, v, Loc::Memslots(vm as u32, 0)) as usize;
+                let slots = &self.kvm(vm).address_spaces[0].sets[set];
+                s.derived = slots.version;
+                s.target = target_in(slots, gfn, s.write);
+                let what = match s.target {
+                    FaultTarget::NoSlot => "no memslot: MMIO".to_string(),
+                    FaultTarget::RomWrite => "a write to a read-only memslot".to_string(),
+                    FaultTarget::Ram { level, .. } => {
+                        format!("RAM ({})", if level == 2 { "2 MiB" } else { "4 KiB" })
+                    }
+                };
+                let seq = s.mmu_seq;
+                self.say(|| {
+                    format!("tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}; memslot lookup: {what}")
+                });
+                if s.target == FaultTarget::NoSlot {
+                    self.vcpu_cache_mmio_info(v, gfn, s.derived, env);
+                }
+                if s.target == FaultTarget::RomWrite {
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::RomWrite { gfn });
+                    return Flow::Return;
+                }
+                s.pc = Lock;
+                Flow::Next
+            }
+            Lock => {
+                if let Some(spin) = self.mmu_lock_acquire(v, &mut s.ticket, env) {
+                    return spin;
+                }
+                s.pc = Map;
+                Flow::Next
+            }
+            Map => {
+                let count = self.load(env, v, Loc::MmuNotifierCount(vm as u32));
+                let seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
+                if count != 0 || seq != s.mmu_seq {
+                    self.mmu_lock_release(v, env);
+                    self.perf.counters.inc(Counter::KvmFaultRetries);
+                    self.say(|| {
+                        format!("mmu_notifier_retry (count {count}, seq {seq}): unlock, retry the access")
+                    });
+                    return Flow::Return;
+                }
+                let what = self.direct_map(v, s, env);
+                self.charge(env, |c| c.spte_install);
+                self.mmu_lock_release(v, env);
+                self.say(|| format!("__direct_map: {what}; spin_unlock(&kvm->mmu_lock)"));
+                if s.target == FaultTarget::NoSlot {
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio {
+                        gfn,
+                        derived: s.derived,
+                    });
+                }
+                Flow::Return
+            }
+        }
+    }
+
+    /// `__direct_map()`: walk from the vCPU's root, getting and linking the missing tables, and
+    /// install the leaf (or the MMIO SPTE). Returns what it did, in words.
+    fn direct_map<E: Env>(&mut self, v: CpuId, s: &TdpPageFault, env: &mut E) -> String {
+        let vm = self.vm_of(v);
+        let Some(root) = self.host_ref().vcpus[v].root else {
+            return "no root: nothing to map".into();
+        };
+        let gen = match s.target {
+            FaultTarget::NoSlot => Some(self.load_memslots_gen(v, env)),
+            _ => None,
+        };
+        self.map_gfn(vm, root, s.gfn, s.target, gen, s.derived, env)
+    }
+
+    /// Map `gfn` under `root` (`__direct_map` with `mmu_lock` held): link the missing tables,
+    /// install the leaf for `target` — or, without a slot, an MMIO SPTE carrying generation
+    /// `gen` (derived, for the oracle, from memslot-set version `derived`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map_gfn<E: Env>(
+        &mut self,
+        vm: usize,
+        root: shootdown_hw::ept::SpId,
+        gfn: Gfn,
+        target: FaultTarget,
+        gen: Option<u64>,
+        derived: u64,
+        env: &mut E,
+    ) -> String {
+        let mut sp = root;
+        let target_level = match target {
+            FaultTarget::Ram { level, .. } => level,
+            _ => 1,
+        };
+        for level in (target_level + 1..=EPT_ROOT_LEVEL).rev() {
+            let idx = ept_index(level, gfn);
+            match self.ept.spte(sp, idx).kind {
+                SpteKind::Table(child) => {
+                    sp = child;
+                    continue;
+                }
+                // drop_large_spte(): a 2 MiB leaf where a table is now wanted.
+                SpteKind::Leaf { .. } | SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
+                SpteKind::None => {}
+            }
+            let child = self.kvm_mmu_get_page(vm, gfn, level - 1, env);
+            self.set_spte(vm, sp, idx, SpteKind::Table(child));
+            sp = child;
+        }
+        let idx = ept_index(target_level, gfn);
+        match target {
+            FaultTarget::Ram {
+                pfn,
+                writable,
+                level,
+            } => {
+                let span = gfns_per_entry(level);
+                let leaf_pfn = pfn - (gfn % span);
+                let kind = SpteKind::Leaf {
+                    pfn: leaf_pfn,
+                    writable,
+                };
+                if self.ept.spte(sp, idx).kind == kind {
+                    return format!("gfn {gfn:#x} already mapped (another vCPU fixed it)");
+                }
+                self.set_spte(vm, sp, idx, kind);
+                self.perf.counters.inc(Counter::KvmMmuPfFixed);
+                format!(
+                    "map gfn {gfn:#x} -> pfn {leaf_pfn:#x} ({}, EPT page #{sp} entry {idx})",
+                    if level == 2 { "2 MiB" } else { "4 KiB" }
+                )
+            }
+            _ => {
+                let sg = mmio_spte_gen(self.opts.kvm, gen.unwrap_or(0), self.opts.mmio_gen_bits.0);
+                self.set_spte(vm, sp, idx, SpteKind::Mmio { gen: sg });
+                let mmu = &mut self.kvm_mut(vm).mmu;
+                mmu.mmio_origin.insert((sp, idx), derived);
+                mmu.pages.get_mut(&sp).expect("page").mmio_cached = true;
+                format!(
+                    "MMIO SPTE for gfn {gfn:#x} with generation {sg} (EPT page #{sp} entry {idx})"
+                )
+            }
+        }
+    }
+
+    /// What the memslots of `vm`'s address space 0 (the active set) say about `gfn`, as
+    /// `try_async_pf` would find it.
+    pub(crate) fn fault_target(&self, vm: usize, gfn: Gfn, write: bool) -> FaultTarget {
+        let slots = self.kvm(vm).address_spaces[0].active_set();
+        target_in(slots, gfn, write)
+    }
+
+    /// One step of `handle_mmio_page_fault()` on vCPU `v`.
+    pub(crate) fn mmio_page_fault_step<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &mut MmioPageFault,
+        env: &mut E,
+    ) -> Flow {
+        use MmioPageFaultPc::*;
+        let gfn = s.gfn;
+        match s.pc {
+            Cache => {
+                self.perf.counters.inc(Counter::KvmMmioExits);
+                let cache = self.host_ref().vcpus[v].mmio;
+                if let Some(c) = cache.filter(|c| c.gfn == gfn) {
+                    let gen = self.load_memslots_gen(v, env);
+                    if c.gen == gen {
+                        self.say(|| {
+                            format!(
+                                "mmio_info_in_cache(gfn {gfn:#x}): hit (generation {}): emulate",
+                                gen_text(gen)
+                            )
+                        });
+                        self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio {
+                            gfn,
+                            derived: c.derived,
+                        });
+                        return Flow::Return;
+                    }
+                }
+                self.say(|| format!("handle_mmio_page_fault(gfn {gfn:#x}): not in the MMIO cache"));
+                s.pc = Walk;
+                Flow::Next
+            }
+            Walk => {
+                self.host_mut().vcpus[v].irqs_off = true;
+                self.rmw(env, v, Loc::VcpuMode(v as u32), |_| {
+                    mode::READING_SHADOW_PAGE_TABLES
+                });
+                let vm = self.vm_of(v);
+                s.found = None;
+                let what = match self.host_ref().vcpus[v].root {
+                    None => "no root".to_string(),
+                    Some(root) => match self.ept.walk_from(root, gfn) {
+                        EptWalk::FreedTable(sp) => {
+                            self.violate(Violation {
+                                invariant: "INV-PTFREE",
+                                detail: format!(
+                                    "vcpu{v}'s lockless walk of gfn {gfn:#x} went through freed EPT page #{sp}"
+                                ),
+                            });
+                            "a freed page".to_string()
+                        }
+                        EptWalk::Mmio { sp, idx, spte } => {
+                            let SpteKind::Mmio { gen } = spte.kind else {
+                                unreachable!()
+                            };
+                            let derived = self.kvm(vm).mmu.mmio_origin.get(&(sp, idx)).copied();
+                            s.found = Some((gen, derived.unwrap_or(0)));
+                            format!("an MMIO SPTE of generation {gen}")
+                        }
+                        EptWalk::Leaf { .. } => "a present SPTE".to_string(),
+                        EptWalk::NotPresent { .. } => "no SPTE".to_string(),
+                    },
+                };
+                self.say(|| {
+                    format!("walk_shadow_page_lockless_begin (READING_SHADOW_PAGE_TABLES): gfn {gfn:#x} has {what}")
+                });
+                s.pc = WalkEnd;
+                Flow::Next
+            }
+            WalkEnd => {
+                self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+                self.host_mut().vcpus[v].irqs_off = false;
+                self.say(|| "walk_shadow_page_lockless_end (OUTSIDE_GUEST_MODE)".into());
+                s.pc = Check;
+                Flow::Next
+            }
+            Check => {
+                let Some((sg, derived)) = s.found else {
+                    self.summary(|| "no MMIO SPTE (zapped meanwhile): retry the access".into());
+                    return Flow::Return;
+                };
+                let gen = self.load_memslots_gen(v, env);
+                if check_mmio_spte(self.opts.kvm, gen, sg, self.opts.mmio_gen_bits.0) {
+                    self.say(|| {
+                        format!(
+                            "check_mmio_spte: generation {} matches the SPTE's {sg}: emulate",
+                            gen_text(gen)
+                        )
+                    });
+                    self.vcpu_cache_mmio_info(v, gfn, derived, env);
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
+                    return Flow::Return;
+                }
+                self.say(|| {
+                    format!(
+                        "check_mmio_spte: generation {} vs the SPTE's {sg}: stale, tdp_page_fault",
+                        gen_text(gen)
+                    )
+                });
+                s.pc = Done;
+                Flow::Call(TdpPageFault::call(gfn, false))
+            }
+            Done => Flow::Return,
+        }
+    }
+}
+
+/// `__gfn_to_pfn_memslot()` on a memslot set: what backs `gfn`, and at which level the fault
+/// path maps it (`transparent_hugepage_adjust`: 2 MiB when the slot's host pages are huge and
+/// the slot covers the whole 2 MiB region).
+fn target_in(slots: &crate::kvm::memslot::MemslotSet, gfn: Gfn, write: bool) -> FaultTarget {
+    match slots.lookup(gfn) {
+        None => FaultTarget::NoSlot,
+        Some(sl) if sl.readonly && write => FaultTarget::RomWrite,
+        Some(sl) => {
+            let span = gfns_per_entry(2);
+            let region = gfn / span * span;
+            let huge = sl.huge && sl.base_gfn <= region && region + span <= sl.end();
+            FaultTarget::Ram {
+                pfn: sl.pfn + (gfn - sl.base_gfn),
+                writable: !sl.readonly,
+                level: if huge { 2 } else { 1 },
+            }
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! arch/x86/kvm/mmu: the direct (EPT) MMU of a VM in its v5.x "legacy" form — shadow pages on
+//! `active_mmu_pages` with `mmu_valid_gen`, the page hash, rmaps, and their zapping — plus the
+//! fault paths that fill it (kernel-model.md §4; kvm-mmu-seeds.md §1.3).
+//!
+//! * [`fault`] — `tdp_page_fault` (an EPT violation) and `handle_mmio_page_fault` (an EPT
+//!   misconfiguration), with MMIO SPTEs and the per-vCPU MMIO cache;
+//! * [`spte`] — the MMIO SPTE generation and its checks;
+//! * [`page`] — getting, linking, zapping (`kvm_mmu_prepare_zap_page`) and freeing
+//!   (`kvm_mmu_commit_zap_page`) shadow pages; roots (`kvm_mmu_load` / `kvm_mmu_unload`);
+//! * [`zap`] — what a memslot deletion zaps: `zap_all`, `fast_invalidate`, `slot_only`, and
+//!   `kvm_mmu_remote_flush_or_zap`;
+//! * [`lock`] — `mmu_lock`, with the oracle's check that no flush is owed when it is released.
+//!
+//! The EPT pages themselves (what the hardware walks) are `shootdown_hw::ept`; this is KVM's
+//! software view of them. Simplifications: direct MMU only (no shadow paging of guest page
+//! tables: no unsync pages, no write tracking), one MMU role, no limit on the number of shadow
+//! pages (`make_mmu_pages_available` never recycles), no fast page fault (A/D assist).
+
+pub mod fault;
+pub mod lock;
+pub mod page;
+pub mod spte;
+pub mod zap;
+
+use shootdown_hw::ept::{Gfn, SpId};
+use std::collections::{BTreeMap, VecDeque};
+
+/// KVM's metadata of one shadow page (`struct kvm_mmu_page`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShadowPage {
+    /// `sp->gfn`: the first guest frame the page maps.
+    pub gfn: Gfn,
+    /// `sp->role.level`.
+    pub level: u8,
+    /// `sp->role.invalid`: zapped (still alive while a root count holds it, or until freed).
+    pub invalid: bool,
+    /// `sp->mmu_valid_gen` (v5.0 / v5.3+ fast invalidate).
+    pub mmu_valid_gen: u64,
+    /// `sp->root_count`: vCPUs using it as their root.
+    pub root_count: u32,
+    /// `sp->mmio_cached`: it ever held an MMIO SPTE (v5.1's MMIO-only zap).
+    pub mmio_cached: bool,
+    /// On `active_mmu_pages` (else on an invalid list, waiting to be freed, or freed).
+    pub active: bool,
+    /// Freed (`kvm_mmu_free_page`).
+    pub freed: bool,
+}
+
+/// One VM's MMU state (`kvm->arch`), all under `mmu_lock`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KvmMmu {
+    /// This VM's shadow pages (the ids are the EPT pages' ids).
+    pub pages: BTreeMap<SpId, ShadowPage>,
+    /// `active_mmu_pages`: newest at the front (the list head).
+    pub active: VecDeque<SpId>,
+    /// `mmu_page_hash`: pages by (gfn, level).
+    pub hash: BTreeMap<(Gfn, u8), Vec<SpId>>,
+    /// rmaps: the leaf SPTEs mapping each guest frame, by (level, first gfn of the leaf).
+    pub rmap: BTreeMap<(u8, Gfn), Vec<(SpId, u16)>>,
+    /// `kvm->arch.mmu_valid_gen`.
+    pub mmu_valid_gen: u64,
+    /// v5.0 `kvm->arch.zapped_obsolete_pages`: pages the fast zap prepared but has not freed.
+    pub zapped_obsolete: Vec<SpId>,
+    /// Oracle: the memslot-set version each MMIO SPTE was derived from.
+    pub mmio_origin: BTreeMap<(SpId, u16), u64>,
+    /// Oracle: epoch of the latest SPTE zap or unlink, and of the latest remote flush that began
+    /// (a flush owed at an `mmu_lock` release is looked for only if the first is later).
+    pub last_zap: u64,
+    pub last_flush_begin: u64,
+}
+
+impl KvmMmu {
+    /// `is_obsolete_sp()`: created before the last fast invalidate.
+    pub fn is_obsolete(&self, sp: SpId) -> bool {
+        self.pages[&sp].mmu_valid_gen != self.mmu_valid_gen
+    }
+}

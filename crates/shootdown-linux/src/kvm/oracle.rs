@@ -1,0 +1,157 @@
+//! The invariants of KVM's translation coherence the oracle checks (kernel-model.md §4.4,
+//! §4.7; bugs/CATALOG.md), in both drivers, besides `INV-STALE` and `INV-PTFREE` for SPTEs,
+//! which the hardware access path checks like the guest's (`user.rs`, `shootdown_hw::oracle`):
+//!
+//! * `INV-FLUSH-OWED` — when `mmu_lock` is released (`spin_unlock`, a lock break), no vCPU can
+//!   still use a translation through an SPTE zapped under it, unless the vCPU must flush before
+//!   it next enters the guest;
+//! * `INV-MMIO` — no access is emulated as MMIO from an MMIO SPTE or MMIO-cache entry derived
+//!   from memslots older than those the vCPU's SRCU read section sees, where those map RAM;
+//! * `INV-SLOT` — when a memslot deletion returns, no SPTE maps a frame of the slot, no vCPU
+//!   can still use a translation of one, and no shadow page of the slot is left behind.
+
+use crate::kvm::memslot::Memslot;
+use crate::kvm::Request;
+use crate::machine::Machine;
+use shootdown_engine::Violation;
+use shootdown_hw::ept::{gfns_per_entry, Gfn, SpteKind};
+use shootdown_hw::tlb::ept_tag;
+use shootdown_hw::CpuId;
+
+impl Machine {
+    /// Oracle, at an `mmu_lock` release: `INV-FLUSH-OWED` if some vCPU of the VM could still
+    /// use a translation through an SPTE zapped (or a table unlinked) under the lock — a stale
+    /// entry in its TLB or EPT paging-structure cache under the root it runs on — and nothing
+    /// makes it flush before it next enters the guest (a pending `KVM_REQ_TLB_FLUSH` or
+    /// `KVM_REQ_MMU_RELOAD`, whose root reload flushes).
+    pub(crate) fn check_flush_owed(&mut self, vm: usize) {
+        let k = self.kvm(vm);
+        if k.mmu.last_zap <= k.mmu.last_flush_begin {
+            return;
+        }
+        let vcpus = k.vcpus.clone();
+        let owed = Request::TlbFlush.bit() | Request::MmuReload.bit();
+        for v in vcpus {
+            let vc = &self.host_ref().vcpus[v];
+            let Some(root) = vc.root else { continue };
+            if vc.requests & owed != 0 {
+                continue;
+            }
+            let tag = ept_tag(root);
+            let tlb = &self.cpus[v].tlb;
+            let stale_entry = tlb.entries().find_map(|(t, _, vpn, e)| {
+                let u = e.ept.as_ref()?;
+                (t == tag
+                    && self
+                        .ept
+                        .stale_since(u.sp, u.idx, u.version, u.filled)
+                        .is_some())
+                .then_some((vpn, u.gfn))
+            });
+            let stale_table = tlb.ept_psc_entries().find_map(|(t, _, _, sp)| {
+                let p = self.ept.page(sp);
+                (t == tag && (!p.alive || p.parent.is_none())).then_some(sp)
+            });
+            let detail = match (stale_entry, stale_table) {
+                (Some((vpn, gfn)), _) => format!(
+                    "mmu_lock released while vcpu{v} still caches page {vpn:#x} -> gfn {gfn:#x} through a zapped SPTE, with no flush done or pending"
+                ),
+                (None, Some(sp)) => format!(
+                    "mmu_lock released while vcpu{v}'s EPT paging-structure cache still points to unlinked EPT page #{sp}, with no flush done or pending"
+                ),
+                (None, None) => continue,
+            };
+            self.violate(Violation {
+                invariant: "INV-FLUSH-OWED",
+                detail,
+            });
+            return;
+        }
+    }
+
+    /// Oracle `INV-MMIO`: KVM emulates an access to `gfn` as MMIO from information (an MMIO SPTE
+    /// or the MMIO cache) derived from memslot-set version `derived`; a violation if the set
+    /// the vCPU's current SRCU read section sees at least is newer and has RAM at `gfn`.
+    pub(crate) fn check_mmio_emulation(&mut self, v: CpuId, gfn: Gfn, derived: u64) {
+        let vm = self.vm_of(v);
+        let since = self.host_ref().vcpus[v].srcu;
+        let a = &self.kvm(vm).address_spaces[0];
+        let seen = a.version_seen_from(since);
+        if seen <= derived {
+            return;
+        }
+        let ram = a
+            .set_of_version(seen)
+            .is_some_and(|set| set.lookup(gfn).is_some());
+        if ram {
+            self.violate(Violation {
+                invariant: "INV-MMIO",
+                detail: format!(
+                    "vcpu{v} emulated gfn {gfn:#x} as MMIO from memslots version {derived}, but version {seen}, published before its SRCU read section began, maps it as RAM"
+                ),
+            });
+        }
+    }
+
+    /// Oracle, when a memslot deletion returns (kernel-model.md §4.7 K5): `INV-SLOT` if an
+    /// SPTE still maps a frame of `slot`, a vCPU that will not reload or flush before entering
+    /// still caches a translation of one, or a shadow page of the slot is neither live nor
+    /// freed (zapped and leaked).
+    pub(crate) fn check_memslot_deleted(&mut self, vm: usize, slot: &Memslot) {
+        let (start, end) = (slot.base_gfn, slot.end());
+        let covers = |g: Gfn, n: u64| g < end && g + n > start;
+        let k = self.kvm(vm);
+        let mut problem = None;
+        for (&sp, p) in &k.mmu.pages {
+            if p.freed {
+                continue;
+            }
+            let page = self.ept.page(sp);
+            let span = gfns_per_entry(page.level);
+            if let Some((&idx, _)) = page.entries.iter().find(|(&i, e)| {
+                matches!(e.kind, SpteKind::Leaf { .. }) && covers(page.gfn + i as u64 * span, span)
+            }) {
+                problem = Some(format!(
+                    "EPT page #{sp} entry {idx} still maps gfn {:#x} of deleted slot {}",
+                    page.gfn + idx as u64 * span,
+                    slot.id
+                ));
+                break;
+            }
+            if p.invalid && !p.active && p.root_count == 0 && covers(p.gfn, 1) {
+                problem = Some(format!(
+                    "shadow page #{sp} (gfn {:#x}) of deleted slot {} was zapped but never freed",
+                    p.gfn, slot.id
+                ));
+                break;
+            }
+        }
+        if problem.is_none() {
+            let owed = Request::TlbFlush.bit() | Request::MmuReload.bit();
+            for v in k.vcpus.clone() {
+                let vc = &self.host_ref().vcpus[v];
+                let Some(root) = vc.root else { continue };
+                if vc.requests & owed != 0 {
+                    continue;
+                }
+                let tag = ept_tag(root);
+                if let Some((vpn, gfn)) = self.cpus[v].tlb.entries().find_map(|(t, _, vpn, e)| {
+                    let u = e.ept.as_ref()?;
+                    (t == tag && covers(u.gfn, 1)).then_some((vpn, u.gfn))
+                }) {
+                    problem = Some(format!(
+                        "vcpu{v} still caches page {vpn:#x} -> gfn {gfn:#x} of deleted slot {}",
+                        slot.id
+                    ));
+                    break;
+                }
+            }
+        }
+        if let Some(detail) = problem {
+            self.violate(Violation {
+                invariant: "INV-SLOT",
+                detail: format!("memslot deletion returned, but {detail}"),
+            });
+        }
+    }
+}

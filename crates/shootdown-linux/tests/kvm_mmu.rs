@@ -1,0 +1,192 @@
+//! The KVM MMU in the timed driver (kvm/, kvm/mmu/): guest accesses walk the EPT, faults fill
+//! it, memslot updates zap it in each strategy, and the oracle checks every use.
+use shootdown_engine::timed::{Limits, Stop, TimedDriver};
+use shootdown_engine::Time;
+use shootdown_hw::{CostProfile, Features, Topology};
+use shootdown_linux::host::HostOp;
+use shootdown_linux::kvm::memslot::Memslot;
+use shootdown_linux::*;
+use std::sync::Arc;
+
+fn vm(vcpus: usize, opts: Options, slots: Vec<Memslot>) -> Machine {
+    let topo = Topology::new(1, vcpus + 2, 1).unwrap();
+    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
+    let cfg = HostConfig {
+        vms: 1,
+        vcpus_per_vm: vcpus,
+        ..HostConfig::default()
+    };
+    cfg.validate(vcpus + 2).unwrap();
+    let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
+    m.enable_kvm_mmu(0, slots);
+    m
+}
+
+fn ram(id: u16, base_gfn: u64, npages: u64, huge: bool) -> Memslot {
+    Memslot {
+        id,
+        base_gfn,
+        npages,
+        readonly: false,
+        invalid: false,
+        huge,
+        pfn: 0x100000 + base_gfn,
+    }
+}
+
+fn run(m: &mut Machine, ms: u64) -> (Stop, u64) {
+    let n = m.cpus.len() + m.host.as_ref().unwrap().threads.len();
+    let mut d = TimedDriver::new(n, 1, 0);
+    let s = d.run(
+        m,
+        Limits {
+            max_time: Time::from_ms(ms),
+            max_steps: 5_000_000,
+        },
+    );
+    (s.stop, s.steps)
+}
+
+/// A guest touch of a page whose frame no SPTE maps exits to KVM, which maps it; the access
+/// then hits: one EPT violation per page (4 KiB slot) or per 2 MiB region (huge slot).
+#[test]
+fn faults_fill_the_ept_at_4k_or_2m() {
+    for (huge, faults) in [(false, 64), (true, 1)] {
+        let mut m = vm(1, Options::default(), vec![ram(0, 0, 0x400, huge)]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        m.add_task(
+            "t",
+            mm,
+            0,
+            vec![
+                UserOp::TouchRange {
+                    start: 0x200,
+                    npages: 64,
+                    write: false,
+                },
+                UserOp::TouchRange {
+                    start: 0x200,
+                    npages: 64,
+                    write: false,
+                },
+                UserOp::Exit,
+            ],
+        );
+        let (stop, _) = run(&mut m, 10);
+        assert_eq!(stop, Stop::Finished, "huge={huge}");
+        let c = m.counters();
+        assert_eq!(c.get(Counter::KvmEptViolations), faults, "huge={huge}");
+        assert_eq!(c.get(Counter::KvmMmuPfFixed), faults, "huge={huge}");
+        assert!(m.perf.uses_checked >= 128);
+    }
+}
+
+/// A frame no memslot covers is MMIO: the fault installs an MMIO SPTE and emulates the access;
+/// the next access to it is an EPT misconfiguration answered from the MMIO cache.
+#[test]
+fn a_frame_without_a_slot_is_emulated_as_mmio() {
+    let mut m = vm(1, Options::default(), vec![ram(0, 0, 0x100, false)]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x300, 1, true);
+    m.add_task(
+        "t",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0x300,
+                write: false,
+            },
+            UserOp::Touch {
+                vpn: 0x300,
+                write: false,
+            },
+            UserOp::Exit,
+        ],
+    );
+    let (stop, _) = run(&mut m, 10);
+    assert_eq!(stop, Stop::Finished);
+    let c = m.counters();
+    assert_eq!(c.get(Counter::KvmEptViolations), 1);
+    assert_eq!(c.get(Counter::KvmMmioExits), 1);
+    assert_eq!(c.get(Counter::KvmMmioEmulated), 2);
+}
+
+/// Deleting a memslot while vCPUs keep touching RAM of another slot, with the strategies whose
+/// lock breaks are safe (fast invalidate; mainline's slot-only zap, which flushes before each
+/// break; v5.0's zap-all, which has none): the deletion returns with nothing of the slot left
+/// (INV-SLOT), no stale translation is used (INV-STALE), no flush is owed at a lock release
+/// (INV-FLUSH-OWED).
+#[test]
+fn memslot_deletion_in_every_strategy_keeps_the_invariants() {
+    for (zap, kvm) in [
+        ("fast_invalidate", "v5_0"),
+        ("fast_invalidate", "mainline"),
+        ("slot_only", "mainline"),
+        ("zap_all", "v5_0"),
+    ] {
+        {
+            let mut o = Options::default();
+            o.set("memslot_zap", &OptValue::Str(zap.into())).unwrap();
+            o.set("kvm", &OptValue::Str(kvm.into())).unwrap();
+            let mut m = vm(
+                2,
+                o,
+                vec![ram(0, 0, 0x400, false), ram(1, 0x400, 0x10, false)],
+            );
+            let mm = m.add_mm("g");
+            m.map_pages(mm, 0x100, 32, true);
+            m.map_pages(mm, 0x400, 16, true);
+            for cpu in 0..2 {
+                m.add_task(
+                    &format!("t{cpu}"),
+                    mm,
+                    cpu,
+                    vec![
+                        UserOp::TouchRange {
+                            start: 0x400,
+                            npages: 16,
+                            write: false,
+                        },
+                        UserOp::TouchRange {
+                            start: 0x100,
+                            npages: 32,
+                            write: true,
+                        },
+                        UserOp::Loop {
+                            to: 1,
+                            times: Some(50),
+                        },
+                        UserOp::Exit,
+                    ],
+                );
+            }
+            m.add_host_thread(
+                "qemu",
+                0,
+                3,
+                vec![
+                    HostOp::Compute { ns: 20_000 },
+                    HostOp::MemslotDelete { id: 1 },
+                    HostOp::MemslotCreate {
+                        id: 1,
+                        base_gfn: 0x400,
+                        npages: 0x10,
+                        readonly: true,
+                        huge: false,
+                        pfn: 0x900000,
+                    },
+                    HostOp::MemslotDelete { id: 1 },
+                    HostOp::Exit,
+                ],
+            );
+            let (stop, _) = run(&mut m, 50);
+            assert_eq!(stop, Stop::Finished, "{zap} {kvm}");
+            let c = m.counters();
+            assert_eq!(c.get(Counter::KvmMemslotUpdates), 5, "{zap} {kvm}");
+            assert!(c.get(Counter::KvmRemoteTlbFlush) >= 1, "{zap} {kvm}");
+            assert!(c.get(Counter::KvmMmuShadowZapped) >= 1, "{zap} {kvm}");
+        }
+    }
+}
