@@ -33,6 +33,9 @@ impl Machine {
     /// not lazy, conditional `is_lazy` write); `flush_tlb_func`'s `Guards` unless they trim the
     /// cpumask; the CALL_FUNCTION handler returning after its last entry.
     pub fn step_is_local(&self, cpu: CpuId) -> bool {
+        if cpu >= self.cpus.len() || self.in_host_code(cpu) {
+            return self.host_step_is_local(cpu);
+        }
         if self.irqs_enabled(cpu) || self.step_blocked(cpu) {
             return false;
         }
@@ -83,6 +86,43 @@ impl Machine {
                 !trims
             }
             Frame::CallFunctionIrq(s) => s.pc == CallFunctionIrqPc::Run && s.i >= s.entries.len(),
+            _ => false,
+        }
+    }
+
+    /// Is the next host step of `agent` (a host thread, or a vCPU thread in host code) *local*?
+    /// The recognised steps only push or pop a frame after reading the agent's own frames and
+    /// memslot copies being built (nothing published): `vcpu_run` calling `kvm_mmu_load`;
+    /// `__kvm_set_memory_region` building a memslot copy and calling `install_new_memslots`, or
+    /// calling the zap; `install_new_memslots` calling `synchronize_srcu_expedited` and
+    /// returning; the zaps calling the commit. No other agent's action changes what they do, and
+    /// the host actions of the same vCPU (a kick being taken) commute with them; they cannot
+    /// report a violation.
+    fn host_step_is_local(&self, agent: usize) -> bool {
+        use crate::kvm::kvm_main::{InstallMemslotsPc, SetMemoryRegionPc};
+        use crate::kvm::mmu::zap::ZapPc;
+        use crate::kvm::VcpuRunPc;
+        if agent < self.cpus.len() {
+            let v = &self.host_ref().vcpus[agent];
+            if v.thread != crate::kvm::ThreadState::Running {
+                return false;
+            }
+        }
+        let Some(top) = self.host_stack(agent).last() else {
+            return false;
+        };
+        match top {
+            Frame::VcpuRun(s) => s.pc == VcpuRunPc::Reload,
+            Frame::SetMemoryRegion(s) => matches!(
+                s.pc,
+                SetMemoryRegionPc::InstallInvalid
+                    | SetMemoryRegionPc::FlushShadow
+                    | SetMemoryRegionPc::InstallFinal
+            ),
+            Frame::InstallMemslots(s) => {
+                matches!(s.pc, InstallMemslotsPc::Sync | InstallMemslotsPc::Done)
+            }
+            Frame::ZapMemslot(s) => s.pc == ZapPc::Commit,
             _ => false,
         }
     }

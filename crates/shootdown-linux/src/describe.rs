@@ -49,7 +49,7 @@ pub fn describe(m: &Machine, a: Action) -> String {
             return "take CALL_FUNCTION IPI (enter call_function_interrupt)".into()
         }
         Action::Drain(c) => {
-            if let Some((loc, v)) = m.cpus[c as usize].sb.oldest() {
+            if let Some((loc, v)) = m.sb(c as usize).oldest() {
                 return format!(
                     "store buffer drains {loc:?} = {}",
                     if *v == u64::MAX {

@@ -169,17 +169,12 @@ locations! {
         read(m) = m.kvm(vm as usize).address_spaces[as_id as usize].sets[set as usize].generation;
         write(m, x) = m.kvm_mut(vm as usize).address_spaces[as_id as usize].sets[set as usize].generation = x;
     }
-    /// KVM: `mmu_lock`'s next ticket.
-    MmuLockNext(vm: u32) {
+    /// KVM: `mmu_lock`'s lock word (the holder agent + 1, or 0; its waiters queue in
+    /// `QueuedSpinlock::queue`).
+    MmuLock(vm: u32) {
         line(m) = (15u64 << 56) | vm as u64;
-        read(m) = m.kvm(vm as usize).mmu_lock.next;
-        write(m, x) = m.kvm_mut(vm as usize).mmu_lock.next = x;
-    }
-    /// KVM: `mmu_lock`'s ticket being served.
-    MmuLockOwner(vm: u32) {
-        line(m) = (15u64 << 56) | vm as u64;
-        read(m) = m.kvm(vm as usize).mmu_lock.owner;
-        write(m, x) = m.kvm_mut(vm as usize).mmu_lock.owner = x;
+        read(m) = m.kvm(vm as usize).mmu_lock.val;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_lock.val = x;
     }
     /// KVM: `kvm->slots_lock` (a mutex): holder agent + 1, or 0.
     SlotsLock(vm: u32) {
@@ -210,8 +205,14 @@ locations! {
             m.host_mut().kick_csd.remove(&(src, dst));
         };
     }
-    /// Host: an agent's SRCU read section on `kvm->srcu` (its per-CPU counters): the oracle
-    /// epoch at which it began, 0 outside one.
+    /// KVM: `kvm->srcu`'s index (which per-CPU counters new readers use).
+    SrcuIdx(vm: u32) {
+        line(m) = (18u64 << 56) | 1 << 40 | vm as u64;
+        read(m) = m.kvm(vm as usize).srcu_idx;
+        write(m, x) = m.kvm_mut(vm as usize).srcu_idx = x;
+    }
+    /// Host: an agent's SRCU read section on `kvm->srcu` (its per-CPU counters): 1 + the index
+    /// it entered with, 0 outside one.
     SrcuReader(agent: u32) {
         line(m) = (18u64 << 56) | agent as u64;
         read(m) = m.srcu_of(agent as usize);
@@ -323,7 +324,7 @@ impl Machine {
     }
 
     /// The store buffer of an agent: a CPU's, or a host thread's.
-    pub(crate) fn sb(&self, agent: usize) -> &StoreBuffer<Loc> {
+    pub fn sb(&self, agent: usize) -> &StoreBuffer<Loc> {
         match self.cpus.get(agent) {
             Some(c) => &c.sb,
             None => &self.host_ref().threads[agent - self.cpus.len()].sb,

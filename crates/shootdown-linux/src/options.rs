@@ -311,6 +311,12 @@ mutants! {
     /// requested flush first and returns, leaving a non-empty invalid list uncommitted (the
     /// zapped pages leak).
     remote_flush_or_zap_flush_first = "",
+    /// Seed 003's slot-only zap as merged in v5.1 (4e103134b862, `slot_handle_all_level(...,
+    /// lock_flush_tlb = false)`) on mainline's code: its walk of the slot's rmaps breaks
+    /// `mmu_lock` with SPTEs zapped and not flushed. Another invalidation of those frames (an
+    /// MMU notifier) then finds them gone, flushes nothing and lets the host free the pages
+    /// while a vCPU still caches them. (`kvm = "v5_1"` has this behaviour too.)
+    slot_zap_rmap_break_without_flush = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,

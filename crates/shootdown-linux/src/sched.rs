@@ -187,6 +187,11 @@ impl Machine {
             return Park::Run;
         }
         self.cpus[cpu].halted = true;
+        // The explorer has no host scheduler to block a halted vCPU (the timed driver's does):
+        // in a VM with a KVM MMU the HLT exit is this step.
+        if !env.timed() && self.has_kvm_mmu(cpu) {
+            self.kvm_vcpu_block(cpu, env);
+        }
         Park::Halt
     }
 

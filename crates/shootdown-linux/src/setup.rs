@@ -132,7 +132,6 @@ impl Machine {
         }
         self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone()));
         for v in vcpus {
-            let e = self.oracle.tick();
             let vc = &mut self.host_mut().vcpus[v];
             vc.mode = mode::OUTSIDE_GUEST_MODE;
             if vc.stack.is_empty() {
@@ -140,7 +139,7 @@ impl Machine {
                     pc: VcpuRunPc::Requests,
                     exit: crate::kvm::Exit::Preempted,
                 }));
-                vc.srcu = e;
+                vc.srcu = 1;
             }
         }
     }
@@ -162,7 +161,7 @@ impl Machine {
                 gfn += 1;
                 continue;
             }
-            self.map_gfn(vm, root, gfn, target, None, 0, &mut env);
+            let _ = self.map_gfn(vm, root, gfn, target, None, 0, &mut env);
             gfn = gfn / step * step + step;
         }
         self.kvm_mut(vm).mmu.last_zap = 0;

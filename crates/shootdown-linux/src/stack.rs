@@ -52,7 +52,8 @@ impl Machine {
             None => {
                 let t = &self.tasks[c.curr as usize];
                 if c.curr == c.idle_task {
-                    c.runqueue.is_empty()
+                    // An idle vCPU with a KVM MMU still has its HLT exit to take.
+                    c.runqueue.is_empty() && !self.has_kvm_mmu(cpu)
                 } else {
                     t.state == TaskState::Dead
                 }
@@ -215,14 +216,12 @@ impl Machine {
             Frame::SetMemoryRegion(s) => {
                 s.pc == SetMemoryRegionPc::Lock && self.slots_lock_busy(cpu)
             }
-            Frame::TdpPageFault(s) => {
-                s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu, s.ticket)
-            }
-            Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu, s.ticket),
-            Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu, s.ticket),
+            Frame::TdpPageFault(s) => s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu),
+            Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu),
+            Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuNotifierInvalidate(s) => {
                 matches!(s.pc, MmuNotifierPc::StartLock | MmuNotifierPc::EndLock)
-                    && self.mmu_lock_waits(cpu, s.ticket)
+                    && self.mmu_lock_waits(cpu)
             }
             Frame::ZapMemslot(s) => self.zap_waits(cpu, s),
             _ => false,
@@ -235,6 +234,14 @@ impl Machine {
     pub(crate) fn step_host<E: Env>(&mut self, v: CpuId, env: &mut E) -> Outcome {
         let h = self.host_ref();
         let vc = &h.vcpus[v];
+        if vc.thread == crate::kvm::ThreadState::Blocked && !env.timed() {
+            self.kvm_vcpu_wake(v);
+            return Outcome {
+                park: Park::Run,
+                kind: StepKind::Shared,
+                violation: None,
+            };
+        }
         let current = vc.thread != crate::kvm::ThreadState::Blocked
             && h.pcpus[vc.pcpu as usize].curr == Some(v as u32);
         if !current {

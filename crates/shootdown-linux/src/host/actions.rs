@@ -18,8 +18,13 @@ impl Machine {
             out.push(Action::HostIrq(c));
         }
         if !v.stack.is_empty() {
-            // The vCPU thread runs host code (`vcpu_run`), unless it is blocked or waits.
-            if v.thread != ThreadState::Blocked && !self.host_stack_blocked(cpu) {
+            // The vCPU thread runs host code (`vcpu_run`), unless it waits; a blocked one (HLT)
+            // is woken when an interrupt for its guest is pending.
+            let runs = match v.thread {
+                ThreadState::Blocked => self.cpus[cpu].ipi_pending,
+                _ => !self.host_stack_blocked(cpu),
+            };
+            if runs {
                 out.push(Action::Step(c));
             }
             if v.thread == ThreadState::Runnable
@@ -72,20 +77,21 @@ impl Machine {
         }
     }
 
-    /// Can a pending kick IPI be taken by vCPU `v` now: its thread runs guest code (the IPI
-    /// exits it), or host code with interrupts enabled?
+    /// Can a pending kick IPI to vCPU `v`'s pCPU be taken now: the vCPU runs guest code (the
+    /// IPI exits it), or host code with interrupts enabled, or its thread is not running (the
+    /// pCPU, idle or running another thread, takes it)?
     pub(crate) fn kick_deliverable(&self, v: CpuId) -> bool {
         let vc = &self.host_ref().vcpus[v];
         !vc.kicks.is_empty()
-            && vc.thread == ThreadState::Running
-            && (vc.stack.is_empty() || !vc.irqs_off)
+            && (vc.thread != ThreadState::Running || vc.stack.is_empty() || !vc.irqs_off)
     }
 
     /// Action `HostIrq(v)`: the kick IPI exits a vCPU in the guest (acknowledged once
-    /// `vcpu_run` enables interrupts), or runs `ack_flush` on a vCPU thread in host code.
+    /// `vcpu_run` enables interrupts); on a vCPU thread in host code, or a pCPU the thread is
+    /// not running on, `ack_flush` runs at once.
     pub(crate) fn host_irq<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
         if self.vcpu_in_guest(v) {
-            self.say(|| "kick IPI: VM exit (external interrupt)".into());
+            self.say(|| "kick IPI".into());
             self.vm_exit_to_kvm(v, Exit::Kick, env);
         } else {
             self.ack_kicks(v, env);

@@ -15,9 +15,9 @@
 
 use crate::counters::Counter;
 use crate::host::env::HostEnv;
-use crate::kvm::{ThreadState, VcpuRun};
+use crate::kvm::ThreadState;
 use crate::machine::{Action, Machine};
-use crate::options::{Idle, SetPreempted};
+use crate::options::Idle;
 use shootdown_engine::{Env, Model, Outcome, Park, Time};
 use shootdown_hw::CpuId;
 
@@ -164,15 +164,9 @@ impl Machine {
     /// `kvm_vcpu_block` (marked preempted with `set_preempted = every_put`, as v4.16's
     /// `kvm_arch_vcpu_put` did) and the pCPU runs another vCPU thread.
     pub(crate) fn host_block<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) {
-        self.perf.counters.inc(Counter::KvmHaltExits);
-        self.vm_exit(env);
-        if self.opts.set_preempted == SetPreempted::EveryPut {
-            self.kvm_steal_time_set_preempted(v, env);
-        }
+        self.kvm_vcpu_block(v, env);
         let t = end + self.vm_exit_cost();
         let h = self.host_mut();
-        h.vcpus[v].thread = ThreadState::Blocked;
-        h.vcpus[v].stack.push(VcpuRun::call());
         let p = h.vcpus[v].pcpu as usize;
         h.pcpus[p].curr = None;
         self.perf.host.resched_at[p] = None;

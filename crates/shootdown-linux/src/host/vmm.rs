@@ -107,7 +107,6 @@ impl Machine {
                         pc: MmuNotifierPc::StartLock,
                         gfn,
                         npages,
-                        ticket: None,
                         begin: 0,
                         flush: false,
                     })),

@@ -65,10 +65,16 @@ impl Machine {
         }
     }
 
-    /// `srcu_read_lock(&kvm->srcu)`: the per-CPU counter increment and its full barrier.
+    /// `srcu_read_lock(&kvm->srcu)`: read the index, the per-CPU counter increment and its full
+    /// barrier. The oracle notes which memslots the section sees at least.
     pub(crate) fn srcu_read_lock<E: Env>(&mut self, agent: usize, env: &mut E) {
-        let e = self.oracle.tick();
-        self.rmw(env, agent, Loc::SrcuReader(agent as u32), |_| e);
+        let vm = self.vm_of(agent);
+        let idx = self.load(env, agent, Loc::SrcuIdx(vm as u32));
+        self.rmw(env, agent, Loc::SrcuReader(agent as u32), |_| idx + 1);
+        if agent < self.cpus.len() {
+            let sees = self.kvm(vm).address_spaces[0].active_set().version;
+            self.host_mut().vcpus[agent].srcu_sees = sees;
+        }
     }
 
     /// `srcu_read_unlock(&kvm->srcu)`: a full barrier, then the per-CPU counter increment.
@@ -77,19 +83,9 @@ impl Machine {
     }
 
     /// `kvm->memslots[as]` now points to set `set` (the location's write: under TSO, when the
-    /// store reaches memory). The oracle dates the publication.
+    /// store reaches memory).
     pub(crate) fn publish_memslots(&mut self, vm: usize, as_id: usize, set: u8) {
-        let e = self.oracle.tick();
-        let a = &mut self.kvm_mut(vm).address_spaces[as_id];
-        a.active = set;
-        let version = a.sets[set as usize].version;
-        if a.published.last().map(|p| p.1) != Some(version) {
-            a.published.push((e, version));
-            // Readers only ever need the last few (see `AddressSpace::version_seen_from`).
-            if a.published.len() > 4 {
-                a.published.remove(0);
-            }
-        }
+        self.kvm_mut(vm).address_spaces[as_id].active = set;
     }
 
     /// Host action `VcpuPut(v)` enabled in the explorer?
@@ -136,6 +132,34 @@ impl Machine {
             self.host_switch(p, t, env);
         }
         Park::Halt
+    }
+
+    /// A HLT exit: the guest on `v` halted with nothing pending, so its thread blocks in
+    /// `kvm_vcpu_block` (marked preempted with `set_preempted = every_put`, as v4.16's
+    /// `kvm_arch_vcpu_put` did), outside guest mode and outside SRCU, until a kick wakes it; it
+    /// will come back through `vcpu_run`.
+    pub(crate) fn kvm_vcpu_block<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        self.perf.counters.inc(Counter::KvmHaltExits);
+        self.vm_exit(env);
+        if self.has_kvm_mmu(v) {
+            self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+            self.fence(v);
+            self.ack_kicks(v, env);
+        }
+        if self.opts.set_preempted == crate::options::SetPreempted::EveryPut {
+            self.kvm_steal_time_set_preempted(v, env);
+        }
+        self.say(|| "HLT: VM exit, kvm_vcpu_block".into());
+        let h = self.host_mut();
+        h.vcpus[v].thread = ThreadState::Blocked;
+        h.vcpus[v].stack.push(VcpuRun::call());
+    }
+
+    /// `kvm_vcpu_kick` of a blocked vCPU in the explorer (an interrupt for its guest is
+    /// pending): its thread is runnable again.
+    pub(crate) fn kvm_vcpu_wake(&mut self, v: CpuId) {
+        self.say(|| format!("kvm_vcpu_kick: vcpu{v} woken"));
+        self.host_mut().vcpus[v].thread = ThreadState::Runnable;
     }
 
     /// Explorer action `VcpuIoctl(v)`: a preempted vCPU is loaded and put again without entering
@@ -234,21 +258,22 @@ impl FlushRemoteTlbs {
 }
 
 /// `synchronize_srcu_expedited(&kvm->srcu)`: wait for every SRCU read section of the VM that
-/// began before it.
+/// began before it. Modelled by the index flip at its heart: new readers use the new index;
+/// the grace period waits for the readers of the old one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SynchronizeSrcu {
     pub pc: SynchronizeSrcuPc,
-    /// Oracle epoch at which the grace period began.
-    pub begin: u64,
+    /// The index readers used before the flip.
+    pub old: u64,
     /// Readers (agents) still to wait for, in order.
     pub i: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SynchronizeSrcuPc {
-    /// Start the grace period.
+    /// Flip the index: the grace period begins.
     Start,
-    /// Wait for the next reader whose section began before it.
+    /// Wait for the next reader still in a section it entered with the old index.
     Wait,
 }
 
@@ -256,7 +281,7 @@ impl SynchronizeSrcu {
     pub fn call() -> Frame {
         Frame::SynchronizeSrcu(SynchronizeSrcu {
             pc: SynchronizeSrcuPc::Start,
-            begin: 0,
+            old: 0,
             i: 0,
         })
     }
@@ -268,6 +293,8 @@ impl SynchronizeSrcu {
 pub struct InstallMemslots {
     pub pc: InstallMemslotsPc,
     pub as_id: u32,
+    /// The set being installed (the inactive one when the update began).
+    pub set: u8,
     /// The generation before the update.
     pub old_gen: u64,
     /// The generation after it (computed once the readers are gone).
@@ -333,7 +360,6 @@ pub struct MmuNotifierInvalidate {
     pub pc: MmuNotifierPc,
     pub gfn: Gfn,
     pub npages: u64,
-    pub ticket: Option<u64>,
     /// The oracle epoch the invalidation began at.
     pub begin: u64,
     /// `kvm_unmap_hva_range()` zapped something: a flush is owed.
@@ -513,10 +539,11 @@ impl Machine {
         let readers = self.srcu_readers(me);
         match s.pc {
             SynchronizeSrcuPc::Start => {
-                s.begin = self.oracle.tick();
-                self.fence(me);
+                let vm = self.vm_of(me) as u32;
+                s.old = self.rmw(env, me, Loc::SrcuIdx(vm), |i| i ^ 1);
                 self.charge(env, |c| c.srcu_sync_expedited);
-                self.summary(|| "synchronize_srcu_expedited: grace period begins".into());
+                let (old, new) = (s.old, s.old ^ 1);
+                self.summary(|| format!("grace period begins: srcu index {old} -> {new}"));
                 s.pc = SynchronizeSrcuPc::Wait;
                 Flow::Next
             }
@@ -536,7 +563,7 @@ impl Machine {
                         if at == 0 {
                             "not in an SRCU read section"
                         } else {
-                            "its read section began after the grace period"
+                            "its read section began after the flip"
                         }
                     )
                 });
@@ -569,11 +596,10 @@ impl Machine {
         let readers = self.srcu_readers(me);
         readers.get(s.i).is_some_and(|&r| {
             let loc = Loc::SrcuReader(r as u32);
-            let at = self
-                .sb(me)
+            self.sb(me)
                 .forward(loc)
-                .unwrap_or_else(|| self.raw_read(loc));
-            at != 0 && at < s.begin
+                .unwrap_or_else(|| self.raw_read(loc))
+                == s.old + 1
         })
     }
 
@@ -588,23 +614,24 @@ impl Machine {
         let vm = self.vm_of(me);
         let version = self.opts.kvm;
         let a = s.as_id as usize;
-        let (active, inactive) = {
-            let sp = &self.kvm(vm).address_spaces[a];
-            (sp.active, 1 - sp.active)
-        };
         let late_hook = version == KvmVersion::V5_0 || self.opts.mutants.memslots_updated_after_gen;
         match s.pc {
             MarkInProgress => {
+                let active = self.kvm(vm).address_spaces[a].active;
+                s.set = 1 - active;
                 s.old_gen = self.load(env, me, Loc::SlotsGen(vm as u32, s.as_id, active));
                 let marked = match version {
                     KvmVersion::V5_0 => s.old_gen + 1,
                     _ => s.old_gen | GEN_UPDATE_IN_PROGRESS,
                 };
-                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, inactive), marked);
+                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, s.set), marked);
                 self.charge(env, |c| c.memslot_install);
-                let old = s.old_gen;
+                let old = gen_text(s.old_gen);
                 self.say(|| {
-                    format!("install_new_memslots: new slots->generation = {} (update in progress; was {old})", gen_text(marked))
+                    format!(
+                        "new slots->generation = {} (update in progress; was {old})",
+                        gen_text(marked)
+                    )
                 });
                 s.pc = if version == KvmVersion::Mainline {
                     WaitNotifiers
@@ -625,7 +652,7 @@ impl Machine {
                 Flow::Next
             }
             Publish => {
-                self.store(env, me, Loc::Memslots(vm as u32, s.as_id), inactive as u64);
+                self.store(env, me, Loc::Memslots(vm as u32, s.as_id), s.set as u64);
                 self.perf.counters.inc(Counter::KvmMemslotUpdates);
                 self.say(|| format!("rcu_assign_pointer(kvm->memslots[{a}], new slots)"));
                 if env.tracing() {
@@ -640,6 +667,7 @@ impl Machine {
             }
             Sync => {
                 s.pc = if late_hook { StoreGen } else { ArchHook };
+                self.summary(|| "synchronize_srcu_expedited(&kvm->srcu)".into());
                 Flow::Call(SynchronizeSrcu::call())
             }
             ArchHook | LateArchHook => {
@@ -654,7 +682,7 @@ impl Machine {
                     s.gen = self.final_gen(s.old_gen);
                 }
                 let g = s.gen;
-                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, inactive), g);
+                self.store(env, me, Loc::SlotsGen(vm as u32, s.as_id, s.set), g);
                 self.say(|| format!("slots->generation = {g}"));
                 s.pc = if late_hook { LateArchHook } else { Done };
                 Flow::Next
@@ -795,11 +823,11 @@ impl Machine {
         let vm = self.vm_of(me);
         match s.pc {
             StartLock | EndLock => {
-                if s.pc == StartLock && s.ticket.is_none() {
+                if s.pc == StartLock && !self.mmu_lock_queued(me) {
                     self.srcu_read_lock(me, env);
                     s.begin = self.oracle.tick();
                 }
-                if let Some(spin) = self.mmu_lock_acquire(me, &mut s.ticket, env) {
+                if let Some(spin) = self.mmu_lock_acquire(me, env) {
                     return spin;
                 }
                 s.pc = if s.pc == StartLock { Unmap } else { EndUnlock };
@@ -834,7 +862,6 @@ impl Machine {
                 self.oracle
                     .ept_gfns_invalidated(vm, s.gfn..s.gfn + s.npages, s.begin);
                 self.say(|| "invalidate_range_start returns: the host may free the pages".into());
-                s.ticket = None;
                 s.pc = EndLock;
                 Flow::Next
             }
@@ -856,6 +883,7 @@ fn install_memslots(as_id: u32) -> Frame {
     Frame::InstallMemslots(InstallMemslots {
         pc: InstallMemslotsPc::MarkInProgress,
         as_id,
+        set: 0,
         old_gen: 0,
         gen: 0,
     })

@@ -70,9 +70,6 @@ pub struct AddressSpace {
     /// The two sets; `active` says which one `kvm->memslots[as]` points to (`Loc::Memslots`).
     pub sets: [MemslotSet; 2],
     pub active: u8,
-    /// Oracle: when each recent set became visible (the pointer reached memory), as (epoch,
-    /// version) — what a reader that started at a given epoch sees at least.
-    pub published: Vec<(u64, u64)>,
 }
 
 impl AddressSpace {
@@ -86,22 +83,11 @@ impl AddressSpace {
         AddressSpace {
             sets: [set.clone(), set],
             active: 0,
-            published: vec![(0, 0)],
         }
     }
 
     pub fn active_set(&self) -> &MemslotSet {
         &self.sets[self.active as usize]
-    }
-
-    /// The version of the set a reader whose SRCU read section began at `epoch` sees at least:
-    /// the latest published before then.
-    pub fn version_seen_from(&self, epoch: u64) -> u64 {
-        self.published
-            .iter()
-            .rev()
-            .find(|(e, _)| *e < epoch)
-            .map_or(0, |(_, v)| *v)
     }
 
     /// The set of `version`, if it is still one of the two (older ones were reused).

@@ -119,9 +119,12 @@ pub struct Vcpu {
     pub root: Option<SpId>,
     /// The per-vCPU MMIO cache.
     pub mmio: Option<MmioCache>,
-    /// `vcpu->srcu_idx`: the oracle epoch at which the vCPU's current SRCU read section on
-    /// `kvm->srcu` began (`Loc::SrcuReader`), 0 outside one.
+    /// The vCPU's SRCU read section on `kvm->srcu` (`Loc::SrcuReader`): 1 + the index it
+    /// entered with (`vcpu->srcu_idx`), 0 outside one.
     pub srcu: u64,
+    /// Oracle: the version of the memslot set published when the current read section began
+    /// (what the section is guaranteed to see at least).
+    pub srcu_sees: u64,
     /// Host interrupts disabled on the vCPU thread (between `local_irq_disable` and VM entry,
     /// and in a lockless shadow-page walk): a kick IPI waits.
     pub irqs_off: bool,
@@ -147,6 +150,7 @@ impl Vcpu {
             root: None,
             mmio: None,
             srcu: 0,
+            srcu_sees: 0,
             irqs_off: false,
             kicks: Vec::new(),
             emulate: None,
@@ -159,23 +163,18 @@ impl Vcpu {
     }
 }
 
-/// A ticket spinlock (`spinlock_t` in v5.x: a queued spinlock, FIFO like a ticket lock):
-/// `Loc::MmuLockNext` hands out tickets, `Loc::MmuLockOwner` is the ticket served.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct TicketLock {
-    pub next: u64,
-    pub owner: u64,
-}
-
 /// `struct kvm` of a VM whose MMU is modelled.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kvm {
     /// Memslots per address space (`kvm->memslots[as]`).
     pub address_spaces: Vec<AddressSpace>,
     /// `kvm->mmu_lock`.
-    pub mmu_lock: TicketLock,
+    pub mmu_lock: mmu::lock::QueuedSpinlock,
     /// `kvm->slots_lock` (a mutex serializing memslot updates): the holder agent + 1, or 0.
     pub slots_lock: u64,
+    /// `kvm->srcu`'s current index (`Loc::SrcuIdx`): a grace period flips it and waits for the
+    /// readers that entered with the old one.
+    pub srcu_idx: u64,
     /// `kvm->mmu_notifier_seq` / `mmu_invalidate_seq` (`Loc::MmuNotifierSeq`).
     pub mmu_notifier_seq: u64,
     /// `kvm->mmu_notifier_count` / `mmu_invalidate_in_progress` (`Loc::MmuNotifierCount`).
@@ -191,8 +190,9 @@ impl Kvm {
     pub fn new(slots: Vec<memslot::Memslot>, vcpus: std::ops::Range<usize>) -> Kvm {
         Kvm {
             address_spaces: vec![AddressSpace::new(0, slots)],
-            mmu_lock: TicketLock::default(),
+            mmu_lock: Default::default(),
             slots_lock: 0,
+            srcu_idx: 0,
             mmu_notifier_seq: 0,
             mmu_notifier_count: 0,
             mmu: KvmMmu::default(),

@@ -71,12 +71,11 @@ impl Machine {
 
     /// Oracle `INV-MMIO`: KVM emulates an access to `gfn` as MMIO from information (an MMIO SPTE
     /// or the MMIO cache) derived from memslot-set version `derived`; a violation if the set
-    /// the vCPU's current SRCU read section sees at least is newer and has RAM at `gfn`.
+    /// published when the vCPU's current SRCU read section began is newer and has RAM at `gfn`.
     pub(crate) fn check_mmio_emulation(&mut self, v: CpuId, gfn: Gfn, derived: u64) {
         let vm = self.vm_of(v);
-        let since = self.host_ref().vcpus[v].srcu;
+        let seen = self.host_ref().vcpus[v].srcu_sees;
         let a = &self.kvm(vm).address_spaces[0];
-        let seen = a.version_seen_from(since);
         if seen <= derived {
             return;
         }

@@ -59,15 +59,15 @@ pub enum VcpuRunPc {
     /// K2 mutant: the rest of `record_steal_time` on the host copy, its write-back, VM entry.
     WriteBack,
     /// Right after a VM exit: `vcpu->mode = OUTSIDE_GUEST_MODE`, `local_irq_enable()`,
-    /// `srcu_read_lock()`.
+    /// `srcu_read_lock()`; then `kvm_x86_ops->handle_exit()` (the fault paths).
     Exited,
-    /// `kvm_x86_ops->handle_exit()`: the fault paths.
-    HandleExit,
-    /// Emulate the access the fault paths gave up on (MMIO, or a write to a ROM).
+    /// Back from the exit handler: emulate the access it gave up on (MMIO, or a write to a
+    /// ROM), then the requests.
     Emulate,
-    /// `kvm_check_request()` for the pending requests.
+    /// `kvm_check_request()` for the pending requests; with none and a root loaded, on to the
+    /// entry.
     Requests,
-    /// `kvm_mmu_reload()`: load a root if there is none.
+    /// `kvm_mmu_reload()`: no root: load one.
     Reload,
     /// `local_irq_disable()`, `vcpu->mode = IN_GUEST_MODE`, `srcu_read_unlock()` and its full
     /// barrier.
@@ -235,27 +235,19 @@ impl Machine {
                     }
                     Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
                 };
+                let handler = match s.exit {
+                    Exit::EptViolation { .. } => "; handle_ept_violation",
+                    Exit::EptMisconfig { .. } => "; handle_ept_misconfig",
+                    Exit::Preempted | Exit::Kick => "",
+                };
                 self.say(|| {
-                    format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock")
+                    format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock{handler}")
                 });
-                s.pc = HandleExit;
-                Flow::Next
-            }
-            HandleExit => {
                 s.pc = Emulate;
                 match s.exit {
-                    Exit::EptViolation { gfn, write } => {
-                        self.summary(|| "handle_ept_violation: kvm_mmu_page_fault".into());
-                        Flow::Call(TdpPageFault::call(gfn, write))
-                    }
-                    Exit::EptMisconfig { gfn } => {
-                        self.summary(|| "handle_ept_misconfig: kvm_mmu_page_fault (RSVD)".into());
-                        Flow::Call(MmioPageFault::call(gfn))
-                    }
-                    Exit::Preempted | Exit::Kick => {
-                        self.summary(|| "nothing to handle".into());
-                        Flow::Next
-                    }
+                    Exit::EptViolation { gfn, write } => Flow::Call(TdpPageFault::call(gfn, write)),
+                    Exit::EptMisconfig { gfn } => Flow::Call(MmioPageFault::call(gfn)),
+                    Exit::Preempted | Exit::Kick => self.vcpu_enter_guest_step(v, s, env),
                 }
             }
             Emulate => {
@@ -275,7 +267,8 @@ impl Machine {
                         self.complete_user_access(v, env);
                         self.say(|| format!("emulate the write to ROM gfn {gfn:#x} (dropped)"));
                     }
-                    None => self.summary(|| "retry the access in the guest".into()),
+                    // Nothing to emulate: the guest retries its access; on to the requests.
+                    None => return self.vcpu_enter_guest_step(v, s, env),
                 }
                 Flow::Next
             }
@@ -286,7 +279,6 @@ impl Machine {
                     self.say(|| "kvm_check_request(KVM_REQ_MMU_RELOAD): kvm_mmu_unload".into());
                     return Flow::Call(Frame::MmuUnload(MmuUnload {
                         pc: MmuUnloadPc::Lock,
-                        ticket: None,
                     }));
                 }
                 if r & Request::TlbFlush.bit() != 0 {
@@ -306,21 +298,21 @@ impl Machine {
                     self.say(|| format!("kvm_check_request(KVM_REQ_TLB_FLUSH): {how}"));
                     return Flow::Next;
                 }
-                self.summary(|| "no request pending".into());
-                s.pc = Reload;
+                if self.host_ref().vcpus[v].root.is_some() {
+                    self.summary(|| "no request pending; kvm_mmu_reload: root loaded".into());
+                    s.pc = ModeIn;
+                } else {
+                    self.summary(|| "no request pending".into());
+                    s.pc = Reload;
+                }
                 Flow::Next
             }
             Reload => {
                 s.pc = ModeIn;
-                if self.host_ref().vcpus[v].root.is_none() {
-                    self.summary(|| "kvm_mmu_reload: no root: kvm_mmu_load".into());
-                    return Flow::Call(Frame::MmuLoad(MmuLoad {
-                        pc: MmuLoadPc::Lock,
-                        ticket: None,
-                    }));
-                }
-                self.summary(|| "kvm_mmu_reload: root loaded".into());
-                Flow::Next
+                self.summary(|| "kvm_mmu_reload: no root: kvm_mmu_load".into());
+                Flow::Call(Frame::MmuLoad(MmuLoad {
+                    pc: MmuLoadPc::Lock,
+                }))
             }
             ModeIn => {
                 self.host_mut().vcpus[v].irqs_off = true;
@@ -360,6 +352,16 @@ impl Machine {
     /// orders its stores, the interruptible work it was doing stops, and the host side runs
     /// `vcpu_run` from `Exited`.
     pub(crate) fn vm_exit_to_kvm<E: Env>(&mut self, v: CpuId, exit: Exit, env: &mut E) {
+        self.say(|| match exit {
+            Exit::EptViolation { gfn, .. } => {
+                format!("gfn {gfn:#x}: no SPTE: EPT violation, VM exit")
+            }
+            Exit::EptMisconfig { gfn } => {
+                format!("gfn {gfn:#x}: MMIO SPTE: EPT misconfiguration, VM exit")
+            }
+            Exit::Kick => "VM exit (external interrupt)".into(),
+            Exit::Preempted => "VM exit".into(),
+        });
         self.fence(v);
         self.suspend_busy(v, env.now());
         self.vm_exit(env);

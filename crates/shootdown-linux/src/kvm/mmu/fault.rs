@@ -12,7 +12,7 @@
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
-use crate::kvm::kvm_main::gen_text;
+use crate::kvm::kvm_main::{gen_text, FlushRemoteTlbs};
 use crate::kvm::memslot::GEN_UPDATE_IN_PROGRESS;
 use crate::kvm::mmu::spte::{check_mmio_spte, mmio_spte_gen};
 use crate::kvm::{mode, MmioCache};
@@ -56,19 +56,24 @@ pub struct TdpPageFault {
     pub target: FaultTarget,
     /// Oracle: the memslot-set version the lookup used.
     pub derived: u64,
-    pub ticket: Option<u64>,
 }
 
 /// The steps of `tdp_page_fault()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TdpPageFaultPc {
-    /// Snapshot `mmu_notifier_seq`, look the frame up in the memslots (SRCU), cache MMIO info
-    /// for a frame without a slot.
+    /// Snapshot `mmu_notifier_seq`, look the frame up in the memslots (`try_async_pf`, under
+    /// SRCU).
     Lookup,
+    /// `handle_abnormal_pfn()`: for a frame without a slot, `vcpu_cache_mmio_info()` (which
+    /// reads the memslots' generation afresh).
+    CacheMmio,
     /// `spin_lock(&kvm->mmu_lock)`.
     Lock,
-    /// `mmu_notifier_retry()`; `__direct_map()`; `spin_unlock`.
+    /// `mmu_notifier_retry()`; `__direct_map()`; `spin_unlock` — unless the map replaced a
+    /// present SPTE, which `mmu_set_spte()`/`drop_large_spte()` flush for first.
     Map,
+    /// `kvm_flush_remote_tlbs()` done for a replaced SPTE: `spin_unlock(&kvm->mmu_lock)`.
+    Unlock,
 }
 
 impl TdpPageFault {
@@ -80,7 +85,6 @@ impl TdpPageFault {
             mmu_seq: 0,
             target: FaultTarget::NoSlot,
             derived: 0,
-            ticket: None,
         }))
     }
 }
@@ -175,18 +179,24 @@ impl Machine {
                 self.say(|| {
                     format!("tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}; memslot lookup: {what}")
                 });
-                if s.target == FaultTarget::NoSlot {
-                    self.vcpu_cache_mmio_info(v, gfn, s.derived, env);
-                }
                 if s.target == FaultTarget::RomWrite {
                     self.host_mut().vcpus[v].emulate = Some(Emulation::RomWrite { gfn });
                     return Flow::Return;
                 }
+                s.pc = if s.target == FaultTarget::NoSlot {
+                    CacheMmio
+                } else {
+                    Lock
+                };
+                Flow::Next
+            }
+            CacheMmio => {
+                self.vcpu_cache_mmio_info(v, gfn, s.derived, env);
                 s.pc = Lock;
                 Flow::Next
             }
             Lock => {
-                if let Some(spin) = self.mmu_lock_acquire(v, &mut s.ticket, env) {
+                if let Some(spin) = self.mmu_lock_acquire(v, env) {
                     return spin;
                 }
                 s.pc = Map;
@@ -203,27 +213,45 @@ impl Machine {
                     });
                     return Flow::Return;
                 }
-                let what = self.direct_map(v, s, env);
+                let (what, flush) = self.direct_map(v, s, env);
                 self.charge(env, |c| c.spte_install);
+                if flush {
+                    // The replaced SPTE may be cached by any vCPU: flush under the lock.
+                    self.say(|| format!("__direct_map: {what}: kvm_flush_remote_tlbs"));
+                    s.pc = Unlock;
+                    return Flow::Call(FlushRemoteTlbs::call());
+                }
                 self.mmu_lock_release(v, env);
                 self.say(|| format!("__direct_map: {what}; spin_unlock(&kvm->mmu_lock)"));
-                if s.target == FaultTarget::NoSlot {
-                    self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio {
-                        gfn,
-                        derived: s.derived,
-                    });
-                }
+                self.tdp_page_fault_done(v, s);
+                Flow::Return
+            }
+            Unlock => {
+                self.mmu_lock_release(v, env);
+                self.say(|| "spin_unlock(&kvm->mmu_lock)".into());
+                self.tdp_page_fault_done(v, s);
                 Flow::Return
             }
         }
     }
 
+    /// `tdp_page_fault()` returns: a frame without a slot is emulated as MMIO.
+    fn tdp_page_fault_done(&mut self, v: CpuId, s: &TdpPageFault) {
+        if s.target == FaultTarget::NoSlot {
+            self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio {
+                gfn: s.gfn,
+                derived: s.derived,
+            });
+        }
+    }
+
     /// `__direct_map()`: walk from the vCPU's root, getting and linking the missing tables, and
-    /// install the leaf (or the MMIO SPTE). Returns what it did, in words.
-    fn direct_map<E: Env>(&mut self, v: CpuId, s: &TdpPageFault, env: &mut E) -> String {
+    /// install the leaf (or the MMIO SPTE). Returns what it did, in words, and whether it
+    /// replaced a present SPTE (so the caller owes `kvm_flush_remote_tlbs()`).
+    fn direct_map<E: Env>(&mut self, v: CpuId, s: &TdpPageFault, env: &mut E) -> (String, bool) {
         let vm = self.vm_of(v);
         let Some(root) = self.host_ref().vcpus[v].root else {
-            return "no root: nothing to map".into();
+            return ("no root: nothing to map".into(), false);
         };
         let gen = match s.target {
             FaultTarget::NoSlot => Some(self.load_memslots_gen(v, env)),
@@ -234,7 +262,12 @@ impl Machine {
 
     /// Map `gfn` under `root` (`__direct_map` with `mmu_lock` held): link the missing tables,
     /// install the leaf for `target` — or, without a slot, an MMIO SPTE carrying generation
-    /// `gen` (derived, for the oracle, from memslot-set version `derived`).
+    /// `gen` (derived, for the oracle, from memslot-set version `derived`). Returns what it did
+    /// and whether a present SPTE was dropped or made read-only on the way, which the kernel
+    /// flushes for before it drops the lock: `drop_large_spte()` (a 2 MiB leaf where a table
+    /// goes), and `mmu_set_spte()` replacing a table with a leaf, a leaf of another pfn (or
+    /// with an MMIO SPTE, whose pfn is `KVM_PFN_NOSLOT`), or a writable leaf with a read-only
+    /// one (`mmu_spte_update()`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn map_gfn<E: Env>(
         &mut self,
@@ -245,8 +278,9 @@ impl Machine {
         gen: Option<u64>,
         derived: u64,
         env: &mut E,
-    ) -> String {
+    ) -> (String, bool) {
         let mut sp = root;
+        let mut flush = false;
         let target_level = match target {
             FaultTarget::Ram { level, .. } => level,
             _ => 1,
@@ -259,7 +293,12 @@ impl Machine {
                     continue;
                 }
                 // drop_large_spte(): a 2 MiB leaf where a table is now wanted.
-                SpteKind::Leaf { .. } | SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
+                SpteKind::Leaf { .. } => {
+                    self.zap_spte(vm, sp, idx, env);
+                    flush = true;
+                }
+                // Not shadow-present: simply overwritten by the link.
+                SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
                 SpteKind::None => {}
             }
             let child = self.kvm_mmu_get_page(vm, gfn, level - 1, env);
@@ -279,25 +318,40 @@ impl Machine {
                     pfn: leaf_pfn,
                     writable,
                 };
-                if self.ept.spte(sp, idx).kind == kind {
-                    return format!("gfn {gfn:#x} already mapped (another vCPU fixed it)");
+                let old = self.ept.spte(sp, idx).kind;
+                if old == kind {
+                    return (
+                        format!("gfn {gfn:#x} already mapped (another vCPU fixed it)"),
+                        flush,
+                    );
                 }
+                flush |= match old {
+                    SpteKind::Table(_) => true,
+                    SpteKind::Leaf {
+                        pfn: p,
+                        writable: w,
+                    } => p != leaf_pfn || (w && !writable),
+                    _ => false,
+                };
                 self.set_spte(vm, sp, idx, kind);
                 self.perf.counters.inc(Counter::KvmMmuPfFixed);
-                format!(
+                let what = format!(
                     "map gfn {gfn:#x} -> pfn {leaf_pfn:#x} ({}, EPT page #{sp} entry {idx})",
                     if level == 2 { "2 MiB" } else { "4 KiB" }
-                )
+                );
+                (what, flush)
             }
             _ => {
                 let sg = mmio_spte_gen(self.opts.kvm, gen.unwrap_or(0), self.opts.mmio_gen_bits.0);
-                self.set_spte(vm, sp, idx, SpteKind::Mmio { gen: sg });
+                let old = self.set_spte(vm, sp, idx, SpteKind::Mmio { gen: sg });
+                flush |= matches!(old, SpteKind::Leaf { .. } | SpteKind::Table(_));
                 let mmu = &mut self.kvm_mut(vm).mmu;
                 mmu.mmio_origin.insert((sp, idx), derived);
                 mmu.pages.get_mut(&sp).expect("page").mmio_cached = true;
-                format!(
+                let what = format!(
                     "MMIO SPTE for gfn {gfn:#x} with generation {sg} (EPT page #{sp} entry {idx})"
-                )
+                );
+                (what, flush)
             }
         }
     }

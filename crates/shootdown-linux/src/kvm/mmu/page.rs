@@ -219,7 +219,6 @@ impl CommitZap {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmuLoad {
     pub pc: MmuLoadPc,
-    pub ticket: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -236,7 +235,6 @@ pub enum MmuLoadPc {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmuUnload {
     pub pc: MmuUnloadPc,
-    pub ticket: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -283,7 +281,7 @@ impl Machine {
     pub(crate) fn mmu_load_step<E: Env>(&mut self, v: CpuId, s: &mut MmuLoad, env: &mut E) -> Flow {
         match s.pc {
             MmuLoadPc::Lock => {
-                if let Some(spin) = self.mmu_lock_acquire(v, &mut s.ticket, env) {
+                if let Some(spin) = self.mmu_lock_acquire(v, env) {
                     return spin;
                 }
                 s.pc = MmuLoadPc::Alloc;
@@ -323,7 +321,7 @@ impl Machine {
                 if self.host_ref().vcpus[v].root.is_none() {
                     return Flow::Return;
                 }
-                if let Some(spin) = self.mmu_lock_acquire(v, &mut s.ticket, env) {
+                if let Some(spin) = self.mmu_lock_acquire(v, env) {
                     return spin;
                 }
                 s.pc = MmuUnloadPc::Free;

@@ -45,7 +45,6 @@ pub struct ZapMemslot {
     pub mmio_only: bool,
     /// The memslot being removed (`slot_only`).
     pub slot: Memslot,
-    pub ticket: Option<u64>,
     /// The local `invalid_list`.
     pub list: Vec<SpId>,
     /// A remote flush is owed for zapped SPTEs (`flush`).
@@ -95,7 +94,6 @@ impl ZapMemslot {
             mmio_only: false,
             gfn: slot.base_gfn,
             slot,
-            ticket: None,
             list: Vec::new(),
             flush: false,
             batch: 0,
@@ -163,7 +161,7 @@ impl Machine {
 
     /// Would the zap's next step only wait for `mmu_lock`?
     pub(crate) fn zap_waits(&self, me: usize, s: &ZapMemslot) -> bool {
-        matches!(s.pc, ZapPc::Lock | ZapPc::Relock) && self.mmu_lock_waits(me, s.ticket)
+        matches!(s.pc, ZapPc::Lock | ZapPc::Relock) && self.mmu_lock_waits(me)
     }
 
     /// One step of a zap (see the module documentation).
@@ -177,7 +175,7 @@ impl Machine {
         let vm = self.vm_of(me);
         match s.pc {
             Lock | Relock => {
-                if let Some(spin) = self.mmu_lock_acquire(me, &mut s.ticket, env) {
+                if let Some(spin) = self.mmu_lock_acquire(me, env) {
                     return spin;
                 }
                 if s.pc == Relock {
@@ -256,6 +254,7 @@ impl Machine {
                 if s.gfn >= end {
                     s.resume = Unlock;
                     s.pc = FlushOrZap;
+                    self.summary(|| "every gfn of the slot done".into());
                     return Flow::Next;
                 }
                 let gfn = s.gfn;
@@ -327,7 +326,6 @@ impl Machine {
                 self.mmu_lock_release(me, env);
                 self.perf.counters.inc(Counter::KvmMmuLockBreaks);
                 self.say(|| "cond_resched_lock: spin_unlock(&kvm->mmu_lock), reschedule".into());
-                s.ticket = None;
                 if s.resume == Yield {
                     s.resume = ZapGfnPages;
                 }
@@ -357,9 +355,12 @@ impl Machine {
                 s.level += 1;
                 let span = gfns_per_entry(s.level);
                 s.gfn = s.slot.base_gfn / span * span;
+                let l = s.level;
+                self.summary(|| format!("slot_handle_level: level {l}"));
             } else {
                 s.pc = ZapPc::ZapGfnPages;
                 s.gfn = s.slot.base_gfn;
+                self.summary(|| "rmaps done: now the pages of each gfn".into());
             }
             return Flow::Next;
         }
@@ -376,7 +377,9 @@ impl Machine {
         }
         if self.mmu_lock_contended(me, env) {
             s.resume = ZapPc::ZapRmaps;
-            if self.opts.kvm == KvmVersion::Mainline && s.flush {
+            let flush_on_yield = self.opts.kvm == KvmVersion::Mainline
+                && !self.opts.mutants.slot_zap_rmap_break_without_flush;
+            if flush_on_yield && s.flush {
                 // __walk_slot_rmaps(flush_on_yield = true): flush, then yield.
                 s.flush = false;
                 s.pc = ZapPc::Yield;
