@@ -25,7 +25,7 @@ pub mod scenario;
 
 pub use error::CheckError;
 pub use explore::{explore, Exploration, Limits, Verdict};
-pub use report::{list, list_json, CheckResult, MutantInfo, ScenarioInfo, Step};
+pub use report::{list, list_json, CheckResult, FindingInfo, MutantInfo, ScenarioInfo, Step};
 pub use scenario::Scenario;
 
 use shootdown_engine::{Model, Violation};

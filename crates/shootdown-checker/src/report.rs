@@ -100,6 +100,14 @@ pub struct ScenarioInfo {
     pub scenario: String,
     pub description: String,
     pub mutants: Vec<MutantInfo>,
+    /// The invariant the unmutated protocol violates here (a documented finding), if any.
+    pub finding: Option<FindingInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FindingInfo {
+    pub expect: String,
+    pub description: String,
 }
 
 impl ScenarioInfo {
@@ -119,6 +127,10 @@ impl ScenarioInfo {
                     memory_model: m.memory_model.clone().unwrap_or_else(|| "sc".into()),
                 })
                 .collect(),
+            finding: s.file.finding.as_ref().map(|f| FindingInfo {
+                expect: f.expect.clone(),
+                description: f.description.trim().to_string(),
+            }),
         }
     }
 }
@@ -148,6 +160,9 @@ pub fn list_text(items: &[ScenarioInfo]) -> String {
     let mut s = String::new();
     for sc in items {
         s.push_str(&format!("{}  {}\n", sc.scenario, sc.description));
+        if let Some(f) = &sc.finding {
+            s.push_str(&format!("  finding: {} ({})\n", f.expect, f.description));
+        }
         let w = sc.mutants.iter().map(|m| m.name.len()).max().unwrap_or(0);
         for m in &sc.mutants {
             let bug = m

@@ -9,6 +9,8 @@ use serde::Deserialize;
 use shootdown_engine::Model;
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
+use shootdown_linux::host::HostOp;
+use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::options::MUTANT_NAMES;
 use shootdown_linux::{Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
 use std::collections::BTreeMap;
@@ -45,6 +47,117 @@ pub struct ScenarioFile {
     /// Run the CPUs as the vCPUs of one VM on a host (PV TLB flush scenarios): the host may
     /// preempt them at any instruction boundary.
     pub host: Option<HostSpec>,
+    /// Model the VM's MMU (KVM): memslots, an EPT the vCPUs fault in, host threads (the VMM's,
+    /// an MMU-notifier caller). Implies a `[host]` (by default one that never preempts).
+    pub kvm: Option<KvmSpec>,
+    /// `[finding]`: the protocol as the kernel wrote it violates an invariant in this
+    /// configuration (a documented finding, not a mutant). Absent: it verifies.
+    pub finding: Option<FindingSpec>,
+}
+
+/// `[finding]`: what the unmutated protocol is expected to violate, and why it matters.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FindingSpec {
+    /// The invariant violated (`INV-MMIO`, …).
+    pub expect: String,
+    pub description: String,
+}
+
+/// `[kvm]`: the VM's memslots and host threads.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvmSpec {
+    /// Memslots of address space 0 when the run starts.
+    pub memslots: Vec<MemslotSpec>,
+    /// Guest frames whose SPTEs exist when the run starts (as if faulted in before).
+    #[serde(default)]
+    pub prefault: Vec<RangeSpec>,
+    /// Host threads, in order (agents after the vCPUs).
+    #[serde(default)]
+    pub threads: Vec<HostThreadSpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemslotSpec {
+    pub id: u16,
+    pub base: u64,
+    pub npages: u64,
+    #[serde(default)]
+    pub readonly: bool,
+    /// Backed by huge host pages (2 MiB SPTEs where the slot covers a whole region).
+    #[serde(default)]
+    pub huge: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostThreadSpec {
+    pub name: String,
+    pub program: Vec<HostOpSpec>,
+}
+
+/// One host-thread operation; the names are `HostOp`'s in snake_case.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum HostOpSpec {
+    MemslotCreate {
+        id: u16,
+        base: u64,
+        npages: u64,
+        #[serde(default)]
+        readonly: bool,
+        #[serde(default)]
+        huge: bool,
+    },
+    MemslotDelete {
+        id: u16,
+    },
+    InvalidateGfns {
+        gfn: u64,
+        #[serde(default = "one")]
+        npages: u64,
+    },
+    Compute {
+        ns: u64,
+    },
+    Loop {
+        to: u16,
+        times: Option<u32>,
+    },
+    Exit,
+}
+
+/// The host frame a memslot at guest frame `base` is backed by.
+fn slot_pfn(base: u64) -> u64 {
+    0x10_0000 + base
+}
+
+impl HostOpSpec {
+    fn to_host_op(&self) -> HostOp {
+        match *self {
+            HostOpSpec::MemslotCreate {
+                id,
+                base,
+                npages,
+                readonly,
+                huge,
+            } => HostOp::MemslotCreate {
+                id,
+                base_gfn: base,
+                npages,
+                readonly,
+                huge,
+                pfn: slot_pfn(base),
+            },
+            HostOpSpec::MemslotDelete { id } => HostOp::MemslotDelete { id },
+            HostOpSpec::InvalidateGfns { gfn, npages } => HostOp::InvalidateGfns { gfn, npages },
+            HostOpSpec::Compute { ns } => HostOp::Compute { ns },
+            HostOpSpec::Loop { to, times } => HostOp::Loop { to, times },
+            HostOpSpec::Exit => HostOp::Exit,
+        }
+    }
 }
 
 /// `[host]`: the CPUs are vCPUs of one VM, each on its own pCPU; the host may preempt the
@@ -261,7 +374,8 @@ impl OpSpec {
 
 /// Run one CPU deterministically before exploring: `steps = N` of its steps, or `until` it is
 /// `"idle"` (idle task, nothing on its stacks, empty runqueue) or `"user:TASK"` (TASK current and
-/// in user mode, about to run its next operation).
+/// in user mode, about to run its next operation), or `"user:TASK@N"` (the same, about to run
+/// operation N of its program). A vCPU counts only while it runs guest code.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetupSpec {
@@ -459,12 +573,14 @@ impl Scenario {
                 (Some(_), None) => {}
                 (None, Some(u)) => {
                     let ok = u == "idle"
-                        || u.strip_prefix("user:")
-                            .is_some_and(|t| task_names.contains(&t));
+                        || u.strip_prefix("user:").is_some_and(|t| {
+                            let (name, pc) = t.split_once('@').unwrap_or((t, "0"));
+                            task_names.contains(&name) && pc.parse::<u16>().is_ok()
+                        });
                     if !ok {
                         return Err(err(
                             &format!("setup[{i}].until"),
-                            format!("expected \"idle\" or \"user:TASK\" with a task of [[tasks]], got '{u}'"),
+                            format!("expected \"idle\", \"user:TASK\" or \"user:TASK@N\" with a task of [[tasks]], got '{u}'"),
                         ));
                     }
                 }
@@ -491,6 +607,56 @@ impl Scenario {
                     "symmetry reduction does not rename host state: not available with [host]"
                         .into(),
                 ));
+            }
+        }
+        if let Some(k) = &file.kvm {
+            if !file.symmetric.is_empty() {
+                return Err(err(
+                    "symmetric",
+                    "symmetry reduction does not rename host state: not available with [kvm]"
+                        .into(),
+                ));
+            }
+            let mut ids: Vec<u16> = Vec::new();
+            let mut ranges: Vec<(u64, u64)> = Vec::new();
+            for (i, sl) in k.memslots.iter().enumerate() {
+                let key = format!("kvm.memslots[{i}]");
+                if sl.npages == 0 || sl.npages > 1 << 20 || sl.base > 1 << 36 {
+                    return Err(err(
+                        &format!("{key}.npages"),
+                        "a memslot needs 1..=1048576 pages below guest frame 2^36".into(),
+                    ));
+                }
+                if ids.contains(&sl.id) {
+                    return Err(err(
+                        &format!("{key}.id"),
+                        format!("duplicate memslot id {}", sl.id),
+                    ));
+                }
+                let r = (sl.base, sl.base + sl.npages);
+                if let Some(o) = ranges.iter().find(|o| o.0 < r.1 && r.0 < o.1) {
+                    return Err(err(
+                        &key,
+                        format!(
+                            "gfns {:#x}..{:#x} overlap another memslot's {:#x}..{:#x}",
+                            r.0, r.1, o.0, o.1
+                        ),
+                    ));
+                }
+                ids.push(sl.id);
+                ranges.push(r);
+            }
+            for (i, t) in k.threads.iter().enumerate() {
+                for (j, op) in t.program.iter().enumerate() {
+                    if let HostOpSpec::Loop { to, .. } = op {
+                        if *to as usize >= t.program.len() {
+                            return Err(err(
+                                &format!("kvm.threads[{i}].program[{j}]"),
+                                format!("loop target {to} is past the end of the program"),
+                            ));
+                        }
+                    }
+                }
             }
         }
         let mut seen = vec![false; file.cpus];
@@ -610,7 +776,17 @@ impl Scenario {
             smt_slowdown_permille: 1000,
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
-        let mut m = match &f.host {
+        let host = match (&f.host, &f.kvm) {
+            (Some(h), _) => Some(h.clone()),
+            // A VM with a modelled MMU needs a host; by default it never preempts.
+            (None, Some(_)) => Some(HostSpec {
+                preemptible: Some(Vec::new()),
+                ioctl_puts: false,
+                max_preemptions: 0,
+            }),
+            (None, None) => None,
+        };
+        let mut m = match &host {
             None => Machine::new(topo, profile, opts, mem),
             Some(h) => {
                 let cfg = HostConfig {
@@ -629,6 +805,29 @@ impl Scenario {
                 Machine::with_host(topo, profile, opts, mem, cfg)
             }
         };
+        if let Some(k) = &f.kvm {
+            let slots = k
+                .memslots
+                .iter()
+                .map(|s| Memslot {
+                    id: s.id,
+                    base_gfn: s.base,
+                    npages: s.npages,
+                    readonly: s.readonly,
+                    invalid: false,
+                    huge: s.huge,
+                    pfn: slot_pfn(s.base),
+                })
+                .collect();
+            m.enable_kvm_mmu(0, slots);
+            for r in &k.prefault {
+                m.prefault_ept(0, r.start, r.npages);
+            }
+            for (i, t) in k.threads.iter().enumerate() {
+                let prog = t.program.iter().map(HostOpSpec::to_host_op).collect();
+                m.add_host_thread(&t.name, 0, i % f.cpus, prog);
+            }
+        }
         let mut mm_ids: BTreeMap<&str, MmId> = BTreeMap::new();
         for mm in &f.mms {
             let id = m.add_mm(&mm.name);
@@ -670,12 +869,19 @@ impl Scenario {
                 return n >= k;
             }
             let c = &m.cpus[cpu];
-            let quiet = c.irq_stack.is_empty() && m.tasks[c.curr as usize].stack.is_empty();
+            let quiet = c.irq_stack.is_empty()
+                && m.tasks[c.curr as usize].stack.is_empty()
+                && !m.in_host_code(cpu);
             match s.until.as_deref() {
                 Some("idle") => quiet && c.curr == c.idle_task && c.runqueue.is_empty(),
                 Some(u) => {
                     let want = u.strip_prefix("user:").unwrap_or(u);
-                    quiet && m.tasks[c.curr as usize].name == want
+                    let (name, pc) = match want.split_once('@') {
+                        Some((n, pc)) => (n, pc.parse::<u16>().ok()),
+                        None => (want, None),
+                    };
+                    let t = &m.tasks[c.curr as usize];
+                    quiet && t.name == name && pc.map_or(true, |p| t.pc == p)
                 }
                 None => true,
             }

@@ -131,7 +131,57 @@ const MUTANTS: &[Pinned] = &[
         18,
         868,
     ),
+    (
+        "kvm_mmio_wrap",
+        "memslots_updated_after_gen",
+        Some("K6"),
+        "sc",
+        "INV-MMIO",
+        40,
+        3988,
+    ),
+    (
+        "kvm_mmio_generation",
+        "mmio_cache_in_progress",
+        Some("K7"),
+        "sc",
+        "INV-MMIO",
+        19,
+        12021,
+    ),
+    (
+        "kvm_slot_zap",
+        "remote_flush_or_zap_inverted",
+        Some("K10"),
+        "sc",
+        "INV-FLUSH-OWED",
+        24,
+        5592,
+    ),
+    (
+        "kvm_slot_zap",
+        "remote_flush_or_zap_flush_first",
+        None,
+        "sc",
+        "INV-SLOT",
+        60,
+        299333,
+    ),
+    (
+        "kvm_zap_yield",
+        "slot_zap_rmap_break_without_flush",
+        None,
+        "sc",
+        "INV-FLUSH-OWED",
+        20,
+        4080,
+    ),
 ];
+
+/// Scenarios where the protocol as the kernel wrote it violates an invariant (documented
+/// findings): (scenario, memory model, invariant, counterexample steps, states).
+const FINDINGS: &[(&str, &str, &str, usize, u64)] =
+    &[("kvm_mmio_wrap", "sc", "INV-MMIO", 55, 9269)];
 
 #[test]
 fn every_mutant_is_found_with_a_pinned_counterexample() {
@@ -150,11 +200,15 @@ fn every_mutant_is_found_with_a_pinned_counterexample() {
                 ("violation", inv, steps, states)
             ));
         }
-        // Steps are numbered 1..n, every one names an actor, the last one names the invariant.
+        // Steps are numbered 1..n, every one names an actor (a CPU, a vCPU or a host thread
+        // of the scenario), the last one names the invariant.
+        let threads = host_threads(sc);
         for (i, s) in r.counterexample.iter().enumerate() {
             assert_eq!(s.step, i + 1);
             assert!(
-                s.actor.starts_with("cpu") || s.actor.starts_with("vcpu"),
+                s.actor.starts_with("cpu")
+                    || s.actor.starts_with("vcpu")
+                    || threads.contains(&s.actor),
                 "{s:?}"
             );
             assert!(!s.text.is_empty());
@@ -166,13 +220,78 @@ fn every_mutant_is_found_with_a_pinned_counterexample() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The names of the scenario's `[[kvm.threads]]`.
+fn host_threads(sc: &str) -> Vec<String> {
+    let s = shootdown_checker::Scenario::load(&scenario(sc)).unwrap();
+    s.file
+        .kvm
+        .map(|k| k.threads.into_iter().map(|t| t.name).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn documented_findings_are_found_in_the_unmutated_protocol() {
+    let infos = shootdown_checker::list(&scenarios()).unwrap();
+    for &(sc, mm, inv, steps, states) in FINDINGS {
+        let r = run(sc, None, mm);
+        assert_eq!(
+            (
+                r.verdict.as_str(),
+                r.invariant.as_deref(),
+                r.counterexample.len(),
+                r.states
+            ),
+            ("violation", Some(inv), steps, states),
+            "{sc} ({mm})"
+        );
+        let info = infos.iter().find(|i| i.scenario == sc).unwrap();
+        assert_eq!(info.finding.as_ref().map(|f| f.expect.as_str()), Some(inv));
+    }
+    // Every scenario that declares a finding is pinned here.
+    for info in &infos {
+        if info.finding.is_some() {
+            assert!(
+                FINDINGS.iter().any(|f| f.0 == info.scenario),
+                "{}",
+                info.scenario
+            );
+        }
+    }
+}
+
+#[test]
+fn kvm_counterexamples_tell_the_story() {
+    // K6: the generation is stored before the wrap's zap; the walk finds the stale SPTE.
+    let r = run("kvm_mmio_wrap", Some("memslots_updated_after_gen"), "sc");
+    let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = all.join("\n");
+    let store = all.find("slots->generation = 4").expect(&all);
+    let check = all
+        .find("check_mmio_spte: generation 4 matches")
+        .expect(&all);
+    assert!(store < check, "{all}");
+    // K7: the MMIO cache entry made mid-update still hits during the update.
+    let r = run("kvm_mmio_generation", Some("mmio_cache_in_progress"), "sc");
+    let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = all.join("\n");
+    assert!(
+        all.contains("vcpu_cache_mmio_info(gfn 0x300, gen 0 | IN_PROGRESS)"),
+        "{all}"
+    );
+    assert!(all.contains("mmio_info_in_cache(gfn 0x300): hit"), "{all}");
+    // K10: the zap bails out of the flush-or-zap with the pages neither flushed nor freed.
+    let r = run("kvm_slot_zap", Some("remote_flush_or_zap_inverted"), "sc");
+    assert_eq!(r.counterexample.last().unwrap().actor, "qemu");
+    assert!(r.detail.as_deref().unwrap().contains("mmu_lock released"));
+}
+
 #[test]
 fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     let names: Vec<&str> = MUTANTS.iter().map(|m| m.1).collect();
     for (n, _) in shootdown_linux::options::MUTANT_NAMES {
         assert!(names.contains(n), "mutant {n} has no pinned scenario");
     }
-    for bug in ["N1", "N3", "N5", "N8", "O1", "K1", "K2"] {
+    for bug in ["N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10"] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }
 }

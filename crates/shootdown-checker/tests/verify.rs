@@ -60,6 +60,32 @@ fn fixed_concurrent_smp_call_verifies_three_cpus_tso() {
     verify(&[("smp_call_concurrent", "tso", 1103101, 4351001)]);
 }
 
+/// The KVM MMU scenarios: memslot DELETE with the slot-only zap racing two vCPUs' faults
+/// (`kvm_slot_zap`), a memslot CREATE over a frame two vCPUs reach as MMIO
+/// (`kvm_mmio_generation`), and the slot-only zap's lock break racing an MMU-notifier
+/// invalidation (`kvm_zap_yield`: one vCPU and two host threads; two vCPUs exceed 6M states).
+#[test]
+fn fixed_kvm_mmu_verifies_sc() {
+    verify(&[
+        ("kvm_slot_zap", "sc", 977317, 2598999),
+        ("kvm_mmio_generation", "sc", 211029, 551465),
+        ("kvm_zap_yield", "sc", 182989, 443394),
+    ]);
+}
+
+#[test]
+fn fixed_kvm_mmio_and_zap_yield_verify_tso() {
+    verify(&[
+        ("kvm_mmio_generation", "tso", 569615, 1986920),
+        ("kvm_zap_yield", "tso", 348902, 1037249),
+    ]);
+}
+
+#[test]
+fn fixed_kvm_slot_zap_verifies_tso() {
+    verify(&[("kvm_slot_zap", "tso", 2150463, 7346267)]);
+}
+
 #[test]
 fn state_bound_reports_bound_reached() {
     let r = shootdown_checker::check(&scenario("flush_catchup"), None, "sc", 1000, None, 0, "bfs")
