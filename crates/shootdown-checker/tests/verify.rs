@@ -63,13 +63,16 @@ fn fixed_concurrent_smp_call_verifies_three_cpus_tso() {
 /// The KVM MMU scenarios: memslot DELETE with the slot-only zap racing two vCPUs' faults
 /// (`kvm_slot_zap`), a memslot CREATE over a frame two vCPUs reach as MMIO
 /// (`kvm_mmio_generation`), and the slot-only zap's lock break racing an MMU-notifier
-/// invalidation (`kvm_zap_yield`: one vCPU and two host threads; two vCPUs exceed 6M states).
+/// invalidation (`kvm_zap_yield`: one vCPU and two host threads; two vCPUs exceed 6M states),
+/// v5.0's fast invalidate breaking the lock between batches of obsolete pages while the vCPU
+/// reloads (`kvm_fast_invalidate`).
 #[test]
 fn fixed_kvm_mmu_verifies_sc() {
     verify(&[
         ("kvm_slot_zap", "sc", 977317, 2598999),
         ("kvm_mmio_generation", "sc", 211029, 551465),
         ("kvm_zap_yield", "sc", 182989, 443394),
+        ("kvm_fast_invalidate", "sc", 13902, 24489),
     ]);
 }
 
@@ -78,6 +81,7 @@ fn fixed_kvm_mmio_and_zap_yield_verify_tso() {
     verify(&[
         ("kvm_mmio_generation", "tso", 569615, 1986920),
         ("kvm_zap_yield", "tso", 348902, 1037249),
+        ("kvm_fast_invalidate", "tso", 26445, 63166),
     ]);
 }
 

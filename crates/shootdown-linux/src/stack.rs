@@ -251,6 +251,19 @@ impl Machine {
                 violation: None,
             };
         }
+        if env.tracing() && self.traces_host(v) && !self.perf.trace_started[v] {
+            // The vCPU's first traced step is on its host side: open its guest task's slices,
+            // then those of the host frames it starts with (set up outside any step).
+            self.perf.trace_started[v] = true;
+            self.trace_task_in(v, self.cpus[v].curr, env);
+            for f in self.host_stack(v) {
+                env.trace(TraceEvent::Begin {
+                    agent: v,
+                    name: f.name(),
+                    detail: None,
+                });
+            }
+        }
         let park = self.step_host_stack(v, env);
         Outcome {
             park,

@@ -117,9 +117,9 @@ impl Machine {
         }
         self.kvm_steal_time_set_preempted(v, env);
         let bounded = self.host_ref().cfg.max_preemptions > 0;
+        self.push_host_frame(v, VcpuRun::call(), env);
         let h = self.host_mut();
         h.vcpus[v].thread = ThreadState::Runnable;
-        h.vcpus[v].stack.push(VcpuRun::call());
         if bounded {
             h.vcpus[v].preemptions = h.vcpus[v].preemptions.saturating_add(1);
         }
@@ -150,9 +150,8 @@ impl Machine {
             self.kvm_steal_time_set_preempted(v, env);
         }
         self.say(|| "HLT: VM exit, kvm_vcpu_block".into());
-        let h = self.host_mut();
-        h.vcpus[v].thread = ThreadState::Blocked;
-        h.vcpus[v].stack.push(VcpuRun::call());
+        self.push_host_frame(v, VcpuRun::call(), env);
+        self.host_mut().vcpus[v].thread = ThreadState::Blocked;
     }
 
     /// `kvm_vcpu_kick` of a blocked vCPU in the explorer (an interrupt for its guest is

@@ -10,6 +10,7 @@
 //! * `INV-SLOT` — when a memslot deletion returns, no SPTE maps a frame of the slot, no vCPU
 //!   can still use a translation of one, and no shadow page of the slot is left behind.
 
+use crate::frame::Frame;
 use crate::kvm::memslot::Memslot;
 use crate::kvm::Request;
 use crate::machine::Machine;
@@ -35,6 +36,12 @@ impl Machine {
             let vc = &self.host_ref().vcpus[v];
             let Some(root) = vc.root else { continue };
             if vc.requests & owed != 0 {
+                continue;
+            }
+            // KVM_REQ_MMU_RELOAD taken (kvm_check_request cleared it) and kvm_mmu_unload
+            // waiting for the lock: the vCPU is outside the guest and flushes in kvm_mmu_load
+            // before its next entry.
+            if vc.stack.iter().any(|f| matches!(f, Frame::MmuUnload(_))) {
                 continue;
             }
             let tag = ept_tag(root);

@@ -365,7 +365,7 @@ impl Machine {
         self.fence(v);
         self.suspend_busy(v, env.now());
         self.vm_exit(env);
-        self.host_mut().vcpus[v].stack.push(VcpuRun::exited(exit));
+        self.push_host_frame(v, VcpuRun::exited(exit), env);
     }
 
     /// Would `VcpuIoctl(v)` change anything? (Like a speculative fill, it is only offered when it
