@@ -137,6 +137,7 @@ impl Machine {
                 loop_left: Vec::new(),
                 op_progress: 0,
                 op_base: None,
+                op_started: None,
                 fsync_file: None,
                 cpus: Vec::new(),
                 on_cpu: true,

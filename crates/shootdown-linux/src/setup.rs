@@ -48,6 +48,7 @@ impl Machine {
             loop_left: Vec::new(),
             op_progress: 0,
             op_base: None,
+            op_started: None,
             fsync_file: None,
             cpus: vec![cpu],
             on_cpu: false,
@@ -77,7 +78,8 @@ impl Machine {
             ..old.copied().unwrap_or(Pte::NONE)
         };
         let ptes = &mut self.mms[mm as usize].space.ptes;
-        if ptes.range(start..end).next().is_none() {
+        // (Appending merges the whole map: only worth it for a range that is not tiny beside it.)
+        if npages as usize >= ptes.len() / 8 && ptes.range(start..end).next().is_none() {
             // Fresh range (workload set-up maps up to millions of pages): build the new entries
             // as a tree in one pass and merge it, instead of one insertion per page.
             let mut fresh: BTreeMap<Vpn, Pte> =

@@ -187,6 +187,21 @@ pub enum UserOp {
         npages: u64,
         write: bool,
     },
+    /// Access `regions` regions of `pages` pages each, from `start`, one region per step: each
+    /// region through its first page (its representative), whose access takes the full path
+    /// (TLB, guest walk, EPT walk, guest or EPT faults); the region's other `pages - 1` pages
+    /// are charged as what each would cost, without being modelled one by one. That is a plain
+    /// TLB-missing access (`tlb_miss_walk + user_touch_page`) when the representative needed no
+    /// fault or when one 2 MiB EPT leaf maps the whole region; otherwise (4 KiB leaves, every
+    /// one of them re-faulted alike) the time the representative's access took. The region's
+    /// other pages then evict the representative from the TLB, as a working set far beyond the
+    /// TLB's reach does. Used for working sets of gigabytes (seed 003's mmtest).
+    TouchRegions {
+        start: Vpn,
+        regions: u64,
+        pages: u64,
+        write: bool,
+    },
     /// Write `npages` consecutive pages at a random block-aligned offset in `[start, start+span)`.
     TouchRandomBlock {
         start: Vpn,
@@ -310,6 +325,8 @@ pub struct Task {
     pub op_progress: u64,
     /// Random block chosen for the current TouchRandomBlock / FileioExec op.
     pub op_base: Option<Vpn>,
+    /// When the current TouchRegions region's first attempt began (its access faulted).
+    pub op_started: Option<shootdown_engine::Time>,
     /// File the current FileioExec op fsyncs.
     pub fsync_file: Option<u32>,
     /// CPUs for SetAffinityNext.

@@ -235,6 +235,10 @@ impl Machine {
                 | UserOp::TouchRandomBlock { npages, .. }
                 | UserOp::FileioExec { npages, .. },
             ) => self.advance_multi(t, npages),
+            Some(UserOp::TouchRegions { regions, .. }) => {
+                self.tasks[t].op_started = None;
+                self.advance_multi(t, regions);
+            }
             _ => {}
         }
     }
@@ -356,6 +360,15 @@ impl Machine {
             } => {
                 let v = start + self.tasks[t].op_progress;
                 self.user_touch_multi(cpu, v, write, npages, env);
+            }
+            UserOp::TouchRegions {
+                start,
+                regions,
+                pages,
+                write,
+            } => {
+                let vpn = start + self.tasks[t].op_progress * pages;
+                self.user_touch_region(cpu, t, vpn, write, pages, regions, env);
             }
             UserOp::TouchRandomBlock {
                 start,
@@ -594,6 +607,45 @@ impl Machine {
                 false
             }
         }
+    }
+
+    /// One region of a [`UserOp::TouchRegions`]: its representative page `vpn`, then the
+    /// charge for the region's other pages (see the op).
+    #[allow(clippy::too_many_arguments)]
+    fn user_touch_region<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        t: usize,
+        vpn: Vpn,
+        write: bool,
+        pages: u64,
+        regions: u64,
+        env: &mut E,
+    ) {
+        let first = self.tasks[t].op_started.is_none();
+        let started = *self.tasks[t].op_started.get_or_insert(env.now());
+        if !self.user_touch(cpu, vpn, write, false, env) {
+            return;
+        }
+        self.tasks[t].op_started = None;
+        let pcid = self.access_pcid(cpu);
+        let entry = self.cpus[cpu].tlb.lookup(pcid, vpn);
+        let huge_ept = entry
+            .and_then(|e| e.ept)
+            .is_some_and(|u| self.ept.page(u.sp).level >= 2);
+        self.cpus[cpu].tlb.invlpg(pcid, vpn);
+        if env.timed() && pages > 1 {
+            let c = &self.perf.profile.costs;
+            let plain = c.tlb_miss_walk.as_ns_f64() + c.user_touch_page.as_ns_f64();
+            let each = if first || huge_ept {
+                plain
+            } else {
+                env.now().saturating_sub(started).as_ns_f64() + plain
+            };
+            let rest = Time::from_ns_f64(each * (pages - 1) as f64);
+            self.charge_interruptible(env, cpu, |_| rest);
+        }
+        self.advance_multi(t, regions);
     }
 
     fn user_touch_multi<E: Env>(
