@@ -99,6 +99,7 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
     "change_pct",
     "published_change_pct",
     "violations",
+    "fitted",
 )
 
 #: Columns of a records frame, in order.
@@ -110,7 +111,8 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
 #: ``change_pct`` / ``published_change_pct`` vs the baseline variant · ``noise_pct`` /
 #: ``published_noise_pct`` the flat threshold used · ``direction`` / ``published_direction``
 #: "up" | "down" | "flat" | None · ``direction_ok`` bool | None · ``violations`` number of
-#: invariant violations seen in the simulated runs.
+#: invariant violations seen in the simulated runs · ``fitted`` the profile's cost keys fitted
+#: on this published cell, comma-separated ("" for a prediction).
 RECORD_COLUMNS: Tuple[str, ...] = (
     "seed",
     "experiment",
@@ -137,6 +139,7 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     "published_direction",
     "direction_ok",
     "violations",
+    "fitted",
 )
 
 _FLOAT_RECORD_COLUMNS = (
@@ -345,6 +348,7 @@ def summarize(points: pd.DataFrame, plan: Optional[Plan] = None) -> pd.DataFrame
                     "change_pct": math.nan if is_base else change_pct(avg, base_avg),
                     "published_change_pct": math.nan if is_base else change_pct(pub, base_pub),
                     "violations": violations.get(key, 0),
+                    "fitted": ",".join(cell.get("fitted") or []) if cell else "",
                 }
             )
     frame = pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
@@ -416,6 +420,7 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
                 "published_direction": pub_dir,
                 "direction_ok": ok,
                 "violations": int(rec["violations"]),
+                "fitted": str(rec.get("fitted") or ""),
             }
         )
     return _records_frame(out)

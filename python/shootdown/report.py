@@ -154,6 +154,7 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
         line = [str(row)]
         line += [
             _avg_stdev(get(n).get("simulated"), get(n).get("stdev"), sim_dec)
+            + ("*" if get(n).get("fitted") else "")
             for n, _, _ in variants
         ]
         line += [format_change(get(n).get("change_pct")) for n, _, _ in others]
@@ -167,6 +168,13 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
         body.append(line)
 
     lines = [title, ""] + _render(header, body)
+    fitted = _unique(k for r in recs for k in str(r.get("fitted") or "").split(",") if k)
+    if fitted:
+        lines += [
+            "",
+            f"* fitted: profile {first.get('profile')} fits {', '.join(fitted)} on this cell;"
+            " every other cell is a prediction",
+        ]
     judged = [r["direction_ok"] for r in recs if r.get("direction_ok") is not None]
     if judged:
         bad = sum(1 for ok in judged if not ok)

@@ -70,6 +70,22 @@ def test_format_table_without_published_numbers(fake_native, seed000) -> None:
     assert "pub " not in text and "dir" not in text and "directions" not in text
 
 
+def test_format_table_marks_fitted_cells(fake_native, seed000) -> None:
+    pts = shootdown.run(seed000, quick=True)
+    recs = shootdown.to_records(pts)
+    assert (recs["fitted"] == "").all()  # the fake plan fits nothing
+    assert "fitted" not in report.format_table(recs)
+    recs.loc[recs.index[1], "fitted"] = "user_touch_page"
+    text = report.format_table(recs)
+    rows = text.split("\n\n")[1].splitlines()[2:]
+    marked = [r for r in rows if ")*" in r]
+    assert len(marked) == 1 and marked[0] == rows[0], text
+    assert (
+        "* fitted: profile test-profile fits user_touch_page on this cell; "
+        "every other cell is a prediction"
+    ) in text.split("\n\n")[2], text
+
+
 def test_format_table_reports_violations(fake_native, seed000) -> None:
     pts = shootdown.run(seed000, sets=["variants.after.options.fake_violation=true"], quick=True)
     assert any(pts["violations"].map(len))

@@ -1,5 +1,7 @@
 //! Profile files (`profiles/<name>.toml`): `[profile]` (name, description, inherits),
-//! `[features]` and `[cost]` (each cost a number of ns or `{ value, source }`). A profile may
+//! `[features]` and `[cost]` (each cost a number of ns or `{ value, source, fitted }`, where
+//! `fitted` lists the published cells the value was fitted on, as `EXPERIMENT/VARIANT` or
+//! `EXPERIMENT/VARIANT/ROW`; the reproduction tables mark those cells). A profile may
 //! inherit another and override any subset; the result must define every cost key.
 //!
 //! An experiment may add one more layer on top, its `[profile_override]` table (`cost` and
@@ -142,6 +144,7 @@ pub fn load_profile(
     let mut feats: BTreeMap<String, (toml::Value, PathBuf)> = BTreeMap::new();
     let mut costs: BTreeMap<String, f64> = BTreeMap::new();
     let mut cost_src: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut fitted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (path, t) in files.iter().rev() {
         if let Some(f) = t.get("features") {
             let f = f.as_table().ok_or_else(|| {
@@ -157,18 +160,41 @@ pub fn load_profile(
             })?;
             for (k, v) in c {
                 let key = format!("cost.{k}");
+                // A value set again (here or by an inheriting profile) is no longer the fitted one.
+                fitted.remove(k);
                 let n = match v {
                     toml::Value::Integer(i) => *i as f64,
                     toml::Value::Float(f) => *f,
                     toml::Value::Table(t) => {
                         for tk in t.keys() {
-                            if tk != "value" && tk != "source" {
+                            if !["value", "source", "fitted"].contains(&tk.as_str()) {
                                 return Err(ConfigError::new(
                                     path,
                                     key_in(path, format!("{key}.{tk}")),
-                                    "unknown key (expected value, source)",
+                                    "unknown key (expected value, source, fitted)",
                                 ));
                             }
+                        }
+                        if let Some(f) = t.get("fitted") {
+                            let cells = f
+                                .as_array()
+                                .map(|a| {
+                                    a.iter()
+                                        .map(|c| c.as_str().map(str::to_string))
+                                        .collect::<Option<Vec<_>>>()
+                                })
+                                .unwrap_or(None)
+                                .filter(|c| {
+                                    c.iter().all(|x| (2..=3).contains(&x.split('/').count()))
+                                });
+                            let Some(cells) = cells else {
+                                return Err(ConfigError::new(
+                                    path,
+                                    key_in(path, format!("{key}.fitted")),
+                                    "expected a list of \"EXPERIMENT/VARIANT\" or \"EXPERIMENT/VARIANT/ROW\" strings",
+                                ));
+                            };
+                            fitted.insert(k.clone(), cells);
                         }
                         match t.get("value") {
                             Some(toml::Value::Integer(i)) => *i as f64,
@@ -279,5 +305,6 @@ pub fn load_profile(
         name: shown_name,
         features,
         costs,
+        fitted,
     })
 }

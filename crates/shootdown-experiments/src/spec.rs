@@ -25,6 +25,8 @@ pub struct PublishedCell {
     pub variant: String,
     pub value: f64,
     pub stdev: Option<f64>,
+    /// Cost keys of the profile fitted on this cell (it is then no prediction).
+    pub fitted: Vec<String>,
 }
 
 /// One run: (row, variant, repetition) with its seed.
@@ -487,6 +489,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
                 variant,
                 value,
                 stdev: num("stdev")?,
+                fitted: Vec::new(),
             });
         }
     }
@@ -504,6 +507,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         }
     };
     let profile = Arc::new(crate::load_profile(&profile_name, &dirs, path, overlay)?);
+    mark_fitted(path, &name, &profile, &variants, &mut published)?;
     let exp = Experiment {
         path: path.to_path_buf(),
         name,
@@ -534,6 +538,45 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         }
     }
     Ok(exp)
+}
+
+/// Mark the published cells the profile fitted a cost on (`fitted = ["EXPERIMENT/VARIANT[/ROW]"]`
+/// in the profile names this experiment).
+fn mark_fitted(
+    path: &Path,
+    name: &str,
+    profile: &CostProfile,
+    variants: &[VariantSpec],
+    published: &mut [PublishedCell],
+) -> Result<(), ConfigError> {
+    for (key, cells) in &profile.fitted {
+        for c in cells {
+            let parts: Vec<&str> = c.split('/').collect();
+            if parts[0] != name {
+                continue;
+            }
+            if !variants.iter().any(|v| v.name == parts[1]) {
+                return Err(ConfigError::new(
+                    path,
+                    "profile",
+                    format!(
+                        "profile {}: cost.{key}.fitted names '{c}', but {name} has no variant '{}'",
+                        profile.name, parts[1]
+                    ),
+                ));
+            }
+            for cell in published.iter_mut() {
+                let row = match &cell.row {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                if cell.variant == parts[1] && (parts.len() < 3 || parts[2] == row) {
+                    cell.fitted.push(key.clone());
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Experiment {

@@ -201,6 +201,9 @@ pub struct CostProfile {
     pub name: String,
     pub features: Features,
     pub costs: Costs,
+    /// Costs fitted to published numbers: cost key → the cells it was fitted on
+    /// (`EXPERIMENT/VARIANT` or `EXPERIMENT/VARIANT/ROW`). Every other cell is a prediction.
+    pub fitted: BTreeMap<String, Vec<String>>,
 }
 
 impl CostProfile {
@@ -213,6 +216,7 @@ impl CostProfile {
             name: name.into(),
             features,
             costs: Costs::from_ns_map(&map).expect("all keys"),
+            fitted: BTreeMap::new(),
         }
     }
 }
