@@ -86,7 +86,8 @@ fn run_one(
     .map_err(|(k, r)| ConfigError::new(&exp.path, format!("workload.{k}"), r))?;
     let mut m = built.machine;
     m.age_asid_rotors(p.seed);
-    let agents = m.cpus.len();
+    // The CPUs (or vCPUs), then the host's threads (the VMM's): every one an agent.
+    let agents = shootdown_engine::Model::agents(&m);
     let mut driver = TimedDriver::new(agents, p.seed, 0);
     match capture {
         Capture::Nothing => {}
@@ -128,7 +129,13 @@ fn run_one(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-    let names = (0..agents).map(|c| format!("cpu{c}")).collect();
+    let cpus = m.cpus.len();
+    let names = (0..agents)
+        .map(|a| match &m.host {
+            Some(h) if a >= cpus => h.threads[a - cpus].name.clone(),
+            _ => format!("cpu{a}"),
+        })
+        .collect();
     let r = PointResult {
         index: p.index,
         row: p.row.clone(),

@@ -353,3 +353,115 @@ fn seed_experiments_do_not_override_their_profiles() {
     }
     assert!(n >= 5, "found the seed experiments");
 }
+
+/// Seed 003's experiment with bad host and memslot settings: one line naming the key.
+#[test]
+fn bad_kvm_host_and_mmtest_settings_are_rejected() {
+    let seed003 = repo().join("experiments/seeds/seed003-mmtest-rom.toml");
+    let text = std::fs::read_to_string(&seed003).unwrap();
+    let cases: &[(&str, &[&str], &str, &str)] = &[
+        (
+            "kvm1.toml",
+            &["host.vcpus_per_vm=0"],
+            "host.vcpus_per_vm",
+            "must be between 1 and",
+        ),
+        (
+            "kvm2.toml",
+            &["variants.after.options.memslot_zap=\"zap_some\""],
+            "variants.after.options.memslot_zap",
+            "unknown value 'zap_some' (expected zap_all | fast_invalidate | slot_only)",
+        ),
+        (
+            "kvm3.toml",
+            &["workload.ept_leaf=\"1g\""],
+            "workload.ept_leaf",
+            "unknown value '1g' (expected 2m | 4k)",
+        ),
+        (
+            "kvm4.toml",
+            &["workload.threads=9"],
+            "workload.threads",
+            "9 threads but the VM has 8 vCPUs",
+        ),
+        (
+            "kvm5.toml",
+            &["host.vcpus_per_vm=16"],
+            "host.vcpus_per_vm",
+            "QEMU's thread needs a pCPU of its own",
+        ),
+        (
+            "kvm6.toml",
+            &["workload.rom_kb=6"],
+            "workload.rom_kb",
+            "must be a multiple of 4",
+        ),
+        (
+            "kvm7.toml",
+            &["workload.mem_mb=3000000"],
+            "workload.mem_mb",
+            "between",
+        ),
+    ];
+    for (name, sets, key, reason) in cases {
+        expect(name, &text, sets, key, reason);
+    }
+}
+
+/// A profile's `fitted` list marks the published cells it was fitted on, and only those.
+#[test]
+fn fitted_costs_mark_their_cells() {
+    let e = load(
+        &repo().join("experiments/seeds/seed003-mmtest-rom.toml"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        e.profile
+            .fitted
+            .get("user_touch_page")
+            .map(|v| v.as_slice()),
+        Some(&["seed003-mmtest-rom/after/1".to_string()][..])
+    );
+    for c in &e.published {
+        let want: &[&str] = if c.variant == "after" {
+            &["user_touch_page"]
+        } else {
+            &[]
+        };
+        assert_eq!(c.fitted, want, "{c:?}");
+    }
+    // A value set again is no longer the fitted one.
+    let e = load(
+        &repo().join("experiments/seeds/seed003-mmtest-rom.toml"),
+        &["profile_override.cost.user_touch_page=100".to_string()],
+    )
+    .unwrap();
+    assert!(e.published.iter().all(|c| c.fitted.is_empty()));
+    // A malformed list names the profile key.
+    let dir = repo()
+        .join("target")
+        .join("bad-input-tests")
+        .join("profiles");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("fit-bad.toml"),
+        "[profile]\nname = \"fit-bad\"\ninherits = \"skylake-laptop-kvm-guest\"\n[cost]\ninvlpg = { value = 100, fitted = \"t\" }\n",
+    )
+    .unwrap();
+    let e = load_text(
+        "fit1.toml",
+        &GOOD.replace("skylake-laptop-kvm-guest", "fit-bad"),
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        e.starts_with(&dir.join("fit-bad.toml").display().to_string()),
+        "{e}"
+    );
+    assert!(
+        e.contains("cost.invlpg.fitted: expected a list of \"EXPERIMENT/VARIANT\""),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+}

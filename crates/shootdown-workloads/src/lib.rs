@@ -12,6 +12,7 @@
 //! | `pthread_mmap` | 002 | threads mmap / touch / munmap in rounds, contending on mmap_sem | seconds |
 //! | `ebizzy` | 001 | threads allocate, copy, search, free chunks (madvise flush per record), in VMs | records/s per VM |
 //! | `vmexit_cpuid` | 000 (2nd letter) | CPUID loop in every vCPU | VM exits/s per vCPU |
+//! | `mmtest_rom` | 003 | threads re-access 2000 MB each while QEMU creates and deletes a ROM memslot | ms per pass |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
 //! `shootdown_linux::host`): the machine is then the vCPUs of `vms` VMs on the topology's
@@ -20,6 +21,7 @@
 
 pub mod ebizzy;
 pub mod madv_pingpong;
+pub mod mmtest_rom;
 pub mod params;
 pub mod pthread_mmap;
 pub mod sysbench;
@@ -46,6 +48,11 @@ pub enum Measure {
     /// Events per second after `from` (to the end of the run), divided by `per` (per VM, per
     /// vCPU…).
     RatePer { from: Time, per: f64 },
+    /// The mean over tasks of the time between a task's first and last [`UserOp::Mark`], in
+    /// milliseconds (a pass each thread times itself).
+    ///
+    /// [`UserOp::Mark`]: shootdown_linux::UserOp::Mark
+    MeanMarkedMillis,
 }
 
 /// A machine ready to run, with how long to run it and how to measure it.
@@ -75,6 +82,7 @@ pub const KINDS: &[&str] = &[
     "pthread_mmap",
     "ebizzy",
     "vmexit_cpuid",
+    "mmtest_rom",
 ];
 
 /// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
@@ -83,6 +91,7 @@ pub const HOST_KINDS: &[&str] = &[
     "pthread_mmap",
     "ebizzy",
     "vmexit_cpuid",
+    "mmtest_rom",
 ];
 
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
@@ -154,6 +163,7 @@ pub fn build(
         "pthread_mmap" => pthread_mmap::build(&p, machine)?,
         "ebizzy" => ebizzy::build(&p, machine)?,
         "vmexit_cpuid" => vmexit::build(&p, machine)?,
+        "mmtest_rom" => mmtest_rom::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
@@ -191,6 +201,19 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
                 0.0
             } else {
                 perf.events_measured as f64 / window / per
+            }
+        }
+        Measure::MeanMarkedMillis => {
+            let spans: Vec<f64> = perf
+                .marks
+                .iter()
+                .filter(|m| m.len() >= 2)
+                .map(|m| m[m.len() - 1].saturating_sub(m[0]).as_secs_f64() * 1e3)
+                .collect();
+            if spans.is_empty() {
+                f64::NAN
+            } else {
+                spans.iter().sum::<f64>() / spans.len() as f64
             }
         }
     }
