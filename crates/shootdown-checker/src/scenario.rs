@@ -129,6 +129,31 @@ pub enum HostOpSpec {
     Exit,
 }
 
+/// Guest frames the model's 4-level EPT can map (a 48-bit guest physical address space).
+const GUEST_FRAMES: u64 = 1 << 36;
+
+/// What is wrong with a memslot over guest frames `[base, base + npages)`, if anything: the key
+/// (`base` or `npages`) and the reason. (`__kvm_set_memory_region` rejects a slot that wraps or
+/// ends past the guest physical address space; the model also caps a slot at 4 GiB.)
+fn bad_slot(base: u64, npages: u64) -> Option<(&'static str, String)> {
+    if npages == 0 || npages > 1 << 20 {
+        return Some((
+            "npages",
+            format!("a memslot needs 1..=1048576 pages (got {npages})"),
+        ));
+    }
+    if base >= GUEST_FRAMES || base + npages > GUEST_FRAMES {
+        return Some((
+            "base",
+            format!(
+                "gfns {base:#x}..{:#x} end past guest memory (a 48-bit guest physical address space: frames below {GUEST_FRAMES:#x})",
+                base.saturating_add(npages)
+            ),
+        ));
+    }
+    None
+}
+
 /// The host frame a memslot at guest frame `base` is backed by.
 fn slot_pfn(base: u64) -> u64 {
     0x10_0000 + base
@@ -621,11 +646,8 @@ impl Scenario {
             let mut ranges: Vec<(u64, u64)> = Vec::new();
             for (i, sl) in k.memslots.iter().enumerate() {
                 let key = format!("kvm.memslots[{i}]");
-                if sl.npages == 0 || sl.npages > 1 << 20 || sl.base > 1 << 36 {
-                    return Err(err(
-                        &format!("{key}.npages"),
-                        "a memslot needs 1..=1048576 pages below guest frame 2^36".into(),
-                    ));
+                if let Some((k, why)) = bad_slot(sl.base, sl.npages) {
+                    return Err(err(&format!("{key}.{k}"), why));
                 }
                 if ids.contains(&sl.id) {
                     return Err(err(
@@ -648,6 +670,14 @@ impl Scenario {
             }
             for (i, t) in k.threads.iter().enumerate() {
                 for (j, op) in t.program.iter().enumerate() {
+                    if let HostOpSpec::MemslotCreate { base, npages, .. } = op {
+                        if let Some((k, why)) = bad_slot(*base, *npages) {
+                            return Err(err(
+                                &format!("kvm.threads[{i}].program[{j}].memslot_create.{k}"),
+                                why,
+                            ));
+                        }
+                    }
                     if let HostOpSpec::Loop { to, .. } = op {
                         if *to as usize >= t.program.len() {
                             return Err(err(

@@ -89,6 +89,68 @@ fn errors_name_the_key() {
     }
 }
 
+/// Bad memslot and host settings of a `[kvm]` scenario: one line naming the file, the key and
+/// the reason.
+#[test]
+fn bad_kvm_settings_name_the_key_and_the_reason() {
+    let kvm = std::fs::read_to_string(scenarios().join("kvm_slot_zap.toml")).unwrap();
+    let cases: &[(&str, String, &str, &str)] = &[
+        (
+            "kvm_overlap",
+            kvm.replace("{ id = 2, base = 0x201,", "{ id = 2, base = 0x1ff,"),
+            "kvm.memslots[2]",
+            "overlap another memslot's 0x0..0x200",
+        ),
+        (
+            "kvm_past_memory",
+            kvm.replace("{ id = 2, base = 0x201,", "{ id = 2, base = 0xfffffffff,"),
+            "kvm.memslots[2].base",
+            "end past guest memory",
+        ),
+        (
+            "kvm_zero_pages",
+            kvm.replace("{ id = 1, base = 0x200, npages = 1 }", "{ id = 1, base = 0x200, npages = 0 }"),
+            "kvm.memslots[1].npages",
+            "1..=1048576 pages (got 0)",
+        ),
+        (
+            "kvm_zap",
+            kvm.replace("memslot_zap = \"slot_only\"", "memslot_zap = \"zap_some\""),
+            "options.memslot_zap",
+            "unknown value 'zap_some' (expected zap_all | fast_invalidate | slot_only)",
+        ),
+        (
+            "kvm_zero_vcpus",
+            kvm.replace("cpus = 2", "cpus = 0"),
+            "cpus",
+            "must be between 1 and 64 (got 0)",
+        ),
+        (
+            "kvm_create_past_memory",
+            kvm.replace(
+                "program = [{ memslot_delete = { id = 1 } }, \"exit\"]",
+                "program = [{ memslot_create = { id = 3, base = 0x1000000000, npages = 1 } }, \"exit\"]",
+            ),
+            "kvm.threads[0].program[0].memslot_create.base",
+            "end past guest memory",
+        ),
+    ];
+    for (name, text, key, reason) in cases {
+        assert_ne!(text, &kvm, "case {name} changed the file");
+        let path = write(&format!("{name}.toml"), text);
+        let e = shootdown_checker::Scenario::load(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{name}.toml")),
+            "{name}: names the file: {e}"
+        );
+        assert!(e.contains(key), "{name}: names {key}: {e}");
+        assert!(e.contains(reason), "{name}: says '{reason}': {e}");
+        assert_eq!(e.lines().count(), 1, "{name}: one line: {e}");
+    }
+}
+
 #[test]
 fn bad_arguments_name_the_key() {
     let p = write("args", GOOD);
