@@ -84,6 +84,9 @@ fn the_trace_has_a_track_per_vcpu_and_host_thread_and_balanced_slices() {
     for ev in events {
         let tid = ev["tid"].as_u64().unwrap_or(u64::MAX);
         match ev["ph"].as_str() {
+            Some("i") => {
+                seen.insert((tid == 8, ev["name"].as_str().unwrap().to_string()));
+            }
             Some("B") => {
                 let n = ev["name"].as_str().unwrap().to_string();
                 seen.insert((tid == 8, n.clone()));
@@ -102,6 +105,7 @@ fn the_trace_has_a_track_per_vcpu_and_host_thread_and_balanced_slices() {
         (true, "install_new_memslots"),
         (true, "kvm_mmu_invalidate_zap_all_pages"),
         (true, "kvm_flush_remote_tlbs"),
+        (true, "kvm_mmu_prepare_zap_page"),
         (false, "kvm_mmu_unload"),
         (false, "kvm_mmu_load"),
         (false, "tdp_page_fault"),

@@ -139,14 +139,25 @@ impl Machine {
     /// and its parent, mark it invalid; move it to `list` — or, a root still in use, to the
     /// head of `active_mmu_pages`, to be freed when its last user drops it. Returns whether a
     /// valid root was zapped (the caller then makes every vCPU reload: `kvm_reload_remote_mmus`).
+    /// Agent `me` zaps; the trace shows it as the kernel's `kvm_mmu_prepare_zap_page`
+    /// tracepoint (an instant on `me`'s track).
     pub(crate) fn prepare_zap_page<E: Env>(
         &mut self,
+        me: usize,
         vm: usize,
         sp: SpId,
         list: &mut Vec<SpId>,
         env: &mut E,
     ) -> bool {
         self.perf.counters.inc(Counter::KvmMmuShadowZapped);
+        if env.tracing() && self.traces_host(me) {
+            let p = self.ept.page(sp);
+            env.trace(shootdown_engine::trace::TraceEvent::Instant {
+                agent: me,
+                name: "kvm_mmu_prepare_zap_page",
+                detail: Some(format!("sp #{sp} gfn {:#x} level {}", p.gfn, p.level)),
+            });
+        }
         self.charge(env, |c| c.sp_zap);
         let entries: Vec<u16> = self.ept.page(sp).entries.keys().copied().collect();
         for idx in entries {

@@ -242,7 +242,7 @@ impl Machine {
                     return Flow::Next;
                 }
                 let mut list = std::mem::take(&mut self.kvm_mut(vm).mmu.zapped_obsolete);
-                self.prepare_zap_page(vm, sp, &mut list, env);
+                self.prepare_zap_page(me, vm, sp, &mut list, env);
                 self.kvm_mut(vm).mmu.zapped_obsolete = list;
                 s.batch += 1;
                 self.say(|| format!("kvm_mmu_prepare_zap_page(obsolete EPT page #{sp})"));
@@ -271,7 +271,7 @@ impl Machine {
                 };
                 let mut reload = false;
                 for &sp in &pages {
-                    reload |= self.prepare_zap_page(vm, sp, &mut s.list, env);
+                    reload |= self.prepare_zap_page(me, vm, sp, &mut s.list, env);
                 }
                 if !pages.is_empty() {
                     self.say(|| {
@@ -303,7 +303,7 @@ impl Machine {
                     self.summary(|| "every page prepared".into());
                     return Flow::Next;
                 };
-                let reload = self.prepare_zap_page(vm, sp, &mut s.list, env);
+                let reload = self.prepare_zap_page(me, vm, sp, &mut s.list, env);
                 self.say(|| format!("kvm_mmu_prepare_zap_page(EPT page #{sp})"));
                 // v5.1+ ("Voluntarily reschedule as needed when zapping all sptes"):
                 // cond_resched_lock(), which neither commits nor flushes; v5.0 never breaks.
