@@ -270,6 +270,7 @@ def format_check(result: CheckResult) -> str:
         f"states: {result['states']}  transitions: {result['transitions']}  "
         f"seconds: {float(result['seconds']):.2f}",
     ]
+    lines += [f"note: {n}" for n in result.get("notes") or []]
     steps = result.get("counterexample") or []
     if steps:
         lines.append("counterexample:")
@@ -293,7 +294,14 @@ def format_check_list(scenarios: Sequence[ScenarioInfo]) -> str:
         width = max((len(m["name"]) for m in mutants), default=0)
         for m in mutants:
             bug = f"[{m['bug']}] " if m.get("bug") else ""
-            lines.append(f"  - {m['name'].ljust(width)}  {bug}{m.get('description', '')}".rstrip())
+            expect = (
+                f" (expect {m['expect']} under {m.get('memory_model') or 'sc'})"
+                if m.get("expect")
+                else ""
+            )
+            lines.append(
+                f"  - {m['name'].ljust(width)}  {bug}{m.get('description', '')}{expect}".rstrip()
+            )
     return "\n".join(lines) + "\n"
 
 

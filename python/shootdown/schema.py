@@ -97,12 +97,15 @@ class CheckResult(TypedDict):
     transitions: int
     seconds: float
     counterexample: List[CheckStep]
+    notes: List[str]  # what the verdict does not say by itself (TSO mutant under SC, bound)
 
 
 class MutantInfo(TypedDict):
     name: str
     bug: Optional[str]
     description: str
+    expect: Optional[str]
+    memory_model: str
 
 
 class ScenarioInfo(TypedDict):

@@ -159,6 +159,8 @@ def test_format_check() -> None:
     assert lines[3] == "counterexample:"
     assert lines[4] == "   1. cpu1  switch_mm_irqs_off: set bit in mm_cpumask(mm1)"
     assert lines[5] == "  10. cpu0  flush_tlb_mm_range: done"
+    noted = report.format_check({**CHECK, "notes": ["a note"]}).splitlines()
+    assert noted[3] == "note: a note" and noted[4] == "counterexample:"
 
 
 def test_format_check_list_and_bench() -> None:
@@ -172,6 +174,24 @@ def test_format_check_list_and_bench() -> None:
         ]
     )
     assert text == "s  d\n  - m  [N3] x\n"
+    text = report.format_check_list(
+        [
+            {
+                "scenario": "s",
+                "description": "d",
+                "mutants": [
+                    {
+                        "name": "m",
+                        "bug": None,
+                        "description": "x",
+                        "expect": "INV-STALE",
+                        "memory_model": "tso",
+                    }
+                ],
+            }
+        ]
+    )
+    assert text == "s  d\n  - m  x (expect INV-STALE under tso)\n"
     bench = report.format_bench(
         {
             "steps": 10,

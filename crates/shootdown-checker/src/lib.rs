@@ -146,6 +146,7 @@ pub fn check_scenario(
         },
         strategy: "bfs".into(),
         reductions,
+        notes: vec![],
     })
 }
 
@@ -187,12 +188,63 @@ pub fn check(
             ));
         }
     }
+    let declared = mutant.and_then(|m| sc.file.mutants.iter().find(|x| x.name == m));
+    if let (Some(m), None) = (mutant, declared) {
+        let names: Vec<&str> = sc.file.mutants.iter().map(|x| x.name.as_str()).collect();
+        return Err(CheckError::new(
+            &file,
+            "mutant",
+            format!(
+                "'{m}' is not declared by this scenario (declared: {}); add a [[mutants]] entry to check it here",
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+            ),
+        ));
+    }
     if max_states == 0 {
         return Err(CheckError::new(&file, "max_states", "must be at least 1"));
     }
+    let mut notes = Vec::new();
+    if let Some(d) = declared {
+        let want = d.memory_model.as_deref().unwrap_or("sc");
+        if want == "tso" && mem == MemoryModel::Sc {
+            notes.push(format!(
+                "mutant {} is declared for TSO: its bug needs store buffering and cannot show under SC (run with --memory-model tso)",
+                d.name
+            ));
+        }
+    }
+    let mut r = check_dispatch(&sc, &file, mutant, mem, max_states, sample, seed, strategy)?;
+    if r.verdict == "bound-reached" {
+        notes.push(if r.strategy == "bfs" {
+            format!(
+                "stopped at the --max-states bound ({} states) before exploring every interleaving: nothing is proved; raise --max-states",
+                r.states
+            )
+        } else {
+            format!(
+                "sampling never proves anything: no violation in the schedules tried ({} states)",
+                r.states
+            )
+        });
+    }
+    r.notes = notes;
+    Ok(r)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_dispatch(
+    sc: &Scenario,
+    file: &str,
+    mutant: Option<&str>,
+    mem: MemoryModel,
+    max_states: u64,
+    sample: Option<u64>,
+    seed: u64,
+    strategy: &str,
+) -> Result<CheckResult, CheckError> {
     match (strategy, sample) {
         ("bfs", None) | ("", None) => check_scenario(
-            &sc,
+            sc,
             mutant,
             mem,
             CheckOptions {
@@ -201,14 +253,14 @@ pub fn check(
             },
         ),
         ("bfs", Some(_)) => Err(CheckError::new(
-            &file,
+            file,
             "strategy",
             "--sample needs --strategy random or pct",
         )),
         ("random" | "pct", _) => {
             let n = sample.unwrap_or(1000);
             if n == 0 {
-                return Err(CheckError::new(&file, "sample", "must be at least 1"));
+                return Err(CheckError::new(file, "sample", "must be at least 1"));
             }
             let strat = if strategy == "pct" {
                 sample::Strategy::Pct { depth: 3 }
@@ -241,10 +293,11 @@ pub fn check(
                 },
                 strategy: strategy.into(),
                 reductions: vec![],
+                notes: vec![],
             })
         }
         (other, _) => Err(CheckError::new(
-            &file,
+            file,
             "strategy",
             format!("expected bfs, random or pct, got '{other}'"),
         )),

@@ -34,6 +34,8 @@ pub struct CheckResult {
     pub strategy: String,
     /// Reductions applied (`por`, `symmetry`).
     pub reductions: Vec<String>,
+    /// What the verdict does not say by itself (a TSO mutant run under SC, a bound reached).
+    pub notes: Vec<String>,
 }
 
 impl CheckResult {
@@ -56,6 +58,9 @@ impl CheckResult {
             "states: {}  transitions: {}  seconds: {:.2}\n",
             self.states, self.transitions, self.seconds
         ));
+        for n in &self.notes {
+            s.push_str(&format!("note: {n}\n"));
+        }
         if let Some(d) = &self.detail {
             s.push_str(&format!("violation: {d}\n"));
         }
@@ -170,7 +175,15 @@ pub fn list_text(items: &[ScenarioInfo]) -> String {
                 .as_ref()
                 .map(|b| format!("[{b}] "))
                 .unwrap_or_default();
-            s.push_str(&format!("  - {:<w$}  {bug}{}\n", m.name, m.description));
+            let expect = m
+                .expect
+                .as_ref()
+                .map(|e| format!(" (expect {e} under {})", m.memory_model))
+                .unwrap_or_default();
+            s.push_str(&format!(
+                "  - {:<w$}  {bug}{}{expect}\n",
+                m.name, m.description
+            ));
         }
     }
     s
