@@ -218,31 +218,71 @@ fn list_of_the_shipped_scenarios() {
 #[test]
 fn verdicts_are_honest_about_what_they_checked() {
     let sc = scenario("switch_mm_flush");
-    let e = check(&sc, Some("pv_set_preempted_clobbers_flush"), "sc", 1000, None, 0, "bfs")
-        .unwrap_err();
+    let e = check(
+        &sc,
+        Some("pv_set_preempted_clobbers_flush"),
+        "sc",
+        1000,
+        None,
+        0,
+        "bfs",
+    )
+    .unwrap_err();
     assert_eq!(e.key, "mutant");
     assert!(
-        e.to_string().contains("'pv_set_preempted_clobbers_flush' is not declared by this scenario (declared: "),
+        e.to_string().contains(
+            "'pv_set_preempted_clobbers_flush' is not declared by this scenario (declared: "
+        ),
         "{e}"
     );
-    let r = check(&sc, Some("switch_mm_no_barrier"), "sc", 1_000_000, None, 0, "bfs").unwrap();
+    let r = check(
+        &sc,
+        Some("switch_mm_no_barrier"),
+        "sc",
+        1_000_000,
+        None,
+        0,
+        "bfs",
+    )
+    .unwrap();
     assert_eq!(r.verdict, "verified");
     assert!(
-        r.notes[0].contains("declared for TSO: its bug needs store buffering and cannot show under SC"),
+        r.notes[0]
+            .contains("declared for TSO: its bug needs store buffering and cannot show under SC"),
         "{:?}",
         r.notes
     );
-    assert!(r.to_text().contains("\nnote: mutant switch_mm_no_barrier is declared for TSO"));
-    let r = check(&sc, Some("switch_mm_no_barrier"), "tso", 1_000_000, None, 0, "bfs").unwrap();
+    assert!(r
+        .to_text()
+        .contains("\nnote: mutant switch_mm_no_barrier is declared for TSO"));
+    let r = check(
+        &sc,
+        Some("switch_mm_no_barrier"),
+        "tso",
+        1_000_000,
+        None,
+        0,
+        "bfs",
+    )
+    .unwrap();
     assert!(r.notes.is_empty(), "{:?}", r.notes);
     let r = check(&sc, None, "sc", 10, None, 0, "bfs").unwrap();
     assert_eq!(r.verdict, "bound-reached");
-    assert!(r.notes[0].contains("--max-states bound (10 states)"), "{:?}", r.notes);
+    assert!(
+        r.notes[0].contains("--max-states bound (10 states)"),
+        "{:?}",
+        r.notes
+    );
     let r = check(&sc, None, "sc", 1_000_000, Some(5), 1, "random").unwrap();
-    assert!(r.notes[0].starts_with("sampling never proves anything"), "{:?}", r.notes);
+    assert!(
+        r.notes[0].starts_with("sampling never proves anything"),
+        "{:?}",
+        r.notes
+    );
     let text = shootdown_checker::report::list_text(&list(&scenarios()).unwrap());
     assert!(
-        text.contains("(expect INV-STALE under tso)") && text.contains("(expect INV-MMIO under sc)"),
+        text.contains("(expect INV-STALE under tso)")
+            && text.contains("(expect INV-MMIO under sc)"),
         "{text}"
     );
 }

@@ -59,6 +59,16 @@ pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), 
             };
         }
         cur.insert(segs[segs.len() - 1].to_string(), value);
+        // An explicit `--set workload.K` wins over the file's `[quick.workload] K` too.
+        if let ["workload", k] = segs.as_slice() {
+            if let Some(toml::Value::Table(q)) = doc
+                .get_mut("quick")
+                .and_then(|q| q.as_table_mut())
+                .and_then(|q| q.get_mut("workload"))
+            {
+                q.remove(*k);
+            }
+        }
     }
     Ok(())
 }
@@ -92,6 +102,31 @@ mod tests {
         .unwrap();
         assert_eq!(t["a"]["b"].as_str(), Some("remote_then_local"));
     }
+    #[test]
+    fn an_explicit_set_wins_over_the_quick_value() {
+        let mut t: toml::Table = toml::from_str(
+            "[workload]\niterations = 1000\n[quick.workload]\niterations = 300\nwarmup = 1",
+        )
+        .unwrap();
+        apply(
+            Path::new("x.toml"),
+            &mut t,
+            &["workload.iterations=500".into()],
+        )
+        .unwrap();
+        assert_eq!(t["workload"]["iterations"].as_integer(), Some(500));
+        assert!(t["quick"]["workload"].get("iterations").is_none());
+        assert_eq!(t["quick"]["workload"]["warmup"].as_integer(), Some(1));
+        // Setting the quick value itself still works.
+        apply(
+            Path::new("x.toml"),
+            &mut t,
+            &["quick.workload.iterations=7".into()],
+        )
+        .unwrap();
+        assert_eq!(t["quick"]["workload"]["iterations"].as_integer(), Some(7));
+    }
+
     #[test]
     fn sets_nested_values_with_types() {
         let mut t: toml::Table = toml::from_str("[workload]\nthreads = 1").unwrap();
