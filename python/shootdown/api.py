@@ -53,6 +53,34 @@ ProgressCallback = Callable[[int, int], None]
 DEFAULT_MAX_STATES = 1_000_000
 
 
+_U64_MAX = 2**64 - 1
+MAX_THREADS = 65536
+
+
+def _int_option(source: Any, option: str, value: Any, low: int, high: int = _U64_MAX) -> int:
+    """``value`` as an int in ``[low, high]``, else a one-line :class:`ConfigError` naming
+    ``source`` and ``option`` (never an ``OverflowError`` from the native layer)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            ok = not isinstance(value, bool) and float(value).is_integer()
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"{source}: {option}: expected an integer (got {value!r})")
+        value = int(value)
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{source}: {option}: must be an integer between {low} and {high} (got {value})"
+        )
+    return value
+
+
+def _threads(source: Any, threads: Optional[int]) -> int:
+    if threads is None or threads == 0:
+        return default_threads()
+    return _int_option(source, "threads", threads, 1, MAX_THREADS)
+
+
 def default_threads() -> int:
     """Worker threads used when ``threads=None``: the CPUs this process may run on."""
     try:
@@ -133,7 +161,7 @@ def run_plan(
     indices: Optional[Sequence[int]] = None,
 ) -> pd.DataFrame:
     """Run (some of) the points of an already computed plan; see :func:`run`."""
-    threads = threads or default_threads()
+    threads = _threads(path, threads)
     wanted = [p["index"] for p in the_plan["points"]] if indices is None else list(indices)
     tracker = _Progress(len(wanted), progress)
     results = _run_indices(
@@ -232,7 +260,7 @@ def reproduce(
     selected = seed_experiments(ids, quick)
     total = sum(len(p["points"]) for _, p in selected)
     tracker = _Progress(total, progress)
-    threads = threads or default_threads()
+    threads = _threads("reproduce", threads)
     frames = []
     for file, the_plan in selected:
         indices = [p["index"] for p in the_plan["points"]]
@@ -279,9 +307,9 @@ def check(
         str(resolved),
         mutant,
         memory_model,
-        int(max_states),
-        None if sample is None else int(sample),
-        int(seed),
+        _int_option(resolved, "max_states", max_states, 1),
+        None if sample is None else _int_option(resolved, "sample", sample, 1),
+        _int_option(resolved, "seed", seed, 0),
         strategy,
     )
 
@@ -386,7 +414,7 @@ def profile(
         _sets(sets),
         bool(quick),
         indices,
-        threads or default_threads(),
+        _threads(path, threads),
     )
     frame = profiling.profile_frame(the_plan, results)
     frame.attrs["path"] = str(path)

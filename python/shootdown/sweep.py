@@ -309,7 +309,7 @@ def sweep(
             progress(done, total)
 
     if backend == "local":
-        threads = threads or api.default_threads()
+        threads = api._threads(experiment, threads)
         size = chunk_size or max(1, 2 * threads)
         for combo in combos:
             missing = combo.missing()

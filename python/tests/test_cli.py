@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import shootdown
+
 from shootdown.cli import app
 from shootdown.records import RECORD_COLUMNS
 
@@ -150,6 +152,23 @@ def test_check_errors(runner, fake_native, data_home) -> None:
     )
     assert "SCENARIO" in one_error_line(invoke(runner, "check"))
     one_error_line(invoke(runner, "check", "pv-flush", "--memory-model", "arm"))
+    # Integers out of range: one line naming the option, never an OverflowError.
+    for args, option in (
+        (("--seed", "-1", "--sample", "3"), "seed: must be an integer between 0 and"),
+        (("--max-states", str(2**64)), "max_states: must be an integer between 1 and"),
+        (("--sample", str(2**70)), "sample: must be an integer between 1 and"),
+        (("--max-states", "0"), "Invalid value for '--max-states'"),
+    ):
+        assert option in one_error_line(invoke(runner, "check", "pv-flush", *args)), args
+
+
+def test_out_of_range_threads(runner, fake_native, seed000) -> None:
+    line = one_error_line(invoke(runner, "run", seed000, "--quick", "--threads", "-3"))
+    assert "Invalid value for '--threads'" in line, line
+    line = one_error_line(invoke(runner, "run", seed000, "--quick", "--threads", str(2**64)))
+    assert "threads: must be an integer between 1 and 65536" in line, line
+    with pytest.raises(shootdown.ConfigError, match="seed: must be an integer"):
+        shootdown.check("pv-flush", seed=2**64)
 
 
 def test_check_list(runner, fake_native, data_home) -> None:
