@@ -7,7 +7,8 @@ Conventions:
   spans more than one chunk of points;
 * bad input — an unknown option, a missing file, an invalid experiment (``ConfigError``) —
   prints ONE line ``shootdown: error: ...`` on stderr and exits with status 2, never a
-  traceback;
+  traceback; so do outputs that could not be written (``--out`` into a missing directory,
+  ``--parquet`` without pyarrow, ``--plot`` without matplotlib), before anything runs;
 * ``check`` exits 0 when verified, 1 on a violation, 3 when the state bound was reached.
 """
 
@@ -204,6 +205,37 @@ def _emit(text: str, out: Optional[Path]) -> None:
         _note(f"wrote {out}")
 
 
+def _check_outputs(
+    out: Optional[Path] = None,
+    parquet: Optional[Path] = None,
+    plot: Optional[Path] = None,
+    trace_out: Optional[Path] = None,
+) -> None:
+    """Fail before running, not after: every output's directory exists, and the extras an
+    output needs are installed."""
+    import importlib.util
+
+    for option, path in (
+        ("--out", out),
+        ("--parquet", parquet),
+        ("--plot", plot),
+        ("--trace", trace_out),
+    ):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise ConfigError(
+                f"{path}: {option}: directory {path.parent} does not exist "
+                f"(create it first: mkdir -p {path.parent})"
+            )
+    if parquet is not None and importlib.util.find_spec("pyarrow") is None:
+        raise ConfigError(
+            f"{parquet}: --parquet: writing Parquet needs pyarrow: pip install 'shootdown[parquet]'"
+        )
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError(
+            f"{plot}: --plot: plotting needs matplotlib: pip install 'shootdown[plot]'"
+        )
+
+
 def _render(frame: Any, fmt: OutFormat, table: str) -> str:
     if fmt is OutFormat.json:
         return records.to_json(frame)
@@ -253,6 +285,7 @@ def reproduce(
 
     Exit status is 0 even when directions mismatch: the table marks them.
     """
+    _check_outputs(out=out)
     with _progress(fmt is not OutFormat.json, threads, "reproduce") as bar:
         frame = api.reproduce(ids or None, quick=quick, threads=threads, progress=bar)
     _emit(_render(frame, fmt, report.format_table(frame)), out)
@@ -289,6 +322,7 @@ def run(
 ) -> None:
     """Run one experiment file and print its table (or JSON/CSV)."""
     set_list = list(sets or [])
+    _check_outputs(out=out, parquet=parquet, plot=plot, trace_out=trace_out)
     with _progress(fmt is not OutFormat.json, threads, file.name) as bar:
         pts = api.run(file, set_list, quick=quick, threads=threads, progress=bar)
     recs = api.to_records(pts)
@@ -399,6 +433,7 @@ def trace(
     quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
 ) -> None:
     """Write a Chrome/Perfetto trace (JSON) of one run."""
+    _check_outputs(out=out)
     written = api.trace(file, out, row=row, variant=variant, sets=list(sets or []), quick=quick)
     _note(f"wrote {written} (open in https://ui.perfetto.dev)")
 
@@ -424,6 +459,7 @@ def profile(
     Runs every repetition of one row and compares the variants function by function
     (exclusive time per event, calls per event, inclusive time per call).
     """
+    _check_outputs(out=out)
     frame = api.profile(
         file,
         row=row,

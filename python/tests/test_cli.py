@@ -253,3 +253,29 @@ def test_progress_bar_only_on_a_tty_and_for_several_chunks(monkeypatch) -> None:
         assert bar.progress is not None
         bar(4, 40)
         assert bar.progress.tasks[0].completed == 4
+
+
+def test_outputs_fail_before_the_run(runner, fake_native, seed000, tmp_path, monkeypatch) -> None:
+    missing = tmp_path / "no-such-dir" / "x.csv"
+    line = one_error_line(invoke(runner, "run", seed000, "--quick", "--out", missing))
+    assert "--out: directory" in line and "does not exist (create it first: mkdir -p" in line
+    line = one_error_line(invoke(runner, "reproduce", "--quick", "--out", missing))
+    assert "--out: directory" in line
+    line = one_error_line(invoke(runner, "trace", seed000, "--out", missing))
+    assert "--out: directory" in line
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("pyarrow", "matplotlib") else real(name, *a),
+    )
+    line = one_error_line(
+        invoke(runner, "run", seed000, "--quick", "--parquet", tmp_path / "p.parquet")
+    )
+    assert "--parquet: writing Parquet needs pyarrow: pip install 'shootdown[parquet]'" in line
+    line = one_error_line(invoke(runner, "run", seed000, "--quick", "--plot", tmp_path / "p.png"))
+    assert "--plot: plotting needs matplotlib: pip install 'shootdown[plot]'" in line
+    # Nothing ran.
+    assert not [c for c in fake_native.calls if c[0] in ("run_points", "trace")]
