@@ -431,10 +431,24 @@ def trace(
         None, "--set", "-s", metavar="KEY=VALUE", help="Override a key."
     ),
     quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    duration: float = typer.Option(
+        api.TRACE_DURATION_MS,
+        "--duration",
+        metavar="MS",
+        help="Simulated milliseconds to trace, from the start of the run.",
+    ),
 ) -> None:
     """Write a Chrome/Perfetto trace (JSON) of one run."""
     _check_outputs(out=out)
-    written = api.trace(file, out, row=row, variant=variant, sets=list(sets or []), quick=quick)
+    written = api.trace(
+        file,
+        out,
+        row=row,
+        variant=variant,
+        sets=list(sets or []),
+        quick=quick,
+        duration_ms=duration,
+    )
     _note(f"wrote {written} (open in https://ui.perfetto.dev)")
 
 

@@ -173,9 +173,18 @@ class FakeNative:
         return json.dumps(out)
 
     def trace(
-        self, path: str, sets: List[str], quick: bool, row_index: int, variant: str, out_path: str
+        self,
+        path: str,
+        sets: List[str],
+        quick: bool,
+        row_index: int,
+        variant: str,
+        out_path: str,
+        max_ms: float = 2.0,
     ) -> None:
-        self.calls.append(("trace", (path, list(sets), quick, row_index, variant, out_path)))
+        self.calls.append(
+            ("trace", (path, list(sets), quick, row_index, variant, out_path, max_ms))
+        )
         self._expand(path, sets, quick)
         Path(out_path).write_text(
             json.dumps({"traceEvents": [{"name": variant, "ph": "i", "ts": row_index}]})

@@ -192,6 +192,12 @@ def test_bench_and_trace(runner, fake_native, seed000, tmp_path) -> None:
         invoke(runner, "trace", seed000, "--row", "5", "--out", out)
     )
     assert "--out" in one_error_line(invoke(runner, "trace", seed000))
+    traced = [c for c in fake_native.calls if c[0] == "trace"]
+    assert traced[-1][1][6] == 2.0  # the default window
+    res = invoke(runner, "trace", seed000, "--out", out, "--duration", "50")
+    assert res.exit_code == 0 and fake_native.calls[-1][1][6] == 50.0
+    line = one_error_line(invoke(runner, "trace", seed000, "--out", out, "--duration", "0"))
+    assert "duration_ms: must be a number of ms in (0, 3600000] (got 0.0)" in line
 
 
 def test_version_info_and_help(runner, fake_native, data_home) -> None:
