@@ -73,17 +73,8 @@ pub fn describe(m: &Machine, a: Action) -> String {
             return format!("page walker{lazy}: speculative fill of mm{mm} page {vpn:#x}");
         }
         Action::Step(c) if c as usize >= m.cpus.len() => {
-            let mut copy = m.clone();
-            copy.perf.labels_on = true;
-            copy.perf.labels.clear();
-            copy.perf.summary = None;
             let top = m.host_stack(c as usize).last().map(|f| f.name());
-            copy.apply(a, &mut NullEnv);
-            let text = if copy.perf.labels.is_empty() {
-                copy.perf.summary.take().unwrap_or_default()
-            } else {
-                copy.perf.labels.join("; ")
-            };
+            let text = step_text(m, a);
             return match top {
                 Some(f) if !text.is_empty() => format!("{f}: {text}"),
                 Some(f) => f.to_string(),
@@ -91,17 +82,8 @@ pub fn describe(m: &Machine, a: Action) -> String {
             };
         }
         Action::Step(c) if m.in_host_code(c as usize) => {
-            let mut copy = m.clone();
-            copy.perf.labels_on = true;
-            copy.perf.labels.clear();
-            copy.perf.summary = None;
             let top = m.host_stack(c as usize).last().map(|f| f.name());
-            copy.apply(a, &mut NullEnv);
-            let text = if copy.perf.labels.is_empty() {
-                copy.perf.summary.take().unwrap_or_default()
-            } else {
-                copy.perf.labels.join("; ")
-            };
+            let text = step_text(m, a);
             // vcpu_run's steps name the functions they run; the others are prefixed with theirs.
             return match top {
                 Some(f) if f != "vcpu_run" => format!("host: {f}: {text}"),
@@ -152,5 +134,20 @@ impl Machine {
         if self.perf.labels_on {
             self.perf.summary = Some(f());
         }
+    }
+}
+
+/// What a step says of itself (its labels, else its summary): apply it to a copy of `m` with
+/// labels on.
+fn step_text(m: &Machine, a: Action) -> String {
+    let mut copy = m.clone();
+    copy.perf.labels_on = true;
+    copy.perf.labels.clear();
+    copy.perf.summary = None;
+    copy.apply(a, &mut NullEnv);
+    if copy.perf.labels.is_empty() {
+        copy.perf.summary.take().unwrap_or_default()
+    } else {
+        copy.perf.labels.join("; ")
     }
 }

@@ -21,7 +21,7 @@ pub const GEN_UPDATE_IN_PROGRESS: u64 = 1 << 63;
 pub const KVM_ADDRESS_SPACE_NUM: u64 = 2;
 
 /// `struct kvm_memory_slot`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Memslot {
     pub id: u16,
     pub base_gfn: Gfn,

@@ -104,18 +104,8 @@ impl ZapMemslot {
 
     /// `__kvm_mmu_zap_all(kvm, mmio_only = true)` (v5.1's zap on an MMIO-generation wrap).
     pub fn mmio_sptes() -> Frame {
-        let Frame::ZapMemslot(mut z) = ZapMemslot::call(
-            MemslotZap::ZapAll,
-            Memslot {
-                id: 0,
-                base_gfn: 0,
-                npages: 0,
-                readonly: false,
-                invalid: false,
-                huge: false,
-                pfn: 0,
-            },
-        ) else {
+        let Frame::ZapMemslot(mut z) = ZapMemslot::call(MemslotZap::ZapAll, Memslot::default())
+        else {
             unreachable!()
         };
         z.mmio_only = true;
@@ -144,18 +134,7 @@ impl Machine {
         });
         Flow::Call(match self.opts.kvm {
             KvmVersion::V5_1 => ZapMemslot::mmio_sptes(),
-            _ => ZapMemslot::call(
-                MemslotZap::FastInvalidate,
-                Memslot {
-                    id: 0,
-                    base_gfn: 0,
-                    npages: 0,
-                    readonly: false,
-                    invalid: false,
-                    huge: false,
-                    pfn: 0,
-                },
-            ),
+            _ => ZapMemslot::call(MemslotZap::FastInvalidate, Memslot::default()),
         })
     }
 
