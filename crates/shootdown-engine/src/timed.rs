@@ -13,7 +13,7 @@ use crate::model::{AgentId, Env, Model, Park, Violation};
 use crate::profile::{Profile, Profiler};
 use crate::rng::DetRng;
 use crate::time::Time;
-use crate::trace::{Stamped, TraceEvent};
+use crate::trace::{Stamped, TraceEvent, WindowSink, WindowStart};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -87,6 +87,7 @@ pub struct TimedDriver {
 #[derive(Debug)]
 enum TraceSink {
     Record(Vec<Stamped>),
+    Window(Box<WindowSink>),
     Profile(Profiler),
 }
 
@@ -94,6 +95,7 @@ impl TraceSink {
     fn take(&mut self, at: Time, ev: TraceEvent) {
         match self {
             TraceSink::Record(v) => v.push(Stamped { at, ev }),
+            TraceSink::Window(w) => w.take(at, ev),
             TraceSink::Profile(p) => p.record(at, &ev),
         }
     }
@@ -173,6 +175,32 @@ impl TimedDriver {
     /// Record trace events from now on.
     pub fn enable_trace(&mut self) {
         self.trace = Some(TraceSink::Record(Vec::new()));
+    }
+
+    /// Record only the trace events of a window of simulated time ([`WindowSink`]).
+    pub fn enable_trace_window(&mut self, start: WindowStart, duration: Time) {
+        self.trace = Some(TraceSink::Window(Box::new(WindowSink::new(
+            start, duration,
+        ))));
+    }
+
+    /// The end of the trace window, once its start is known (a run can stop there).
+    pub fn trace_window_end(&self) -> Option<Time> {
+        match &self.trace {
+            Some(TraceSink::Window(w)) => w.end(),
+            _ => None,
+        }
+    }
+
+    /// The trace window's events, every slice closed ([`WindowSink::finish`]).
+    pub fn take_trace_window(&mut self, run_end: Time) -> Vec<Stamped> {
+        match self.trace.take() {
+            Some(TraceSink::Window(w)) => w.finish(run_end),
+            other => {
+                self.trace = other;
+                Vec::new()
+            }
+        }
     }
 
     /// Recorded trace events (empty unless [`TimedDriver::enable_trace`] was called).
@@ -256,6 +284,8 @@ impl TimedDriver {
                 continue; // superseded entry
             }
             if t > limits.max_time {
+                // Put it back: a later `run` with a later limit resumes here.
+                self.queue.push(Reverse((t, agent)));
                 break Stop::TimeLimit;
             }
             let now = t.max(self.clocks[agent]);

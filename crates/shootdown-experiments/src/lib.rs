@@ -8,15 +8,18 @@
 //! Layering: this crate sits on top of engine → hw → linux → workloads; nothing below imports it.
 
 mod error;
+mod inputs;
 mod overrides;
 mod profile_file;
 mod run;
 mod spec;
 
 pub use error::ConfigError;
+pub use inputs::Input;
 pub use profile_file::load_profile;
 pub use run::{
-    profile_point, profile_points, run_point, run_points, trace_point, PointProfile, PointResult,
+    profile_point, profile_points, run_point, run_points, trace_point, trace_window_start,
+    PointProfile, PointResult,
 };
 pub use spec::{Experiment, Point, PublishedCell, VariantSpec};
 
@@ -30,7 +33,9 @@ pub fn load(path: &Path, sets: &[String]) -> Result<Experiment, ConfigError> {
 }
 
 /// Directories searched for `profiles/<name>.toml`: `$SHOOTDOWN_PROFILES` if set, then
-/// `profiles/` in each ancestor of the experiment file.
+/// `profiles/` in each ancestor of the experiment file, then `$SHOOTDOWN_SHIPPED_PROFILES` (the
+/// installed package's profiles, set by the Python layer), so that an experiment copied out of
+/// the tree still finds the shipped machines while a `profiles/` beside it takes precedence.
 pub fn profile_dirs(experiment_path: &Path) -> Vec<PathBuf> {
     profile_dir_list(experiment_path)
 }
@@ -46,6 +51,9 @@ pub(crate) fn profile_dir_list(experiment_path: &Path) -> Vec<PathBuf> {
     while let Some(d) = cur {
         dirs.push(d.join("profiles"));
         cur = d.parent();
+    }
+    if let Ok(p) = std::env::var("SHOOTDOWN_SHIPPED_PROFILES") {
+        dirs.push(PathBuf::from(p));
     }
     dirs
 }

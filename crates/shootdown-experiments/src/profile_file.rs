@@ -9,6 +9,7 @@
 //! `--set profile_override.cost.ipi_latency_same_socket=600`. The resulting profile's name lists
 //! the overridden keys, so every output shows that it is not the machine's profile.
 
+use crate::inputs::Input;
 use crate::ConfigError;
 use shootdown_hw::profile::Costs;
 use shootdown_hw::{CostProfile, Features};
@@ -29,12 +30,13 @@ fn find(name: &str, dirs: &[PathBuf], from: &Path) -> Result<PathBuf, ConfigErro
             return Ok(p);
         }
     }
-    Err(ConfigError::new(from, "experiment.profile", format!("no profile '{name}' (looked for {name}.toml in profiles/ next to the experiment and its parents, and $SHOOTDOWN_PROFILES)")))
+    Err(ConfigError::new(from, "experiment.profile", format!("no profile '{name}' (looked for {name}.toml in $SHOOTDOWN_PROFILES, in profiles/ next to the experiment and its parents, and in the installed package's profiles)")))
 }
 
-fn read_toml(path: &Path) -> Result<toml::Table, ConfigError> {
+fn read_toml(path: &Path, inputs: &mut Vec<Input>) -> Result<toml::Table, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
+    inputs.push(Input::new(path, &text));
     toml::from_str(&text)
         .map_err(|e| ConfigError::new(path, "", format!("malformed TOML: {}", e.message())))
 }
@@ -46,6 +48,17 @@ pub fn load_profile(
     dirs: &[PathBuf],
     from: &Path,
     overlay: Option<&toml::Table>,
+) -> Result<CostProfile, ConfigError> {
+    load_profile_files(name, dirs, from, overlay, &mut Vec::new())
+}
+
+/// [`load_profile`], also appending every profile file it read to `inputs` (most derived first).
+pub(crate) fn load_profile_files(
+    name: &str,
+    dirs: &[PathBuf],
+    from: &Path,
+    overlay: Option<&toml::Table>,
+    inputs: &mut Vec<Input>,
 ) -> Result<CostProfile, ConfigError> {
     let mut chain = Vec::new();
     let mut cur = name.to_string();
@@ -59,7 +72,7 @@ pub fn load_profile(
             ));
         }
         let path = find(&cur, dirs, from)?;
-        let t = read_toml(&path)?;
+        let t = read_toml(&path, inputs)?;
         chain.push(cur.clone());
         for k in t.keys() {
             if !["profile", "features", "cost"].contains(&k.as_str()) {

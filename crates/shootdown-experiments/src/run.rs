@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use shootdown_engine::profile::Profile;
 use shootdown_engine::timed::{Limits, Stop, TimedDriver};
+use shootdown_engine::trace::WindowStart;
 use shootdown_engine::Time;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,11 +41,11 @@ pub(crate) fn validate_workload(exp: &Experiment, w: &toml::Table) -> Result<(),
 }
 
 /// What a run records besides its result.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Capture {
     Nothing,
-    /// The timeline (every trace event).
-    Trace,
+    /// The timeline of a window of simulated time; the run stops at the window's end.
+    Trace(WindowStart, Time),
     /// A flat profile of the measured window.
     Profile,
 }
@@ -89,21 +90,24 @@ fn run_one(
     // The CPUs (or vCPUs), then the host's threads (the VMM's): every one an agent.
     let agents = shootdown_engine::Model::agents(&m);
     let mut driver = TimedDriver::new(agents, p.seed, 0);
-    match capture {
+    match &capture {
         Capture::Nothing => {}
-        Capture::Trace => driver.enable_trace(),
+        Capture::Trace(start, duration) => driver.enable_trace_window(start.clone(), *duration),
         Capture::Profile => driver.enable_profile(m.perf.measure_from),
     }
     let limit = max_time
         .map(|t| t.min(built.max_time))
         .unwrap_or(built.max_time);
-    let stats = driver.run(
-        &mut m,
-        Limits {
-            max_time: limit,
-            max_steps: u64::MAX,
-        },
-    );
+    let stats = match &capture {
+        Capture::Trace(_, duration) => run_to_window_end(&mut driver, &mut m, limit, *duration),
+        _ => driver.run(
+            &mut m,
+            Limits {
+                max_time: limit,
+                max_steps: u64::MAX,
+            },
+        ),
+    };
     let mut violations = Vec::new();
     let stop = match &stats.stop {
         Stop::Finished => "finished".to_string(),
@@ -151,7 +155,7 @@ fn run_one(
         violations,
     };
     let captured = Captured {
-        trace: driver.take_trace(),
+        trace: driver.take_trace_window(stats.end),
         profile: driver.take_profile(stats.end),
         events_measured: m.perf.events_measured,
     };
@@ -233,14 +237,63 @@ fn on_points<T: Send>(
     out.into_iter().collect()
 }
 
-/// Run one point with tracing on (at most `max_ms` of simulated time) and write a Chrome/Perfetto
-/// trace JSON to `out`.
+/// Run `m` until the trace window's end (or `limit`): in chunks of `duration` while the
+/// window's start is not known yet (it waits for the first shootdown), then to its end.
+fn run_to_window_end(
+    driver: &mut TimedDriver,
+    m: &mut shootdown_linux::Machine,
+    limit: Time,
+    duration: Time,
+) -> shootdown_engine::timed::RunStats {
+    let mut until = duration;
+    let mut latest = Time::ZERO;
+    loop {
+        let end = driver.trace_window_end().unwrap_or(until).min(limit);
+        let mut stats = driver.run(
+            m,
+            Limits {
+                max_time: end,
+                max_steps: u64::MAX,
+            },
+        );
+        latest = latest.max(stats.end);
+        let window_done = driver.trace_window_end().is_some_and(|e| end >= e);
+        if !matches!(stats.stop, Stop::TimeLimit) || end >= limit || window_done {
+            stats.end = latest;
+            return stats;
+        }
+        if driver.trace_window_end().is_none() {
+            until = until + duration;
+        }
+    }
+}
+
+/// Slices whose opening marks the interesting part of a run for a trace window with an
+/// automatic start (besides any IPI leaving a CPU).
+const TRACE_ANCHORS: &[&str] = &["kvm_flush_remote_tlbs"];
+
+/// Where a trace window starts: at a given simulated time, or just before the workload's first
+/// shootdown (its first IPI or `kvm_flush_remote_tlbs`), a tenth of the window ahead of it.
+pub fn trace_window_start(from_ms: Option<f64>, duration_ms: f64) -> WindowStart {
+    match from_ms {
+        Some(ms) => WindowStart::At(Time::from_ns_f64(ms * 1e6)),
+        None => WindowStart::First {
+            anchors: TRACE_ANCHORS,
+            lead: Time::from_ns_f64(duration_ms * 1e5),
+        },
+    }
+}
+
+/// Run one point with tracing on and write a Chrome/Perfetto trace JSON of `duration_ms` of
+/// simulated time to `out`, starting at `from_ms` (or, when `None`, just before the first
+/// shootdown: [`trace_window_start`]). The run stops at the window's end.
 pub fn trace_point(
     exp: &Experiment,
     quick: bool,
     row_index: usize,
     variant: &str,
-    max_ms: f64,
+    from_ms: Option<f64>,
+    duration_ms: f64,
     out: &Path,
 ) -> Result<PointResult, ConfigError> {
     let points = exp.points(quick);
@@ -258,8 +311,11 @@ pub fn trace_point(
         exp,
         p,
         quick,
-        Capture::Trace,
-        Some(Time::from_ns_f64(max_ms * 1e6)),
+        Capture::Trace(
+            trace_window_start(from_ms, duration_ms),
+            Time::from_ns_f64(duration_ms * 1e6),
+        ),
+        None,
     )?;
     let f = std::fs::File::create(out)
         .map_err(|e| ConfigError::new(out, "", format!("cannot write trace: {e}")))?;

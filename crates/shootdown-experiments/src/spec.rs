@@ -66,6 +66,10 @@ pub struct Experiment {
     pub quick_workload: toml::Table,
     pub variants: Vec<VariantSpec>,
     pub published: Vec<PublishedCell>,
+    /// Every file read to build this experiment (itself, then its profile chain).
+    pub inputs: Vec<crate::Input>,
+    /// The `--set KEY=VALUE` overrides applied, in order.
+    pub sets: Vec<String>,
 }
 
 /// A `[host]` setting (a row key naming one varies it per row instead of a workload parameter).
@@ -168,6 +172,7 @@ fn uint(
 pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read experiment file: {e}")))?;
+    let mut inputs = vec![crate::inputs::Input::new(path, &text)];
     let mut doc: toml::Table = toml::from_str(&text).map_err(|e| {
         ConfigError::new(path, "", format!("malformed TOML: {}", e.message().trim()))
     })?;
@@ -506,7 +511,13 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             ))
         }
     };
-    let profile = Arc::new(crate::load_profile(&profile_name, &dirs, path, overlay)?);
+    let profile = Arc::new(crate::profile_file::load_profile_files(
+        &profile_name,
+        &dirs,
+        path,
+        overlay,
+        &mut inputs,
+    )?);
     mark_fitted(path, &name, &profile, &variants, &mut published)?;
     let exp = Experiment {
         path: path.to_path_buf(),
@@ -529,6 +540,8 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         quick_workload,
         variants,
         published,
+        inputs,
+        sets: sets.to_vec(),
     };
     // Validate the workload parameters of every row now, before anything runs.
     for quick in [false, true] {
@@ -670,6 +683,8 @@ impl Experiment {
             "rows": self.rows_for(quick).iter().map(to_json).collect::<Vec<_>>(),
             "published": self.published,
             "points": self.points(quick),
+            "inputs": self.inputs,
+            "sets": self.sets,
         })
     }
 }

@@ -65,7 +65,7 @@ fn the_trace_has_a_track_per_vcpu_and_host_thread_and_balanced_slices() {
     let dir = root.join("target").join("seed003-trace-test");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("before.json");
-    shootdown_experiments::trace_point(&e, true, 0, "before", 2.0, &out).unwrap();
+    shootdown_experiments::trace_point(&e, true, 0, "before", Some(0.0), 2.0, &out).unwrap();
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let events = v["traceEvents"].as_array().unwrap();
@@ -99,8 +99,8 @@ fn the_trace_has_a_track_per_vcpu_and_host_thread_and_balanced_slices() {
             _ => {}
         }
     }
-    // Only the bottom slice (the task running when the window ends) may still be open.
-    assert!(open.values().all(|s| s.len() <= 1), "{open:?}");
+    // The window closes every slice at its end.
+    assert!(open.values().all(|s| s.is_empty()), "{open:?}");
     for (host, n) in [
         (true, "install_new_memslots"),
         (true, "kvm_mmu_invalidate_zap_all_pages"),

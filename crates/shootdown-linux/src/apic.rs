@@ -19,11 +19,13 @@ impl Machine {
         let was_halted = std::mem::replace(&mut c.halted, false);
         // The slice opens before the entry cost so that a profile counts it in the handler.
         if env.tracing() {
-            env.trace(TraceEvent::FlowIn {
-                agent: cpu,
-                id: cpu as u64,
-                name: "CALL_FUNCTION IPI",
-            });
+            for id in std::mem::take(&mut self.perf.ipi_flows[cpu]) {
+                env.trace(TraceEvent::FlowIn {
+                    agent: cpu,
+                    id,
+                    name: "CALL_FUNCTION IPI",
+                });
+            }
             env.trace(TraceEvent::Begin {
                 agent: cpu,
                 name: "call_function_interrupt",
@@ -62,7 +64,6 @@ impl Machine {
         if targets.is_empty() {
             return;
         }
-        let now = env.now();
         if env.timed() {
             let c = self.perf.profile.clone();
             let c = &c.costs;
@@ -87,24 +88,35 @@ impl Machine {
             };
             env.charge(send);
         }
+        // The ICR write completes at the end of the send cost charged above (and of whatever the
+        // step charged before it): delivery latency is measured from there, never from the
+        // start of the sending step.
+        let sent = env.now() + env.elapsed();
         for &t in targets {
             self.perf.counters.inc(Counter::CallFunctionIpis);
-            self.cpus[t].ipi_pending = true;
+            let already = std::mem::replace(&mut self.cpus[t].ipi_pending, true);
             if env.timed() {
                 let c = &self.perf.profile.costs;
                 let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(t)) {
                     shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
                     _ => c.ipi_latency_same_socket,
                 };
-                // The ICR write completes at the end of this step's send cost.
-                let arrival = now + lat;
+                // An IPI already pending (not yet taken) coalesces with this one: the
+                // interrupt is taken at the earlier arrival.
+                let mut arrival = sent + lat;
+                if already {
+                    arrival = arrival.min(self.perf.ipi_arrival[t]);
+                }
                 self.perf.ipi_arrival[t] = arrival;
                 env.wake(t, arrival);
             }
             if env.tracing() {
+                let id = self.perf.next_flow_id;
+                self.perf.next_flow_id += 1;
+                self.perf.ipi_flows[t].push(id);
                 env.trace(TraceEvent::FlowOut {
                     agent: src,
-                    id: t as u64,
+                    id,
                     name: "CALL_FUNCTION IPI",
                 });
             }
@@ -119,15 +131,17 @@ impl Machine {
             return;
         }
         let c = &self.perf.profile.costs;
+        // As for CALL_FUNCTION IPIs, the target notices from the end of what this step charged
+        // (the store to `need_resched`, or the ICR write), not from the step's start.
         let at = if self.opts.idle == Idle::Poll {
-            env.now() + c.poll_idle_notice
+            env.now() + env.elapsed() + c.poll_idle_notice
         } else {
             let lat = match self.topo.distance(self.phys_cpu(from), self.phys_cpu(cpu)) {
                 shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
                 _ => c.ipi_latency_same_socket,
             };
             env.charge(c.ipi_send);
-            env.now() + lat + c.idle_wakeup + c.irq_entry_exit
+            env.now() + env.elapsed() + lat + c.idle_wakeup + c.irq_entry_exit
         };
         env.wake(cpu, at);
     }

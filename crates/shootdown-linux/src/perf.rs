@@ -16,10 +16,14 @@ pub struct Perf {
     pub counters: Counters,
     /// When each CPU's pending IPI arrives.
     pub ipi_arrival: Vec<Time>,
+    /// Per CPU: the trace flow ids of the CALL_FUNCTION IPIs pending on it (several senders'
+    /// IPIs coalesce into one interrupt, which ends all their arrows). Tracing only.
+    pub ipi_flows: Vec<Vec<u64>>,
     /// Per CPU: interruptible work in progress ([`Machine::charge_interruptible`]).
     pub busy: Vec<Busy>,
     /// When each CPU's current task started its time slice.
     pub slice_start: Vec<Time>,
+    /// The next trace flow id: every IPI gets its own arrow.
     pub next_flow_id: u64,
     /// Workload events at or after `measure_from` count towards the metric.
     pub measure_from: Time,
@@ -84,6 +88,7 @@ impl Perf {
             lines: shootdown_hw::cacheline::LineDirectory::new(pcpus),
             counters: Counters::new(),
             ipi_arrival: vec![Time::ZERO; n],
+            ipi_flows: vec![Vec::new(); n],
             busy: vec![Busy::default(); n],
             slice_start: vec![Time::ZERO; n],
             next_flow_id: 1,

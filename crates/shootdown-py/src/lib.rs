@@ -111,9 +111,10 @@ fn profile_points(
     json(&out)
 }
 
-/// Run one point with tracing and write a Chrome/Perfetto trace JSON to `out_path`.
+/// Run one point with tracing and write a Chrome/Perfetto trace JSON of `max_ms` of simulated
+/// time to `out_path`, from `from_ms` (None: just before the workload's first shootdown).
 #[pyfunction]
-#[pyo3(signature = (path, sets, quick, row_index, variant, out_path, max_ms=2.0))]
+#[pyo3(signature = (path, sets, quick, row_index, variant, out_path, max_ms=2.0, from_ms=None))]
 #[allow(clippy::too_many_arguments)] // the signature is the Python API
 fn trace(
     py: Python<'_>,
@@ -124,9 +125,12 @@ fn trace(
     variant: String,
     out_path: PathBuf,
     max_ms: f64,
+    from_ms: Option<f64>,
 ) -> PyResult<String> {
     let r = on_experiment(py, &path, &sets, |exp| {
-        shootdown_experiments::trace_point(exp, quick, row_index, &variant, max_ms, &out_path)
+        shootdown_experiments::trace_point(
+            exp, quick, row_index, &variant, from_ms, max_ms, &out_path,
+        )
     })?;
     json(&r)
 }
