@@ -91,11 +91,10 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _existing_file(path: PathLike) -> str:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"{path}: no such file")
-    return str(p)
+def _experiment_file(path: PathLike) -> str:
+    """The experiment file ``path`` names: a path, or a shipped experiment's name
+    (:func:`shootdown.paths.resolve_experiment`)."""
+    return str(paths.resolve_experiment(path))
 
 
 def _sets(sets: Iterable[str]) -> List[str]:
@@ -108,7 +107,9 @@ def plan(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> Plan:
     """Load an experiment and expand it into points, without running anything.
 
     Args:
-        path: the experiment file (``experiments/**/*.toml``).
+        path: the experiment file (``experiments/**/*.toml``), or the name of a shipped
+            experiment (its file stem, e.g. ``"seed002-madv-dontneed"``; see
+            :func:`shootdown.paths.resolve_experiment`).
         sets: ``KEY=VALUE`` overrides (dotted key, TOML value), e.g. ``"experiment.rows=[8]"``.
         quick: use the experiment's ``quick_*`` rows, repetitions and ``[quick.*]`` overrides.
 
@@ -116,9 +117,10 @@ def plan(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> Plan:
         The plan (see :class:`shootdown.schema.Plan`); ``variants[0]`` is the baseline.
 
     Raises:
-        ConfigError: the file, a key or a value is invalid (message ``FILE: KEY: REASON``).
+        ConfigError: the file, a key or a value is invalid (message ``FILE: KEY: REASON``), or
+            ``path`` names no file and no shipped experiment.
     """
-    return call("plan", _existing_file(path), _sets(sets), bool(quick))
+    return call("plan", _experiment_file(path), _sets(sets), bool(quick))
 
 
 def _run_indices(
@@ -167,7 +169,7 @@ def run_plan(
     wanted = [p["index"] for p in the_plan["points"]] if indices is None else list(indices)
     tracker = _Progress(len(wanted), progress)
     results = _run_indices(
-        _existing_file(path), _sets(sets), bool(quick), wanted, threads, tracker.advance
+        _experiment_file(path), _sets(sets), bool(quick), wanted, threads, tracker.advance
     )
     frame = points_frame(the_plan, results)
     frame.attrs["path"] = str(path)
@@ -184,7 +186,7 @@ def run(
     """Run every point of an experiment and return one row per point.
 
     Args:
-        path: the experiment file.
+        path: the experiment file or a shipped experiment's name (see :func:`plan`).
         sets: ``KEY=VALUE`` overrides (see :func:`plan`).
         quick: the experiment's quick configuration.
         threads: worker threads inside Rust (default: the available CPUs). Results do not
@@ -198,6 +200,7 @@ def run(
         ``frame.attrs["plan"]`` holds the plan, so :func:`summarize` and :func:`to_records`
         need only the frame.
     """
+    path = _experiment_file(path)
     the_plan = plan(path, sets, quick)
     return run_plan(path, the_plan, sets, quick, threads, progress)
 
@@ -356,7 +359,7 @@ def trace(
     """Write a Chrome/Perfetto trace (JSON) of one run of an experiment.
 
     Args:
-        path: the experiment file.
+        path: the experiment file or a shipped experiment's name (see :func:`plan`).
         out: where to write the trace (open it in https://ui.perfetto.dev or chrome://tracing).
         row: the row *value* (e.g. ``8`` threads); default the first row.
         variant: variant name or label; default the baseline.
@@ -378,7 +381,7 @@ def trace(
         raise ConfigError(
             f"{path}: duration_ms: must be a number of ms in (0, 3600000] (got {duration_ms!r})"
         )
-    call("trace", _existing_file(path), _sets(sets), bool(quick), index, name, str(out), ms)
+    call("trace", _experiment_file(path), _sets(sets), bool(quick), index, name, str(out), ms)
     return Path(out)
 
 
@@ -397,7 +400,7 @@ def profile(
     window; see :mod:`shootdown.profiling`.
 
     Args:
-        path: the experiment file.
+        path: the experiment file or a shipped experiment's name (see :func:`plan`).
         row: the row *value* (e.g. ``4`` threads); default the first row.
         variants: variant names or labels; default all, baseline first.
         sets, quick, threads: as for :func:`run`.
@@ -423,7 +426,7 @@ def profile(
     ]
     results = call(
         "profile_points",
-        _existing_file(path),
+        _experiment_file(path),
         _sets(sets),
         bool(quick),
         indices,
@@ -435,9 +438,10 @@ def profile(
 
 
 def bench(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> BenchResult:
-    """Time one run of the experiment's first point.
+    """Time one run of the experiment's first point (``path``, ``sets``, ``quick``: as for
+    :func:`run`).
 
     Returns:
         ``{"steps", "wall_s", "sim_ns", "steps_per_s", "sim_s_per_wall_s"}``.
     """
-    return call("bench", _existing_file(path), _sets(sets), bool(quick))
+    return call("bench", _experiment_file(path), _sets(sets), bool(quick))

@@ -2,9 +2,11 @@
 
 Conventions:
 
-* results go to stdout (or ``--out FILE``); progress bars and notes go to stderr. A progress
-  bar appears only when stderr is a terminal, the output format is not JSON and the work
-  spans more than one chunk of points;
+* results go to stdout (or ``--out FILE``); progress bars and notes go to stderr, so a progress
+  bar never mixes into the results, whatever the format. It appears only when stderr is a
+  terminal and the work left spans more than one chunk of points;
+* an experiment is a path or the name of a shipped one (``shootdown run seed002-madv-dontneed``;
+  ``shootdown list`` shows them), from any directory;
 * bad input — an unknown option, a missing file, an invalid experiment (``ConfigError``) —
   prints ONE line ``shootdown: error: ...`` on stderr and exits with status 2, never a
   traceback; so do outputs that could not be written (``--out`` into a missing directory,
@@ -32,6 +34,8 @@ except ImportError:  # pragma: no cover
 from . import api, paths, profiling, records, report
 from ._bridge import ConfigError, NativeUnavailableError
 from ._version import __version__
+from .sweep import parse_grid, summarize_sweep
+from .sweep import sweep as run_sweep
 
 __all__ = ["app", "main", "EXIT_OK", "EXIT_VIOLATION", "EXIT_USAGE", "EXIT_BOUND"]
 
@@ -134,11 +138,26 @@ class Strategy(str, Enum):
     pct = "pct"
 
 
+class Backend(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+class ListKind(str, Enum):
+    experiments = "experiments"
+    profiles = "profiles"
+    scenarios = "scenarios"
+
+
+_EXPERIMENT_HELP = "Experiment file (TOML), or a shipped experiment's name (shootdown list)."
+
+
 # --------------------------------------------------------------------------- helpers
 
 
 class _LazyBar:
-    """A rich progress bar on stderr, started only when the work spans more than one chunk."""
+    """A rich progress bar on stderr, started only when the work left (``total - done`` at the
+    first call: a sweep's cached points are done already) spans more than one chunk."""
 
     def __init__(self, chunk: int, description: str) -> None:
         self.chunk, self.description = chunk, description
@@ -149,7 +168,7 @@ class _LazyBar:
     def __call__(self, done: int, total: int) -> None:
         if not self.decided:
             self.decided = True
-            if total > self.chunk:
+            if total - done > self.chunk:
                 from rich.console import Console
                 from rich.progress import (
                     BarColumn,
@@ -286,7 +305,7 @@ def reproduce(
     Exit status is 0 even when directions mismatch: the table marks them.
     """
     _check_outputs(out=out)
-    with _progress(fmt is not OutFormat.json, threads, "reproduce") as bar:
+    with _progress(True, threads, "reproduce") as bar:
         frame = api.reproduce(ids or None, quick=quick, threads=threads, progress=bar)
     _emit(_render(frame, fmt, report.format_table(frame)), out)
     _warn_violations(frame)
@@ -294,7 +313,7 @@ def reproduce(
 
 @app.command()
 def run(
-    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    file: Path = typer.Argument(..., help=_EXPERIMENT_HELP),
     sets: Optional[List[str]] = typer.Option(
         None, "--set", "-s", metavar="KEY=VALUE", help="Override a key (TOML value); repeatable."
     ),
@@ -317,13 +336,21 @@ def run(
         None, "--parquet", metavar="OUT", help="Also write the per-run points as Parquet."
     ),
     plot: Optional[Path] = typer.Option(
-        None, "--plot", metavar="OUT.png", help="Also plot simulated vs published values."
+        None,
+        "--plot",
+        metavar="FIG",
+        help="Also draw the change vs the baseline, simulated beside published "
+        "(.svg, .pdf or .png; see `shootdown plot`).",
     ),
 ) -> None:
     """Run one experiment file and print its table (or JSON/CSV)."""
     set_list = list(sets or [])
     _check_outputs(out=out, parquet=parquet, plot=plot, trace_out=trace_out)
-    with _progress(fmt is not OutFormat.json, threads, file.name) as bar:
+    if plot is not None:
+        from .plot import check_figure_path
+
+        check_figure_path(plot, "--plot")
+    with _progress(True, threads, file.name) as bar:
         pts = api.run(file, set_list, quick=quick, threads=threads, progress=bar)
     recs = api.to_records(pts)
     if points:
@@ -337,9 +364,9 @@ def run(
         report.to_parquet(pts, parquet)
         _note(f"wrote {parquet}")
     if plot is not None:
-        from .plot import plot_experiment
+        from .plot import plot_records
 
-        plot_experiment(recs, plot)
+        plot_records(recs, plot)
         _note(f"wrote {plot}")
     if trace_out is not None:
         api.trace(file, trace_out, sets=set_list, quick=quick)
@@ -407,7 +434,7 @@ def check(
 
 @app.command()
 def bench(
-    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    file: Path = typer.Argument(..., help=_EXPERIMENT_HELP),
     sets: Optional[List[str]] = typer.Option(
         None, "--set", "-s", metavar="KEY=VALUE", help="Override a key."
     ),
@@ -419,9 +446,134 @@ def bench(
     _emit(json.dumps(result) if fmt is TextFormat.json else report.format_bench(result), None)
 
 
+@app.command("list")
+def list_(
+    kind: Optional[ListKind] = typer.Argument(
+        None, help="experiments, profiles or scenarios (default: all three)."
+    ),
+    fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
+) -> None:
+    """List the shipped experiments, machine profiles and checker scenarios, one line each.
+
+    Reads the data files only (works without the native module). Any command that takes an
+    experiment file also takes the NAME shown here.
+    """
+    kinds = [kind.value] if kind is not None else list(paths.LIST_KINDS)
+    listers = {
+        "experiments": paths.list_experiments,
+        "profiles": paths.list_profiles,
+        "scenarios": paths.list_scenarios,
+    }
+    entries = [e for k in kinds for e in listers[k]()]
+    if fmt is TextFormat.json:
+        _emit(json.dumps(entries, indent=2, ensure_ascii=False), None)
+        return
+    width = None
+    if sys.stdout.isatty():
+        import shutil
+
+        width = shutil.get_terminal_size().columns
+    _emit(report.format_listing(entries, kinds, width=width), None)
+
+
+def _grid_json_value(value: Any) -> Any:
+    """A grid value (TOML text) as a JSON value: parsed when it is TOML, else the text."""
+    from .paths import tomllib
+
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except (tomllib.TOMLDecodeError, TypeError):
+        return str(value)
+    try:
+        json.dumps(parsed)
+    except (TypeError, ValueError):  # dates and times
+        return str(value)
+    return parsed
+
+
+@app.command("sweep")
+def sweep_(
+    file: Path = typer.Argument(..., help=_EXPERIMENT_HELP),
+    grids: Optional[List[str]] = typer.Option(
+        None,
+        "--grid",
+        "-g",
+        metavar="KEY=V1,V2",
+        help="Sweep a key over TOML values split at top-level commas ([8,16],[32] is two); "
+        "repeatable: every combination runs.",
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", "-s", metavar="KEY=VALUE", help="Override a key (TOML value); repeatable."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    backend: Backend = typer.Option(
+        Backend.local, "--backend", help="local (threads) or ray (RAY_ADDRESS selects a cluster)."
+    ),
+    cache: Path = typer.Option(
+        Path(".shootdown-cache"), "--cache", metavar="DIR", help="Point cache (resumes sweeps)."
+    ),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", "-j", min=1, help="Worker threads (ray: per task)."
+    ),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+) -> None:
+    """Run an experiment over every combination of --grid values, caching every point.
+
+    Points already in the cache (same files, overrides, quick flag and build) are not run
+    again, so an interrupted or enlarged sweep resumes. Prints avg (stdev) and the change
+    against the baseline variant per combination, row and variant.
+    """
+    _check_outputs(out=out)
+    grid = parse_grid(list(grids or []))
+    with _progress(True, threads, f"sweep {file.stem}") as bar:
+        frame = run_sweep(
+            file,
+            grid,
+            backend=backend.value,
+            cache_dir=cache,
+            sets=list(sets or []),
+            quick=quick,
+            threads=threads,
+            progress=bar,
+        )
+    cached = int(frame["cached"].sum()) if len(frame) else 0
+    _note(f"{cached} of {len(frame)} points from the cache in {cache}")
+    summary = summarize_sweep(frame)
+    if fmt is OutFormat.json:
+        shown = summary.copy()
+        for key in grid:
+            shown[key] = [_grid_json_value(v) for v in shown[key]]
+        text = records.to_json(shown)
+    elif fmt is OutFormat.csv:
+        text = report.to_csv(summary) or ""
+    else:
+        plans = frame.attrs.get("plans") or {}
+        first = next(iter(plans.values()), None)
+        row_key = (first["experiment"].get("row_key") if first else None) or "row"
+        text = report.format_sweep(summary, _sweep_title(plans, grid, quick), row_key=row_key)
+    _emit(text, out)
+    _warn_violations(summary)
+
+
+def _sweep_title(plans: Any, grid: Any, quick: bool) -> str:
+    first = next(iter(plans.values()), None)
+    if first is None:
+        return ""
+    exp = first["experiment"]
+    ident = f"seed {exp['seed']}" if exp.get("seed") else str(exp.get("name", ""))
+    combos = len(plans)
+    shape = " × ".join(str(len(v)) for v in grid.values()) if grid else "no grid"
+    parts = [ident, exp.get("title") or "", exp.get("unit") or ""]
+    parts.append(f"{combos} combination{'' if combos == 1 else 's'} ({shape})")
+    if quick:
+        parts.append("quick")
+    return " · ".join(p for p in parts if p)
+
+
 @app.command()
 def trace(
-    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    file: Path = typer.Argument(..., help=_EXPERIMENT_HELP),
     out: Path = typer.Option(..., "--out", "-o", metavar="OUT.json", help="Trace file to write."),
     row: Optional[str] = typer.Option(None, "--row", help="Row value (default: first row)."),
     variant: Optional[str] = typer.Option(
@@ -454,7 +606,7 @@ def trace(
 
 @app.command()
 def profile(
-    file: Path = typer.Argument(..., help="Experiment file (TOML)."),
+    file: Path = typer.Argument(..., help=_EXPERIMENT_HELP),
     row: Optional[str] = typer.Option(None, "--row", help="Row value (default: first row)."),
     variants: Optional[List[str]] = typer.Option(
         None, "--variant", help="Variant name or label; repeatable (default: all)."
@@ -495,6 +647,116 @@ def profile(
         _emit(summary.to_json(orient="records", force_ascii=False), out)
     else:
         _emit(summary.to_csv(index=False), out)
+
+
+class PlotKind(str, Enum):
+    change = "change"
+    values = "values"
+
+
+def _plot_targets(targets: Sequence[str], quick: bool) -> tuple[list[str], list[str]]:
+    """Split ``plot``'s arguments into seed ids/names (run like ``reproduce``) and experiment
+    files or shipped experiment names (run like ``run``)."""
+    ids: List[str] = []
+    files: List[str] = []
+    try:
+        seeds = api.seed_experiments(None, quick) if targets else []
+    except paths.DataNotFoundError:
+        seeds = []
+    for target in targets:
+        as_path = Path(target)
+        if target.endswith(".toml") or "/" in target or as_path.is_file():
+            files.append(target)
+        elif any(api._matches(the_plan, file, target) for file, the_plan in seeds):
+            ids.append(target)
+        else:
+            files.append(target)  # a shipped experiment's name, or a one-line error
+    return ids, files
+
+
+def _filter_records(frame: Any, wanted: Sequence[str], source: Path) -> Any:
+    """The records of ``frame`` whose seed or experiment is in ``wanted`` (all if empty)."""
+    if not wanted:
+        return frame
+    for ident in wanted:
+        if not ((frame["seed"] == ident) | (frame["experiment"] == ident)).any():
+            raise ConfigError(f"{source}: {ident}: no records of this seed or experiment")
+    keep = frame["seed"].isin(list(wanted)) | frame["experiment"].isin(list(wanted))
+    return frame[keep].reset_index(drop=True)
+
+
+@app.command("plot")
+def plot_(
+    targets: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="[ID|FILE]...",
+        help="Seed ids (002) or names, experiment files or shipped experiment names; default "
+        "all seeds. With --from-json: which seeds or experiments of the file to draw.",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", metavar="FIG", help="Figure to write: .svg, .pdf or .png (300 dpi)."
+    ),
+    kind: PlotKind = typer.Option(
+        PlotKind.change,
+        "--kind",
+        help="change: before→after change % per row, simulated beside published, ±1 SE; "
+        "values: absolute means ±1 stdev.",
+    ),
+    from_json: Optional[Path] = typer.Option(
+        None,
+        "--from-json",
+        metavar="RECORDS.json",
+        help="Draw records written by `reproduce --format json` or `run --format json` "
+        "instead of running.",
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None,
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a key of every experiment FILE (TOML value); repeatable.",
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-j", min=1, help="Worker threads."),
+) -> None:
+    """Draw the seeds' claim: the change % of each variant vs the baseline, per row.
+
+    One panel per experiment, the simulated change beside the published one, error bars
+    ±1 standard error of the difference of the means (the caption says how). Runs the
+    experiments first (like `reproduce` for seed ids, like `run` for files) unless
+    --from-json gives records written earlier.
+    """
+    from .plot import check_figure_path, load_records, plot_records
+
+    check_figure_path(out, "--out")
+    wanted = list(targets or [])
+    if from_json is not None:
+        if sets or quick or threads is not None:
+            raise click_exc.UsageError(
+                "--from-json draws records already computed: --set, --quick and --threads "
+                "do not apply"
+            )
+        frame = _filter_records(load_records(from_json), wanted, from_json)
+    else:
+        ids, files = _plot_targets(wanted, quick)
+        if sets and not files:
+            raise click_exc.UsageError("--set applies to experiment files (plot FILE --set ...)")
+        frames = []
+        if ids or not files:
+            with _progress(True, threads, "reproduce") as bar:
+                frames.append(
+                    api.reproduce(ids or None, quick=quick, threads=threads, progress=bar)
+                )
+        for file in files:
+            with _progress(True, threads, Path(file).name) as bar:
+                pts = api.run(file, list(sets or []), quick=quick, threads=threads, progress=bar)
+            frames.append(api.to_records(pts))
+        frame = records.concat_records(frames)
+        _warn_violations(frame)
+    if not len(frame):
+        raise ConfigError(f"{from_json or 'plot'}: no records to draw")
+    plot_records(frame, out, kind=kind.value)
+    _note(f"wrote {out}")
 
 
 @app.command()

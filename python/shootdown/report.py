@@ -36,6 +36,8 @@ __all__ = [
     "format_check",
     "format_check_list",
     "format_bench",
+    "format_sweep",
+    "format_listing",
     "OK_MARK",
     "MISMATCH_MARK",
 ]
@@ -313,3 +315,103 @@ def format_bench(result: BenchResult) -> str:
         f"({int(result['steps'])} steps, {float(result['sim_ns']) / 1e9:.4g} simulated s "
         f"in {float(result['wall_s']):.3f} wall s)\n"
     )
+
+
+# --------------------------------------------------------------------------- sweeps / listings
+
+
+def format_sweep(summary: pd.DataFrame, title: str = "", row_key: str = "row") -> str:
+    """Text table of :func:`shootdown.summarize_sweep`: one line per (combination, row,
+    variant) with the grid values in front (as TOML text), the row under ``row_key``,
+    ``n``, ``avg (stdev)`` (one precision for the whole table) and the ``change`` against the
+    combination's baseline variant; a ``violations`` column only when a run saw one."""
+    recs = to_dicts(summary)
+    if not recs:
+        return (title + "\n\n" if title else "") + "no points\n"
+    columns = [str(c) for c in summary.columns]
+    grid_keys = columns[1 : columns.index("row")] if "row" in columns else []
+    decimals = choose_decimals(r["avg"] for r in recs)
+    show_violations = any(int(r.get("violations") or 0) for r in recs)
+    header = grid_keys + [row_key or "row", "variant", "n", "avg (stdev)", "change"]
+    if show_violations:
+        header.append("violations")
+    body = []
+    for r in recs:
+        line = [_grid_text(r.get(k)) for k in grid_keys]
+        line += [
+            str(r["row"]),
+            str(r.get("label") or r["variant"]),
+            str(r.get("n", "")),
+            _avg_stdev(r["avg"], r["stdev"], decimals),
+            "" if r.get("baseline") else format_change(r.get("change_pct")),
+        ]
+        if show_violations:
+            line.append(str(int(r.get("violations") or 0)))
+        body.append(line)
+    lines = ([title, ""] if title else []) + _render(header, body)
+    return "\n".join(lines) + "\n"
+
+
+def _grid_text(value: Any) -> str:
+    """A grid value as shown in a table: its TOML text, ``–`` when missing."""
+    if isinstance(value, str):
+        return value
+    if value is None or (not isinstance(value, (list, dict)) and is_missing(value)):
+        return _MISSING
+    from .sweep import toml_literal
+
+    try:
+        return toml_literal(value)
+    except TypeError:
+        return str(value)
+
+
+def _cut(line: str, width: Optional[int]) -> str:
+    if width is None or len(line) <= width:
+        return line
+    return line[: max(1, width - 1)].rstrip() + "…"
+
+
+def format_listing(
+    entries: Sequence[Dict[str, Any]],
+    kinds: Sequence[str],
+    width: Optional[int] = None,
+) -> str:
+    """Text of ``shootdown list``: one aligned line per experiment (name, seed, title), profile
+    (name, description) or scenario (name, mutants, description).
+
+    ``kinds`` are the sections asked for (``"experiments"``, ``"profiles"``, ``"scenarios"``);
+    with more than one, each gets a heading and its lines are indented. Lines longer than
+    ``width`` are cut with ``…``.
+    """
+    headings = {
+        "experiments": "experiments (shootdown run NAME, sweep NAME, trace NAME, …)",
+        "profiles": "profiles (experiment.profile = NAME)",
+        "scenarios": "scenarios (shootdown check NAME)",
+    }
+    kind_of = {"experiments": "experiment", "profiles": "profile", "scenarios": "scenario"}
+    blocks = []
+    for kind in kinds:
+        mine = [e for e in entries if e.get("kind") == kind_of[kind]]
+        rows: List[List[str]] = []
+        for e in mine:
+            if kind == "experiments":
+                rows.append([e["name"], e.get("seed") or "", e.get("title") or ""])
+            elif kind == "profiles":
+                rows.append([e["name"], e.get("description") or ""])
+            else:
+                n = int(e.get("mutants") or 0)
+                mutants = f"{n} mutant{'' if n == 1 else 's'}"
+                rows.append([e["name"], mutants, e.get("description") or ""])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
+        indent = "  " if len(kinds) > 1 else ""
+        lines = [
+            _cut(indent + _SEP.join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), width)
+            for r in rows
+        ]
+        if not lines:
+            lines = [f"{indent}(none)"]
+        if len(kinds) > 1:
+            lines.insert(0, headings[kind] + ":")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

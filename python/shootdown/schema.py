@@ -13,6 +13,7 @@ __all__ = [
     "VariantInfo",
     "PublishedCell",
     "PlannedPoint",
+    "InputFile",
     "Plan",
     "PointResult",
     "CheckStep",
@@ -58,14 +59,23 @@ class PlannedPoint(TypedDict):
     seed: int
 
 
+class InputFile(TypedDict):
+    """A file a run reads, with the SHA-256 of the bytes read."""
+
+    path: str
+    sha256: str
+
+
 class Plan(TypedDict):
-    """What ``plan()`` returns. ``variants[0]`` is the baseline."""
+    """What ``plan()`` returns. ``variants[0]`` is the baseline. ``inputs`` lists every file
+    the runs read: the experiment file, then each profile file of the ``inherits`` chain."""
 
     experiment: ExperimentInfo
     variants: List[VariantInfo]
     rows: List[RowValue]
     published: List[PublishedCell]
     points: List[PlannedPoint]
+    inputs: List[InputFile]
 
 
 class PointResult(TypedDict):

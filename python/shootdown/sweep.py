@@ -5,14 +5,19 @@ runs its points. Every finished point is stored at once as one JSON file under `
 named by the SHA-256 of its provenance key:
 
 * the experiment file's bytes (as a SHA-256),
-* the profile's name and the bytes of its profile file and of every profile it ``inherits``,
-* the ``--set`` overrides (in order) and the ``quick`` flag,
+* the SHA-256 of every file the run reads, as the native plan lists them in ``inputs`` (the
+  experiment file and each profile file of its ``inherits`` chain, in order) — so the key
+  follows whichever profile files the Rust core actually found, wherever they are;
+* the profile's name as the plan shows it (with any ``profile_override`` keys),
+* the ``--set`` overrides (in order, the grid's included) and the ``quick`` flag,
 * the point's index in the plan,
 * the package version, the native module's ``__version__`` when it has one, and a digest of
   the built extension file (a rebuild with changed model code starts a fresh cache).
 
 A run is a pure function of that key, so re-running a sweep — after an interruption, or with
-a larger grid — loads finished points from the cache and computes only the missing ones.
+a larger grid — loads finished points from the cache and computes only the missing ones. A
+native module whose plan has no ``inputs`` cannot say which files a run reads: its points are
+then always computed and never cached.
 """
 
 from __future__ import annotations
@@ -32,15 +37,23 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import pandas as pd
 
 from . import api
-from ._bridge import native
+from ._bridge import ConfigError, native
 from ._version import __version__
 from .records import points_frame, summarize
 from .schema import Plan, PointResult
 
-__all__ = ["Raw", "toml_literal", "expand_grid", "point_key", "sweep", "summarize_sweep"]
+__all__ = [
+    "Raw",
+    "toml_literal",
+    "split_values",
+    "parse_grid",
+    "expand_grid",
+    "point_key",
+    "sweep",
+    "summarize_sweep",
+]
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-_INHERITS = re.compile(r'^\s*inherits\s*=\s*"([^"]+)"', re.MULTILINE)
 
 
 class Raw(str):
@@ -80,6 +93,75 @@ def toml_literal(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as a TOML value")
 
 
+def split_values(text: str) -> List[str]:
+    """Split ``V1,V2,…`` at its top-level commas: a comma inside ``[]``, ``{}`` or a quoted
+    string does not split (``[8,16],[32]`` is two values). Values are stripped.
+
+    Raises:
+        ValueError: unbalanced brackets or an unterminated string.
+    """
+    parts: List[str] = []
+    current: List[str] = []
+    closers: List[str] = []
+    quote: Optional[str] = None
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        current.append(ch)
+        if quote is not None:
+            if ch == "\\" and quote == '"' and i + 1 < len(text):
+                current.append(text[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            closers.append("]" if ch == "[" else "}")
+        elif ch in "]}":
+            if not closers or closers.pop() != ch:
+                raise ValueError(f"unbalanced '{ch}'")
+        elif ch == "," and not closers:
+            current.pop()
+            parts.append("".join(current).strip())
+            current = []
+        i += 1
+    if quote is not None:
+        raise ValueError(f"unterminated {quote}-quoted string")
+    if closers:
+        raise ValueError(f"missing '{closers[-1]}'")
+    parts.append("".join(current).strip())
+    return parts
+
+
+def parse_grid(specs: Sequence[str]) -> Dict[str, List[Raw]]:
+    """A grid from ``--grid KEY=V1,V2,…`` options: each value is TOML text (a bare word is a
+    string, as for ``--set``), split by :func:`split_values` and kept as :class:`Raw`.
+
+    Raises:
+        ConfigError: a spec without ``=``, an empty key or value, unbalanced brackets or
+            quotes, or a key given twice (one line, ``SPEC: --grid: REASON``).
+    """
+    grid: Dict[str, List[Raw]] = {}
+    for spec in specs:
+        if "=" not in spec:
+            raise ConfigError(f"{spec}: --grid: expected KEY=V1,V2,... (no '=')")
+        key, text = (part.strip() for part in spec.split("=", 1))
+        if not key or any(not seg.strip() for seg in key.split(".")):
+            raise ConfigError(f"{spec}: --grid: empty key or key segment")
+        if key in grid:
+            raise ConfigError(f"{spec}: --grid: {key} given twice (list all its values in one)")
+        try:
+            values = split_values(text)
+        except ValueError as exc:
+            raise ConfigError(f"{spec}: --grid: {key}: {exc}") from None
+        if any(not v for v in values):
+            where = "no values" if values == [""] else "an empty value (two commas in a row?)"
+            raise ConfigError(f"{spec}: --grid: {key}: {where}")
+        grid[key] = [Raw(v) for v in values]
+    return grid
+
+
 def expand_grid(grid: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
     """All combinations of a grid ``{key: [values...]}`` (last key varies fastest)."""
     keys = list(grid)
@@ -93,33 +175,13 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _profile_dirs(experiment: Path) -> List[Path]:
-    """Where the Rust core looks for profiles: $SHOOTDOWN_PROFILES, then ``profiles/`` in
-    each ancestor of the experiment file."""
-    dirs = []
-    if os.environ.get("SHOOTDOWN_PROFILES"):
-        dirs.append(Path(os.environ["SHOOTDOWN_PROFILES"]))
-    dirs.extend(p / "profiles" for p in experiment.resolve().parents)
-    return dirs
-
-
-def _profile_hashes(experiment: Path, profile: str) -> List[str]:
-    """SHA-256 of the profile file and of each profile it inherits (best effort)."""
-    hashes: List[str] = []
-    seen: set = set()
-    name: Optional[str] = profile
-    dirs = _profile_dirs(experiment)
-    while name and name not in seen and len(seen) < 32:
-        seen.add(name)
-        found = next((d / f"{name}.toml" for d in dirs if (d / f"{name}.toml").is_file()), None)
-        if found is None:
-            hashes.append(f"missing:{name}")
-            break
-        data = found.read_bytes()
-        hashes.append(_sha256(data))
-        match = _INHERITS.search(data.decode("utf-8", "replace"))
-        name = match.group(1) if match else None
-    return hashes
+def _input_digests(the_plan: Plan) -> Optional[List[str]]:
+    """SHA-256 of every file the plan's runs read (``plan["inputs"]``, in order), or ``None``
+    when the native plan does not list them."""
+    inputs = the_plan.get("inputs")
+    if not isinstance(inputs, list):
+        return None
+    return [str(i["sha256"]) for i in inputs]
 
 
 def _file_sha256(path: str) -> str:
@@ -237,7 +299,7 @@ def sweep(
     """Run an experiment over every combination of ``grid``, resuming from ``cache_dir``.
 
     Args:
-        path: the experiment file.
+        path: the experiment file, or a shipped experiment's name (see :func:`shootdown.plan`).
         grid: ``{"dotted.key": [values...]}``, e.g.
             ``{"profile_override.cost.ipi_latency_same_socket": [600, 1200],
             "variants.after.options.smp_call": ["concurrent"]}``. Python values are written as
@@ -261,7 +323,7 @@ def sweep(
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend must be 'local' or 'ray', not {backend!r}")
-    experiment = Path(api._existing_file(path))
+    experiment = Path(api._experiment_file(path))
     exp_sha = _sha256(experiment.read_bytes())
     version = _versions()
     cache = _Cache(Path(cache_dir))
@@ -272,12 +334,12 @@ def sweep(
         the_plan = api.plan(experiment, combo_sets, quick)
         combo = _Combo(number, values, combo_sets, the_plan)
         profile = the_plan["experiment"].get("profile", "")
-        profile_hashes = _profile_hashes(experiment, profile)
+        inputs = _input_digests(the_plan)
         for point in the_plan["points"]:
             prov = {
                 "experiment_sha256": exp_sha,
+                "inputs_sha256": inputs,
                 "profile": profile,
-                "profile_sha256": profile_hashes,
                 "sets": combo_sets,
                 "quick": bool(quick),
                 "index": int(point["index"]),
@@ -286,7 +348,7 @@ def sweep(
             key = point_key(prov)
             combo.keys[point["index"]] = key
             combo.provenance[point["index"]] = prov
-            hit = cache.load(key)
+            hit = cache.load(key) if inputs is not None else None
             if hit is not None:
                 combo.results[point["index"]] = hit
                 combo.cached[point["index"]] = True
@@ -301,7 +363,8 @@ def sweep(
         nonlocal done
         for r in results:
             idx = int(r["index"])
-            cache.store(combo.keys[idx], combo.provenance[idx], r)
+            if combo.provenance[idx]["inputs_sha256"] is not None:
+                cache.store(combo.keys[idx], combo.provenance[idx], r)
             combo.results[idx] = r
             combo.cached[idx] = False
         done += len(results)

@@ -8,11 +8,18 @@ It reads experiment files with ``tomllib`` (only the keys the front end cares ab
 
 so tests can make a variant go up (``fake_factor > 1``), down (``< 1``) or stay flat (``1``).
 Every call is recorded in ``calls`` as ``(function, args)``.
+
+Like the Rust core it finds the experiment's profile in ``$SHOOTDOWN_PROFILES``, then in
+``profiles/`` beside the experiment and its ancestors, then in ``$SHOOTDOWN_SHIPPED_PROFILES``,
+follows ``inherits``, and lists the files read in the plan's ``inputs``. The profile's contents
+do not change the fake measurements.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -24,7 +31,15 @@ else:  # pragma: no cover
 
 import shootdown
 
-_TOP_KEYS = {"experiment", "topology", "workload", "quick", "variants", "published"}
+_TOP_KEYS = {
+    "experiment",
+    "topology",
+    "workload",
+    "quick",
+    "variants",
+    "published",
+    "profile_override",
+}
 
 
 def _err(path: str, key: str, reason: str) -> Exception:
@@ -32,9 +47,16 @@ def _err(path: str, key: str, reason: str) -> Exception:
     return shootdown.ConfigError(f"{path}: {key}: {reason}" if key else f"{path}: {reason}")
 
 
-def _load(path: str, sets: List[str]) -> Dict[str, Any]:
+def _read(path: Path, inputs: List[Dict[str, str]]) -> str:
+    """The text of a file the run reads, recorded in ``inputs`` as the Rust core does."""
+    data = path.read_bytes()
+    inputs.append({"path": str(path), "sha256": hashlib.sha256(data).hexdigest()})
+    return data.decode("utf-8")
+
+
+def _load(path: str, sets: List[str], inputs: List[Dict[str, str]]) -> Dict[str, Any]:
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(_read(Path(path), inputs))
     except FileNotFoundError:
         raise _err(path, "", "no such file") from None
     except tomllib.TOMLDecodeError as exc:
@@ -49,15 +71,53 @@ def _load(path: str, sets: List[str]) -> Dict[str, Any]:
         try:
             parsed = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:
-            raise _err(path, key, f"invalid TOML value {value!r}") from None
+            # Like the Rust core: a bare word is a string, a broken array/table/string is not.
+            if value.lstrip().startswith(("[", "{", '"', "'")):
+                raise _err(path, key, f"--set: invalid TOML value {value.strip()}") from None
+            parsed = value.strip()
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = parsed
+        if parts[0] == "workload" and len(parts) == 2:  # an explicit --set wins over [quick]
+            data.get("quick", {}).get("workload", {}).pop(parts[1], None)
     for key in data:
         if key not in _TOP_KEYS:
             raise _err(path, key, "unknown key")
     return data
+
+
+def _profile_dirs(experiment: str) -> List[Path]:
+    dirs = []
+    if os.environ.get("SHOOTDOWN_PROFILES"):
+        dirs.append(Path(os.environ["SHOOTDOWN_PROFILES"]))
+    dirs.extend(p / "profiles" for p in Path(experiment).resolve().parents)
+    if os.environ.get("SHOOTDOWN_SHIPPED_PROFILES"):
+        dirs.append(Path(os.environ["SHOOTDOWN_SHIPPED_PROFILES"]))
+    return dirs
+
+
+def _load_profile(experiment: str, data: Dict[str, Any], inputs: List[Dict[str, str]]) -> str:
+    """Read the experiment's profile and its ``inherits`` chain; return the name the plan
+    shows (with the ``profile_override`` keys, as the Rust core does)."""
+    name = data["experiment"].get("profile", "test-profile")
+    dirs = _profile_dirs(experiment)
+    current: Optional[str] = name
+    seen: List[str] = []
+    while current is not None:
+        if current in seen:
+            raise _err(experiment, "profile.inherits", f"cycle through '{current}'")
+        seen.append(current)
+        found = next(
+            (d / f"{current}.toml" for d in dirs if (d / f"{current}.toml").is_file()), None
+        )
+        if found is None:
+            raise _err(experiment, "experiment.profile", f"no profile '{current}'")
+        profile = tomllib.loads(_read(found, inputs)).get("profile", {})
+        current = profile.get("inherits")
+    override = data.get("profile_override") or {}
+    keys = [f"{k}.{n}" for k, table in override.items() for n in table]
+    return f"{name} + override({', '.join(keys)})" if keys else name
 
 
 def _seed(name: str, index: int) -> int:
@@ -81,7 +141,9 @@ class FakeNative:
     def _expand(
         self, path: str, sets: List[str], quick: bool
     ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        data = _load(path, sets)
+        inputs: List[Dict[str, str]] = []
+        data = _load(path, sets, inputs)
+        profile = _load_profile(path, data, inputs)
         exp = data["experiment"]
         if quick:
             for k, v in data.get("quick", {}).get("workload", {}).items():
@@ -119,7 +181,7 @@ class FakeNative:
                 "name": exp["name"],
                 "seed": exp.get("seed"),
                 "title": exp.get("title", ""),
-                "profile": exp.get("profile", "test"),
+                "profile": profile,
                 "metric": exp.get("metric", "events"),
                 "unit": exp.get("unit", "events"),
                 "row_key": exp.get("row_key", "threads"),
@@ -130,6 +192,7 @@ class FakeNative:
             "rows": rows,
             "published": published,
             "points": points,
+            "inputs": inputs,
         }
         return plan, data
 

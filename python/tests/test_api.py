@@ -89,7 +89,9 @@ def test_reproduce_unknown_id(fake_native, data_home) -> None:
 
 
 def test_missing_file_is_a_config_error(fake_native, tmp_path) -> None:
-    with pytest.raises(shootdown.ConfigError, match=r"nope\.toml: no such file"):
+    with pytest.raises(
+        shootdown.ConfigError, match=r"nope\.toml: experiment: no such file or shipped experiment"
+    ):
         shootdown.run(tmp_path / "nope.toml")
     assert issubclass(shootdown.ConfigError, ValueError)
 

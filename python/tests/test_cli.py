@@ -64,7 +64,10 @@ def test_bad_choice(runner, fake_native) -> None:
 
 def test_missing_file(runner, fake_native, tmp_path) -> None:
     line = one_error_line(invoke(runner, "run", tmp_path / "missing.toml"))
-    assert line == f"shootdown: error: {tmp_path / 'missing.toml'}: no such file"
+    assert line == (
+        f"shootdown: error: {tmp_path / 'missing.toml'}: experiment: no such file or shipped "
+        "experiment (see `shootdown list experiments`)"
+    )
 
 
 def test_config_error_line(runner, fake_native, seed000) -> None:
@@ -232,7 +235,9 @@ def test_console_script_entry_point(fake_native, data_home, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["run", str(Path("/nonexistent/x.toml"))])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == "shootdown: error: /nonexistent/x.toml: no such file\n"
+    assert capsys.readouterr().err.startswith(
+        "shootdown: error: /nonexistent/x.toml: experiment: no such file"
+    )
 
 
 def test_progress_bar_only_on_a_tty_and_for_several_chunks(monkeypatch) -> None:
@@ -285,3 +290,169 @@ def test_outputs_fail_before_the_run(runner, fake_native, seed000, tmp_path, mon
     assert "--plot: plotting needs matplotlib: pip install 'shootdown[plot]'" in line
     # Nothing ran.
     assert not [c for c in fake_native.calls if c[0] in ("run_points", "trace")]
+
+
+def test_commands_take_a_shipped_experiment_by_name(
+    runner, fake_native, data_home, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # any directory
+    res = invoke(runner, "run", "000-sysbench", "--quick")
+    assert res.exit_code == 0 and res.stdout.startswith("seed 000 · "), res.stderr
+    shipped = str(data_home / "experiments" / "seeds" / "000-sysbench.toml")
+    assert fake_native.calls[0][1][0] == shipped
+    assert invoke(runner, "bench", "000-sysbench.toml").exit_code == 0
+    res = invoke(runner, "trace", "seeds/000-sysbench", "--out", tmp_path / "t.json")
+    assert res.exit_code == 0 and fake_native.calls[-1][1][0] == shipped
+    line = one_error_line(invoke(runner, "profile", "000-sysbnch"))
+    assert line == (
+        "shootdown: error: 000-sysbnch: experiment: no such file or shipped experiment; "
+        "did you mean 000-sysbench? (see `shootdown list experiments`)"
+    )
+
+
+def test_list(runner, data_home, tmp_path, monkeypatch) -> None:
+    # No native module needed: the data files are read directly.
+    from shootdown import _bridge
+
+    def boom():
+        raise _bridge.NativeUnavailableError("not built")
+
+    monkeypatch.setattr("shootdown._bridge.native", boom)
+    monkeypatch.chdir(tmp_path)
+    (data_home / "scenarios" / "pv-flush.toml").write_text(
+        'description = "PV flush"\n[[mutants]]\nname = "k1"\n'
+    )
+    res = invoke(runner, "list")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "experiments (shootdown run NAME, sweep NAME, trace NAME, …):",
+        "  000-sysbench  000  sysbench fileio rndwr (fake)",
+        "  002-dontneed  002  MADV_DONTNEED + migrate (fake)",
+        "",
+        "profiles (experiment.profile = NAME):",
+        "  test-profile  fake",
+        "",
+        "scenarios (shootdown check NAME):",
+        "  lazy-switch  0 mutants",
+        "  pv-flush     1 mutant   PV flush",
+    ]
+    res = invoke(runner, "list", "profiles")
+    assert res.stdout == "test-profile  fake\n"
+    res = invoke(runner, "list", "experiments", "--format", "json")
+    data = json.loads(res.stdout)
+    assert [(d["kind"], d["name"], d["seed"]) for d in data] == [
+        ("experiment", "000-sysbench", "000"),
+        ("experiment", "002-dontneed", "002"),
+    ]
+    every = json.loads(invoke(runner, "list", "-f", "json").stdout)
+    assert {d["kind"] for d in every} == {"experiment", "profile", "scenario"}
+    assert "--format" in one_error_line(invoke(runner, "list", "-f", "xml"))
+    assert "nonsense" in one_error_line(invoke(runner, "list", "nonsense"))
+
+
+def test_sweep_command(runner, fake_native, seed000, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "sweep",
+        "000-sysbench",
+        "--quick",
+        "--grid",
+        "workload.fake_noise=0.0,2.0",
+        "-g",
+        "variants.after.options.fake_factor=1.1,0.9",
+        "--set",
+        "experiment.quick_rows=[1]",
+    ]
+    res = invoke(runner, *args)
+    assert res.exit_code == 0, res.stderr
+    assert "0 of 16 points from the cache in .shootdown-cache" in res.stderr
+    assert (tmp_path / ".shootdown-cache").is_dir()  # the default cache, in this directory
+    lines = res.stdout.splitlines()
+    assert lines[0] == (
+        "seed 000 · sysbench fileio rndwr (fake) · events/10s · 4 combinations (2 × 2) · quick"
+    )
+    assert lines[2].split() == [
+        "workload.fake_noise",
+        "variants.after.options.fake_factor",
+        "threads",
+        "variant",
+        "n",
+        "avg",
+        "(stdev)",
+        "change",
+    ]
+    assert lines[4].split() == ["0.0", "1.1", "1", "tip-jun28", "2", "1000", "(0)"]
+    assert lines[5].split() == ["0.0", "1.1", "1", "+patch-set", "2", "1100", "(0)", "+10.0%"]
+    assert len(lines) == 4 + 4 * 2
+
+    res = invoke(runner, *args, "--format", "json")
+    assert "16 of 16 points from the cache" in res.stderr
+    data = json.loads(res.stdout)
+    assert len(data) == 8 and data[0]["workload.fake_noise"] == 0.0  # a number, not "0.0"
+    assert data[1]["change_pct"] == pytest.approx(10.0)
+
+    out = tmp_path / "s.csv"
+    res = invoke(runner, *args, "--format", "csv", "--out", out, "--cache", tmp_path / "other")
+    assert res.exit_code == 0 and "0 of 16 points from the cache" in res.stderr
+    assert (
+        out.read_text()
+        .splitlines()[0]
+        .startswith("combo,workload.fake_noise,variants.after.options.fake_factor,row,variant")
+    )
+
+    # Values are TOML split at top-level commas; the fake records what reached --set.
+    fake_native.calls.clear()
+    res = invoke(
+        runner, "sweep", seed000, "--quick", "-g", "experiment.quick_rows=[1,8],[8]", "-f", "json"
+    )
+    assert res.exit_code == 0, res.stderr
+    planned = [c[1][1] for c in fake_native.calls if c[0] == "plan"]
+    assert planned == [["experiment.quick_rows=[1,8]"], ["experiment.quick_rows=[8]"]]
+    assert {str(r["experiment.quick_rows"]) for r in json.loads(res.stdout)} == {"[1, 8]", "[8]"}
+
+
+def test_sweep_errors_are_one_line(runner, fake_native, seed000, tmp_path) -> None:
+    cache = ["--cache", str(tmp_path / "c")]
+    for grid, reason in (
+        ("workload.fake_noise", "--grid: expected KEY=V1,V2"),
+        ("workload.fake_noise=", "--grid: workload.fake_noise: no values"),
+        ("workload.fake_noise=1,,2", "--grid: workload.fake_noise: an empty value"),
+        ("experiment.rows=[1,2", "--grid: experiment.rows: missing ']'"),
+    ):
+        line = one_error_line(invoke(runner, "sweep", seed000, "--grid", grid, *cache))
+        assert line == f"shootdown: error: {grid}: {reason}" or reason in line, line
+    line = one_error_line(invoke(runner, "sweep", seed000, "-g", "nosuch.key=1", *cache))
+    assert line == f"shootdown: error: {seed000}: nosuch.key: unknown key"
+    line = one_error_line(invoke(runner, "sweep", seed000, "--backend", "dask", *cache))
+    assert "--backend" in line
+    assert not fake_native.indices_run()
+
+
+def test_progress_bars_also_for_json(runner, fake_native, seed000, tmp_path, monkeypatch) -> None:
+    from contextlib import contextmanager
+
+    from shootdown import cli
+
+    monkeypatch.chdir(tmp_path)  # the sweep's default cache
+
+    seen = []
+
+    @contextmanager
+    def recorder(enabled, threads, description):
+        seen.append(enabled)
+        yield None
+
+    monkeypatch.setattr(cli, "_progress", recorder)
+    for command in (["run", seed000], ["reproduce"], ["sweep", seed000]):
+        res = invoke(runner, *command, "--quick", "--format", "json")
+        assert res.exit_code == 0, res.stderr
+        json.loads(res.stdout)
+    assert seen == [True, True, True]
+
+
+def test_progress_bar_counts_only_the_work_left() -> None:
+    from shootdown import cli
+
+    bar = cli._LazyBar(4, "sweep")
+    bar(38, 40)  # a sweep with 38 points cached: 2 to run, one chunk
+    assert bar.progress is None

@@ -6,6 +6,7 @@ Skipped only when ``shootdown._native`` cannot be imported.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import requires_native
@@ -118,3 +119,123 @@ def test_profile_compares_variants_per_function(runner, real_native) -> None:
 
     bad = runner.invoke(app, args + ["--variant", "nope"])
     assert bad.exit_code == 2 and "no variant nope" in bad.stderr
+
+
+def _forget_shipped_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset $SHOOTDOWN_SHIPPED_PROFILES (restored after the test) and let the bridge set it
+    again on its next call."""
+    monkeypatch.setenv(_bridge.ENV_SHIPPED_PROFILES, "")
+    monkeypatch.delenv(_bridge.ENV_SHIPPED_PROFILES)
+    monkeypatch.delenv("SHOOTDOWN_PROFILES", raising=False)
+    monkeypatch.setattr(_bridge, "_shipped_profiles_exported", False)
+
+
+def test_a_copied_experiment_finds_the_shipped_profiles(
+    runner, real_native, tmp_path, monkeypatch
+) -> None:
+    import shutil
+
+    import shootdown
+    from shootdown import paths
+
+    copy = tmp_path / "mine.toml"  # no profiles/ anywhere above it
+    shutil.copy(paths.seeds_dir() / "seed002-madv-dontneed.toml", copy)
+    _forget_shipped_profiles(monkeypatch)
+    plan = shootdown.plan(copy, quick=True)
+    assert plan["experiment"]["profile"] == "skylake-laptop-kvm-guest"
+    assert plan["inputs"][1]["path"].endswith("skylake-laptop-kvm-guest.toml")
+    assert os.environ[_bridge.ENV_SHIPPED_PROFILES] == str(paths.profiles_dir())
+    # The CLI too, from the copy's directory.
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run", "mine.toml", "--quick", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert {r["experiment"] for r in json.loads(result.stdout)} == {"seed002-madv-dontneed"}
+    # Without the variable the Rust core does not find the profile: the variable is what works.
+    monkeypatch.delenv(_bridge.ENV_SHIPPED_PROFILES)
+    with pytest.raises(shootdown.ConfigError, match="no profile 'skylake-laptop-kvm-guest'"):
+        shootdown.plan(copy, quick=True)
+
+
+def test_sweep_cache_recomputes_exactly_what_an_edit_affects(
+    real_native, tmp_path, monkeypatch
+) -> None:
+    """Issue 17: every input of a point is in its cache key — the experiment file, its profile,
+    the profile that one inherits, profile_override values, --set and quick — and nothing
+    else: unaffected points still come from the cache."""
+    import shutil
+
+    from shootdown import paths
+    from shootdown.sweep import sweep
+
+    _forget_shipped_profiles(monkeypatch)
+    tree = tmp_path / "tree"
+    (tree / "experiments").mkdir(parents=True)
+    (tree / "profiles").mkdir()
+    experiment = tree / "experiments" / "e.toml"
+    shutil.copy(paths.seeds_dir() / "seed000-sysbench-mitigations.toml", experiment)
+    child, base = "haswell-x-2s48t-mitigations", "haswell-x-2s48t"
+    for name in (child, base):
+        shutil.copy(paths.profiles_dir() / f"{name}.toml", tree / "profiles" / f"{name}.toml")
+    assert f'inherits = "{base}"' in (tree / "profiles" / f"{child}.toml").read_text()
+    sets = [  # one row, one repetition, a short window and a small file: ~0.1 s a sweep
+        "experiment.rows=[1]",
+        "experiment.quick_rows=[1]",
+        "experiment.repetitions=1",
+        "experiment.quick_repetitions=1",
+        "workload.warmup_ms=0.2",
+        "workload.measure_ms=0.5",
+        "workload.file_total_size_mb=64",
+    ]
+    grid = {"experiment.profile": [child, base], "profile_override.cost.invlpg": [120, 240]}
+    cache = tmp_path / "cache"
+
+    def cached(extra=(), quick=True):
+        frame = sweep(
+            experiment, grid, cache_dir=cache, sets=sets + list(extra), quick=quick, threads=2
+        )
+        assert len(frame) == 4 * 2  # 4 combinations × 2 variants
+        flags = {}
+        for (profile, invlpg), group in frame.groupby(list(grid))["cached"]:
+            assert group.nunique() == 1, group  # a combination is all cached or all run
+            flags[(profile, int(invlpg))] = bool(group.iloc[0])
+        return flags
+
+    def expect(child_cached: bool, base_cached: bool, values=(120, 240)) -> dict:
+        return {
+            (p, v): (child_cached if p == child else base_cached)
+            for p in (child, base)
+            for v in values
+        }
+
+    def edit(path) -> None:
+        path.write_text(path.read_text() + "\n# edited\n")
+
+    assert cached() == expect(False, False)
+    plans = sweep(experiment, grid, cache_dir=cache, sets=sets, quick=True).attrs["plans"]
+    assert [i["path"] for i in plans[0]["inputs"]] == [
+        str(experiment),
+        str(tree / "profiles" / f"{child}.toml"),
+        str(tree / "profiles" / f"{base}.toml"),
+    ]
+    assert plans[0]["experiment"]["profile"] == f"{child} + override(cost.invlpg)"
+    assert cached() == expect(True, True)
+
+    edit(experiment)
+    assert cached() == expect(False, False)
+    edit(tree / "profiles" / f"{child}.toml")  # read only by the child's combinations
+    assert cached() == expect(False, True)
+    edit(tree / "profiles" / f"{base}.toml")  # inherited: read by all
+    assert cached() == expect(False, False)
+    assert cached() == expect(True, True)
+
+    grid["profile_override.cost.invlpg"] = [120, 360]  # a new override value
+    assert cached() == {
+        (child, 120): True,
+        (child, 360): False,
+        (base, 120): True,
+        (base, 360): False,
+    }
+    assert cached(["workload.user_ns_per_request=1100"]) == expect(False, False, (120, 360))
+    assert cached() == expect(True, True, (120, 360))  # the original --set: from the cache
+    assert cached(quick=False) == expect(False, False, (120, 360))
+    assert cached(quick=True) == expect(True, True, (120, 360))

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 import shootdown
-from shootdown.sweep import Raw, expand_grid, summarize_sweep, sweep, toml_literal
+from shootdown.sweep import (
+    Raw,
+    expand_grid,
+    parse_grid,
+    split_values,
+    summarize_sweep,
+    sweep,
+    toml_literal,
+)
 
 # ``shootdown.sweep`` is the function; the module is reached through the import system.
 sweep_mod = importlib.import_module("shootdown.sweep")
@@ -134,18 +144,117 @@ def test_cache_key_changes_with_inputs(fake_native, seed000, tmp_path) -> None:
     assert len(fake_native.indices_run()) == 8
 
 
-def test_profile_chain_is_hashed(tmp_path) -> None:
-    (tmp_path / "profiles").mkdir()
-    (tmp_path / "profiles" / "child.toml").write_text(
-        '[profile]\nname = "child"\ninherits = "base"\n'
-    )
-    (tmp_path / "profiles" / "base.toml").write_text('[profile]\nname = "base"\n')
-    exp = tmp_path / "experiments" / "e.toml"
-    exp.parent.mkdir()
-    exp.write_text("")
-    hashes = sweep_mod._profile_hashes(exp, "child")
-    assert len(hashes) == 2 and all(len(h) == 64 for h in hashes)
-    assert sweep_mod._profile_hashes(exp, "ghost") == ["missing:ghost"]
+def test_cache_key_follows_the_plans_inputs(fake_native, seed000, tmp_path, monkeypatch) -> None:
+    """The key covers every file the plan says a run reads (issue 17): an inherited profile
+    found next to the experiment, a profile switched by the grid, profile_override values."""
+    home = seed000.parents[2]
+    (home / "profiles" / "base.toml").write_text('[profile]\nname = "base"\n')
+    child = home / "profiles" / "child.toml"
+    child.write_text('[profile]\nname = "child"\ninherits = "base"\n')
+    cache = tmp_path / "cache"
+    grid = {
+        "experiment.profile": ["test-profile", "child"],
+        "profile_override.cost.invlpg": [120, 240],
+    }
+
+    def cached_by_profile() -> dict:
+        fake_native.calls.clear()
+        frame = sweep(seed000, grid, cache_dir=cache, quick=True)
+        return {
+            (p, int(v)): bool(c.all())
+            for (p, v), c in frame.groupby(list(grid))["cached"]  # type: ignore[misc]
+        }
+
+    first = cached_by_profile()
+    assert not any(first.values())
+    plans = sweep(seed000, grid, cache_dir=cache, quick=True).attrs["plans"]
+    assert plans[2]["experiment"]["profile"] == "child + override(cost.invlpg)"
+    assert [Path(i["path"]).name for i in plans[2]["inputs"]] == [
+        seed000.name,
+        "child.toml",
+        "base.toml",
+    ]
+    assert all(cached_by_profile().values())
+
+    # Editing the inherited profile recomputes only the combinations that read it.
+    (home / "profiles" / "base.toml").write_text('[profile]\nname = "base"\n# edited\n')
+    assert cached_by_profile() == {
+        ("test-profile", 120): True,
+        ("test-profile", 240): True,
+        ("child", 120): False,
+        ("child", 240): False,
+    }
+    # A profile_override grid value is part of the key: a new value runs, the old ones do not.
+    grid["profile_override.cost.invlpg"] = [120, 360]
+    assert cached_by_profile() == {
+        ("test-profile", 120): True,
+        ("test-profile", 360): False,
+        ("child", 120): True,
+        ("child", 360): False,
+    }
+    # A profile of the same name in $SHOOTDOWN_PROFILES is searched first: other inputs.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "child.toml").write_text('[profile]\nname = "child"\n# another machine\n')
+    monkeypatch.setenv("SHOOTDOWN_PROFILES", str(elsewhere))
+    assert cached_by_profile() == {
+        ("test-profile", 120): True,
+        ("test-profile", 360): True,
+        ("child", 120): False,
+        ("child", 360): False,
+    }
+
+
+def test_no_inputs_in_the_plan_means_no_cache(fake_native, seed000, tmp_path) -> None:
+    """An older native module without ``inputs``: nothing is cached or served from a cache."""
+    real_plan = fake_native.plan
+
+    def plan_without_inputs(*args):
+        plan = json.loads(real_plan(*args))
+        del plan["inputs"]
+        return json.dumps(plan)
+
+    fake_native.plan = plan_without_inputs
+    cache = tmp_path / "cache"
+    sweep(seed000, {}, cache_dir=cache, quick=True)
+    fake_native.calls.clear()
+    again = sweep(seed000, {}, cache_dir=cache, quick=True)
+    assert not again["cached"].any() and len(fake_native.indices_run()) == 8
+    assert not list(cache.rglob("*.json"))
+
+
+def test_sweep_accepts_a_shipped_name(fake_native, data_home, tmp_path) -> None:
+    frame = sweep("000-sysbench", {}, cache_dir=tmp_path / "c", quick=True)
+    assert len(frame) == 8
+
+
+def test_parse_grid() -> None:
+    assert parse_grid(["experiment.rows=[8,16],[32]", "w.k = 1, 2 ,x"]) == {
+        "experiment.rows": ["[8,16]", "[32]"],
+        "w.k": ["1", "2", "x"],
+    }
+    assert all(isinstance(v, Raw) for v in parse_grid(["a=1"])["a"])
+    assert split_values('"a,b",{ x = [1, 2], y = \'c,d\' },"q\\",r"') == [
+        '"a,b"',
+        "{ x = [1, 2], y = 'c,d' }",
+        '"q\\",r"',
+    ]
+    for spec, reason in (
+        ("a", "expected KEY=V1,V2"),
+        ("=1", "empty key"),
+        ("a..b=1", "empty key"),
+        ("a=", "a: no values"),
+        ("a=1,,2", "a: an empty value"),
+        ("a=1,", "a: an empty value"),
+        ("a=[1,2", "a: missing ']'"),
+        ("a=1]", "a: unbalanced ']'"),
+        ("a={x=[1}", "a: unbalanced '}'"),
+        ('a="x', "a: unterminated"),
+    ):
+        with pytest.raises(shootdown.ConfigError, match=re.escape(f"{spec}: --grid: {reason}")):
+            parse_grid([spec])
+    with pytest.raises(shootdown.ConfigError, match="a given twice"):
+        parse_grid(["a=1", "a=2"])
 
 
 def test_corrupt_cache_entry_is_recomputed(fake_native, seed000, tmp_path) -> None:
