@@ -355,8 +355,9 @@ def trace(
     sets: Sequence[str] = (),
     quick: bool = False,
     duration_ms: float = TRACE_DURATION_MS,
+    from_ms: Optional[float] = None,
 ) -> Path:
-    """Write a Chrome/Perfetto trace (JSON) of one run of an experiment.
+    """Write a Chrome/Perfetto trace (JSON) of a window of one run of an experiment.
 
     Args:
         path: the experiment file or a shipped experiment's name (see :func:`plan`).
@@ -364,8 +365,13 @@ def trace(
         row: the row *value* (e.g. ``8`` threads); default the first row.
         variant: variant name or label; default the baseline.
         sets, quick: as for :func:`run`.
-        duration_ms: simulated time traced, from the start of the run (default 2 ms: traces
-            grow by about a megabyte per simulated millisecond of a busy 8-CPU run).
+        duration_ms: simulated time traced (default 2 ms: traces grow by about a megabyte per
+            simulated millisecond of a busy 8-CPU run). The run stops at the window's end.
+        from_ms: where the window starts, in simulated ms. ``None`` (default): just before the
+            workload's first shootdown (its first IPI or ``kvm_flush_remote_tlbs``), a tenth of
+            the window ahead of it; the run's first ``duration_ms`` if none ever happens.
+            Slices running at the window's start are re-opened there and every slice still
+            open at its end is closed, so the timeline is balanced.
 
     Returns:
         ``Path(out)``.
@@ -381,7 +387,27 @@ def trace(
         raise ConfigError(
             f"{path}: duration_ms: must be a number of ms in (0, 3600000] (got {duration_ms!r})"
         )
-    call("trace", _experiment_file(path), _sets(sets), bool(quick), index, name, str(out), ms)
+    start: Optional[float] = None
+    if from_ms is not None:
+        try:
+            start = float(from_ms)
+        except (TypeError, ValueError):
+            start = float("nan")
+        if not 0 <= start <= 3_600_000:
+            raise ConfigError(
+                f"{path}: from_ms: must be a number of ms in [0, 3600000] (got {from_ms!r})"
+            )
+    call(
+        "trace",
+        _experiment_file(path),
+        _sets(sets),
+        bool(quick),
+        index,
+        name,
+        str(out),
+        ms,
+        start,
+    )
     return Path(out)
 
 

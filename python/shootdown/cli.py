@@ -587,10 +587,22 @@ def trace(
         api.TRACE_DURATION_MS,
         "--duration",
         metavar="MS",
-        help="Simulated milliseconds to trace, from the start of the run.",
+        help="Simulated milliseconds to trace (the run stops at the window's end).",
+    ),
+    from_ms: Optional[float] = typer.Option(
+        None,
+        "--from",
+        metavar="MS",
+        help="Start the window here (simulated ms). Default: just before the workload's "
+        "first shootdown (first IPI or kvm_flush_remote_tlbs).",
     ),
 ) -> None:
-    """Write a Chrome/Perfetto trace (JSON) of one run."""
+    """Write a Chrome/Perfetto trace (JSON) of a window of one run.
+
+    By default the window starts just before the workload's first shootdown, so the IPIs,
+    flush handlers and waits are in it; every slice is closed at the window's end and every
+    IPI is one arrow (flow) from its sender to the CPU that took it.
+    """
     _check_outputs(out=out)
     written = api.trace(
         file,
@@ -600,6 +612,7 @@ def trace(
         sets=list(sets or []),
         quick=quick,
         duration_ms=duration,
+        from_ms=from_ms,
     )
     _note(f"wrote {written} (open in https://ui.perfetto.dev)")
 

@@ -275,9 +275,18 @@ def format_check(result: CheckResult) -> str:
     lines += [f"note: {n}" for n in result.get("notes") or []]
     steps = result.get("counterexample") or []
     if steps:
+        setup = result.get("setup") or []
+        actor_w = max(len(str(s["actor"])) for s in [*setup, *steps])
+        if setup:
+            lines.append("setup (deterministic, before exploring):")
+            num_w = len(str(max(int(s["step"]) for s in setup)))
+            for s in setup:
+                lines.append(
+                    f"  s{str(s['step']).rjust(num_w)}. {str(s['actor']).ljust(actor_w)}  "
+                    f"{s['text']}"
+                )
         lines.append("counterexample:")
         num_w = len(str(max(int(s["step"]) for s in steps)))
-        actor_w = max(len(str(s["actor"])) for s in steps)
         for s in steps:
             lines.append(
                 f"  {str(s['step']).rjust(num_w)}. {str(s['actor']).ljust(actor_w)}  {s['text']}"

@@ -107,6 +107,7 @@ class CheckResult(TypedDict):
     transitions: int
     seconds: float
     counterexample: List[CheckStep]
+    setup: List[CheckStep]  # the scenario's setup steps (run with the mutant on), before step 1
     notes: List[str]  # what the verdict does not say by itself (TSO mutant under SC, bound)
 
 

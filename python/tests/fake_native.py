@@ -244,9 +244,10 @@ class FakeNative:
         variant: str,
         out_path: str,
         max_ms: float = 2.0,
+        from_ms: Optional[float] = None,
     ) -> None:
         self.calls.append(
-            ("trace", (path, list(sets), quick, row_index, variant, out_path, max_ms))
+            ("trace", (path, list(sets), quick, row_index, variant, out_path, max_ms, from_ms))
         )
         self._expand(path, sets, quick)
         Path(out_path).write_text(

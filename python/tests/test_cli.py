@@ -197,6 +197,12 @@ def test_bench_and_trace(runner, fake_native, seed000, tmp_path) -> None:
     assert "--out" in one_error_line(invoke(runner, "trace", seed000))
     traced = [c for c in fake_native.calls if c[0] == "trace"]
     assert traced[-1][1][6] == 2.0  # the default window
+    assert traced[-1][1][7] is None  # starting before the first shootdown
+    res = invoke(runner, "trace", seed000, "--from", "1.5", "--duration", "3", "--out", out)
+    assert res.exit_code == 0, res.output
+    traced = [c for c in fake_native.calls if c[0] == "trace"]
+    assert traced[-1][1][6:] == (3.0, 1.5)
+    assert "from_ms" in one_error_line(invoke(runner, "trace", seed000, "--from", "-1", "--out", out))
     res = invoke(runner, "trace", seed000, "--out", out, "--duration", "50")
     assert res.exit_code == 0 and fake_native.calls[-1][1][6] == 50.0
     line = one_error_line(invoke(runner, "trace", seed000, "--out", out, "--duration", "0"))

@@ -8,3 +8,14 @@ use shootdown_linux::{Action, Machine};
 pub fn describe(m: &Machine, a: Action) -> String {
     m.describe(a)
 }
+
+/// The text of a step: its own description, or — where a step says nothing — the action
+/// itself, so that no step of a counterexample is blank.
+pub fn step_text(m: &Machine, a: Action) -> String {
+    let text = describe(m, a);
+    if text.trim().is_empty() {
+        format!("{a:?}")
+    } else {
+        text
+    }
+}

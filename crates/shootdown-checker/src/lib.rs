@@ -66,7 +66,7 @@ pub fn replay(init: &Machine, path: &[Action], violation: Option<&Violation>) ->
     let mut steps = Vec::with_capacity(path.len());
     for (i, &a) in path.iter().enumerate() {
         let actor = m.agent_name(m.agent_of(a));
-        let mut text = describe::describe(&m, a);
+        let mut text = describe::step_text(&m, a);
         let out = m.apply(a, &mut NullEnv);
         if i + 1 == path.len() {
             if let Some(v) = out.violation.as_ref().or(violation) {
@@ -80,6 +80,19 @@ pub fn replay(init: &Machine, path: &[Action], violation: Option<&Violation>) ->
         });
     }
     steps
+}
+
+/// The scenario's setup steps as numbered steps (they precede every explored path).
+fn setup_steps(setup: Vec<(String, String)>) -> Vec<Step> {
+    setup
+        .into_iter()
+        .enumerate()
+        .map(|(i, (actor, text))| Step {
+            step: i + 1,
+            actor,
+            text,
+        })
+        .collect()
 }
 
 fn mm_name(m: MemoryModel) -> &'static str {
@@ -96,7 +109,7 @@ pub fn check_scenario(
     mem: MemoryModel,
     opts: CheckOptions,
 ) -> Result<CheckResult, CheckError> {
-    let init = sc.build(mutant, mem)?;
+    let (init, setup) = sc.build_traced(mutant, mem)?;
     let red = reduce::MachineReduction::new(sc, opts.symmetry);
     let limits = Limits {
         max_states: opts.max_states,
@@ -144,6 +157,7 @@ pub fn check_scenario(
         } else {
             vec![]
         },
+        setup: setup_steps(setup),
         strategy: "bfs".into(),
         reductions,
         notes: vec![],
@@ -267,7 +281,7 @@ fn check_dispatch(
             } else {
                 sample::Strategy::Random
             };
-            let init = sc.build(mutant, mem)?;
+            let (init, setup) = sc.build_traced(mutant, mem)?;
             let r = sample::sample(&init, strat, n, seed, max_states);
             Ok(CheckResult {
                 scenario: sc.name.clone(),
@@ -291,6 +305,7 @@ fn check_dispatch(
                 } else {
                     vec![]
                 },
+                setup: setup_steps(setup),
                 strategy: strategy.into(),
                 reductions: vec![],
                 notes: vec![],

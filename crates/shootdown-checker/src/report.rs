@@ -30,6 +30,9 @@ pub struct CheckResult {
     pub transitions: u64,
     pub seconds: f64,
     pub counterexample: Vec<Step>,
+    /// The scenario's deterministic setup steps, run (with the mutant on) before exploring:
+    /// every counterexample starts after them.
+    pub setup: Vec<Step>,
     /// `bfs`, `random` or `pct`.
     pub strategy: String,
     /// Reductions applied (`por`, `symmetry`).
@@ -65,14 +68,20 @@ impl CheckResult {
             s.push_str(&format!("violation: {d}\n"));
         }
         if !self.counterexample.is_empty() {
+            let all = self.setup.iter().chain(&self.counterexample);
+            let aw = all.map(|x| x.actor.len()).max().unwrap_or(0);
+            if !self.setup.is_empty() {
+                s.push_str("setup (deterministic, before exploring):\n");
+                let nw = self.setup.len().to_string().len();
+                for st in &self.setup {
+                    s.push_str(&format!(
+                        "  s{:>nw$}. {:<aw$}  {}\n",
+                        st.step, st.actor, st.text
+                    ));
+                }
+            }
             s.push_str("counterexample:\n");
             let nw = self.counterexample.len().to_string().len();
-            let aw = self
-                .counterexample
-                .iter()
-                .map(|x| x.actor.len())
-                .max()
-                .unwrap_or(0);
             for st in &self.counterexample {
                 s.push_str(&format!(
                     "  {:>nw$}. {:<aw$}  {}\n",

@@ -789,6 +789,27 @@ impl Scenario {
 
     /// Build the initial machine with `mutant` enabled (if any), then run the setup steps.
     pub fn build(&self, mutant: Option<&str>, mem: MemoryModel) -> Result<Machine, CheckError> {
+        self.build_inner(mutant, mem, None)
+    }
+
+    /// [`Scenario::build`], also returning the setup steps it ran (actor, text), which run with
+    /// the mutant on: a counterexample prints them before its own steps.
+    pub fn build_traced(
+        &self,
+        mutant: Option<&str>,
+        mem: MemoryModel,
+    ) -> Result<(Machine, Vec<(String, String)>), CheckError> {
+        let mut steps = Vec::new();
+        let m = self.build_inner(mutant, mem, Some(&mut steps))?;
+        Ok((m, steps))
+    }
+
+    fn build_inner(
+        &self,
+        mutant: Option<&str>,
+        mem: MemoryModel,
+        mut trace: Option<&mut Vec<(String, String)>>,
+    ) -> Result<Machine, CheckError> {
         let f = &self.file;
         let mut opts = self.options.clone();
         if let Some(m) = mutant {
@@ -878,7 +899,7 @@ impl Scenario {
             m.add_task(&t.name, mm_ids[t.mm.as_str()], t.cpu, prog);
         }
         for (i, s) in f.setup.iter().enumerate() {
-            self.run_setup(&mut m, i, s)?;
+            self.run_setup(&mut m, i, s, trace.as_deref_mut())?;
         }
         // Start exploring with every store buffer empty.
         let mut drained = 0;
@@ -891,7 +912,13 @@ impl Scenario {
         Ok(m)
     }
 
-    fn run_setup(&self, m: &mut Machine, i: usize, s: &SetupSpec) -> Result<(), CheckError> {
+    fn run_setup(
+        &self,
+        m: &mut Machine,
+        i: usize,
+        s: &SetupSpec,
+        mut trace: Option<&mut Vec<(String, String)>>,
+    ) -> Result<(), CheckError> {
         let key = format!("setup[{i}]");
         let cpu = s.cpu;
         let done = |m: &Machine, n: u64| -> bool {
@@ -933,6 +960,12 @@ impl Scenario {
                     format!("cpu{cpu} cannot step (blocked) after {n} setup steps"),
                 ));
             };
+            if let Some(t) = trace.as_deref_mut() {
+                t.push((
+                    m.agent_name(shootdown_engine::Model::agent_of(m, a)),
+                    crate::describe::step_text(m, a),
+                ));
+            }
             let out = m.apply(a, &mut NullEnv);
             if let Some(v) = out.violation {
                 return Err(self.err(&key, format!("violation during setup: {v}")));

@@ -15,6 +15,24 @@ type Pinned = (
 );
 const MUTANTS: &[Pinned] = &[
     (
+        "madvise_nested",
+        "tlb_finish_mmu_ignores_nested",
+        None,
+        "sc",
+        "INV-SYSRET",
+        12,
+        137,
+    ),
+    (
+        "reclaim_madvise",
+        "no_flush_tlb_batched_pending",
+        None,
+        "sc",
+        "INV-SYSRET",
+        8,
+        46,
+    ),
+    (
         "lazy_munmap",
         "free_tables_before_flush",
         Some("N1"),
@@ -29,8 +47,8 @@ const MUTANTS: &[Pinned] = &[
         Some("N3"),
         "sc",
         "INV-PTFREE",
-        17,
-        36,
+        18,
+        38,
     ),
     (
         "switch_mm_flush",
@@ -38,8 +56,8 @@ const MUTANTS: &[Pinned] = &[
         Some("N5"),
         "sc",
         "INV-STALE",
-        25,
-        1148,
+        26,
+        1180,
     ),
     (
         "batch_unmap",
@@ -56,8 +74,8 @@ const MUTANTS: &[Pinned] = &[
         Some("O1"),
         "sc",
         "INV-STALE",
-        25,
-        930,
+        26,
+        962,
     ),
     (
         "switch_mm_flush_v5",
@@ -65,8 +83,8 @@ const MUTANTS: &[Pinned] = &[
         Some("O1"),
         "sc",
         "INV-STALE",
-        21,
-        607,
+        22,
+        639,
     ),
     (
         "smp_call_concurrent",
@@ -74,8 +92,8 @@ const MUTANTS: &[Pinned] = &[
         Some("O1"),
         "sc",
         "INV-STALE",
-        36,
-        71505,
+        37,
+        73067,
     ),
     (
         "switch_mm_flush_v5",
@@ -83,8 +101,8 @@ const MUTANTS: &[Pinned] = &[
         None,
         "sc",
         "INV-STALE",
-        21,
-        738,
+        22,
+        770,
     ),
     (
         "switch_mm_flush",
@@ -92,8 +110,8 @@ const MUTANTS: &[Pinned] = &[
         None,
         "tso",
         "INV-STALE",
-        25,
-        2055,
+        26,
+        2229,
     ),
     (
         "flush_catchup",
@@ -101,8 +119,8 @@ const MUTANTS: &[Pinned] = &[
         None,
         "sc",
         "INV-STALE",
-        47,
-        42773,
+        49,
+        46651,
     ),
     (
         "switch_mm_flush",
@@ -110,8 +128,8 @@ const MUTANTS: &[Pinned] = &[
         None,
         "tso",
         "INV-STALE",
-        25,
-        2043,
+        26,
+        2223,
     ),
     (
         "pv_tlb_flush",
@@ -119,8 +137,8 @@ const MUTANTS: &[Pinned] = &[
         Some("K1"),
         "sc",
         "INV-STALE",
-        18,
-        654,
+        19,
+        682,
     ),
     (
         "pv_tlb_flush",
@@ -128,8 +146,8 @@ const MUTANTS: &[Pinned] = &[
         Some("K2"),
         "sc",
         "INV-STALE",
-        18,
-        868,
+        19,
+        910,
     ),
     (
         "kvm_mmio_wrap",
@@ -394,8 +412,39 @@ fn cve_2019_3016_counterexamples_tell_the_story() {
         let r = run("pv_tlb_flush", Some(m), "tso");
         assert_eq!(
             (r.verdict.as_str(), r.counterexample.len()),
-            ("violation", 18),
+            ("violation", 19),
             "{m}"
         );
+    }
+}
+
+/// A counterexample starts after the scenario's setup, which runs with the mutant on: the
+/// report prints those steps first, every one with its text.
+#[test]
+fn counterexamples_print_the_setup_steps_they_start_from() {
+    let r = run(
+        "reclaim_madvise",
+        Some("no_flush_tlb_batched_pending"),
+        "sc",
+    );
+    assert_eq!(r.verdict, "violation");
+    // cpu0 to the reclaim task, cpu1 to the user task, then its first touch.
+    assert!(r.setup.len() >= 3, "{:?}", r.setup);
+    assert!(r.setup.iter().all(|s| !s.text.trim().is_empty()));
+    assert!(
+        r.setup.iter().any(|s| s.text.contains("fill TLB")),
+        "{:?}",
+        r.setup
+    );
+    let text = r.to_text();
+    let setup_at = text.find("setup (deterministic").expect(&text);
+    let cex_at = text.find("counterexample:").expect(&text);
+    assert!(setup_at < cex_at, "{text}");
+    // Every step of every pinned mutant's counterexample and setup has a text.
+    for &(sc, m, _, mm, _, _, _) in MUTANTS {
+        let r = run(sc, Some(m), mm);
+        for s in r.setup.iter().chain(&r.counterexample) {
+            assert!(!s.text.trim().is_empty(), "{sc}/{m}: blank step {s:?}");
+        }
     }
 }

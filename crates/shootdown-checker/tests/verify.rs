@@ -7,17 +7,21 @@ use common::*;
 /// (scenario, memory model, states, transitions)
 const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("batch_unmap", "sc", 532, 952),
-    ("batch_unmap", "tso", 948, 2186),
-    ("lazy_munmap", "sc", 84, 136),
-    ("lazy_munmap", "tso", 164, 365),
-    ("switch_mm_flush", "sc", 1281, 2462),
-    ("switch_mm_flush", "tso", 2475, 6136),
-    ("switch_mm_flush_v5", "sc", 1259, 2419),
-    ("switch_mm_flush_v5", "tso", 2371, 5860),
-    ("flush_catchup", "sc", 27023, 58502),
-    ("flush_catchup", "tso", 37535, 90907),
-    ("pv_tlb_flush", "sc", 1365, 3194),
-    ("pv_tlb_flush", "tso", 1409, 3297),
+    ("batch_unmap", "tso", 1016, 2382),
+    ("lazy_munmap", "sc", 85, 137),
+    ("lazy_munmap", "tso", 167, 370),
+    ("switch_mm_flush", "sc", 1297, 2490),
+    ("switch_mm_flush", "tso", 2559, 6375),
+    ("switch_mm_flush_v5", "sc", 1275, 2447),
+    ("switch_mm_flush_v5", "tso", 2455, 6099),
+    ("flush_catchup", "sc", 33235, 69982),
+    ("flush_catchup", "tso", 47991, 114535),
+    ("pv_tlb_flush", "sc", 1379, 3228),
+    ("pv_tlb_flush", "tso", 1451, 3427),
+    ("madvise_nested", "sc", 102861, 219769),
+    ("madvise_nested", "tso", 142719, 340127),
+    ("reclaim_madvise", "sc", 8867, 18746),
+    ("reclaim_madvise", "tso", 13238, 31863),
 ];
 
 fn verify(list: &[(&str, &str, u64, u64)]) {
@@ -45,19 +49,19 @@ fn fixed_protocols_verify_two_cpus() {
 #[test]
 fn fixed_protocols_verify_three_cpus_sc() {
     verify(&[
-        ("smp_call_concurrent", "sc", 370727, 1129917),
-        ("smp_call_remote_then_local", "sc", 200803, 556271),
+        ("smp_call_concurrent", "sc", 371566, 1132216),
+        ("smp_call_remote_then_local", "sc", 201642, 558570),
     ]);
 }
 
 #[test]
 fn fixed_protocols_verify_three_cpus_tso() {
-    verify(&[("smp_call_remote_then_local", "tso", 594390, 2170187)]);
+    verify(&[("smp_call_remote_then_local", "tso", 604131, 2213137)]);
 }
 
 #[test]
 fn fixed_concurrent_smp_call_verifies_three_cpus_tso() {
-    verify(&[("smp_call_concurrent", "tso", 1103101, 4351001)]);
+    verify(&[("smp_call_concurrent", "tso", 1112842, 4393951)]);
 }
 
 /// The KVM MMU scenarios: memslot DELETE with the slot-only zap racing two vCPUs' faults
@@ -173,5 +177,5 @@ fn run_big(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::Che
 /// the host preempting, resuming and ioctl-putting every target at any point (unbounded).
 #[test]
 fn fixed_pv_tlb_flush_verifies_three_targets_two_rounds_tso() {
-    verify(&[("pv_tlb_flush_3vcpu", "tso", 506879, 2692678)]);
+    verify(&[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)]);
 }

@@ -7,6 +7,13 @@
 //! what the flush is for. The oracle also checks `INV-ASID` (an entry tagged with a PCID that now
 //! belongs to another mm) and, in the walker, `INV-PTFREE`.
 //!
+//! `INV-SYSRET` is the contract user space relies on, anchored on the *system call* rather than
+//! on a flush: when `munmap`, `madvise(MADV_DONTNEED)`, `mprotect` (a downgrade) or `fdatasync`
+//! on a DAX file returns to user space, no CPU may use a translation of the range it covered
+//! whose PTE was changed before that return — whichever CPU or flush was supposed to remove
+//! it. A path that skips its flush altogether (or relies on a flush another caller has still
+//! pending) is invisible to `INV-STALE`, which needs a flush to return, and is caught here.
+//!
 //! The oracle is part of the model state (it is history the explorer must distinguish), which
 //! is why it lives here and not in the checker crate: both drivers see every use through it.
 
@@ -25,6 +32,45 @@ struct MmTruth {
     full_from: u64,
     /// Begin epoch of the latest returned flush covering each page.
     page_from: BTreeMap<Vpn, u64>,
+    /// `INV-SYSRET`: the epoch at which the latest system call covering each page returned, as
+    /// disjoint ranges `start -> (end, epoch)` (a munmap may cover gigabytes: no per-page map).
+    returned: BTreeMap<Vpn, (Vpn, u64)>,
+}
+
+impl MmTruth {
+    /// The epoch of the latest returned system call that covered `vpn` (0: none).
+    fn returned_at(&self, vpn: Vpn) -> u64 {
+        match self.returned.range(..=vpn).next_back() {
+            Some((_, &(end, at))) if vpn < end => at,
+            _ => 0,
+        }
+    }
+
+    /// Record that a system call covering `[start, end)` returned at `at`. Epochs only grow,
+    /// so `at` supersedes whatever older calls recorded for these pages.
+    fn record_return(&mut self, start: Vpn, end: Vpn, at: u64) {
+        if start >= end {
+            return;
+        }
+        // Cut the ranges that overlap [start, end), keeping their parts outside it.
+        let overlapping: Vec<(Vpn, (Vpn, u64))> = self
+            .returned
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > start)
+            .map(|(&s, &v)| (s, v))
+            .collect();
+        for (s, (e, t)) in overlapping {
+            self.returned.remove(&s);
+            if s < start {
+                self.returned.insert(s, (start, t));
+            }
+            if e > end {
+                self.returned.insert(end, (e, t));
+            }
+        }
+        self.returned.insert(start, (end, at));
+    }
 }
 
 /// The second stage of a VM: which invalidations of its EPT have returned.
@@ -154,6 +200,15 @@ impl Oracle {
         }
     }
 
+    /// A system call that removed or downgraded translations of `mm` in `[start, end)`
+    /// (`munmap`, `madvise(MADV_DONTNEED)`, `mprotect`, a DAX `fdatasync`'s cleaned pages)
+    /// returns to user space now: from here on, a use of a translation of that range whose PTE
+    /// was changed before now is `INV-SYSRET` (unless it already is `INV-STALE`).
+    pub fn syscall_returned(&mut self, mm: MmIndex, start: Vpn, end: Vpn) {
+        let now = self.epoch;
+        self.mms[mm as usize].record_return(start, end, now);
+    }
+
     /// Check one use, by a task of `cur_mm`, of a TLB entry filled from version `entry_version`
     /// of the PTE for `vpn` in `entry_mm`; `pte` is the PTE as it is now.
     pub fn check_use(
@@ -180,6 +235,15 @@ impl Oracle {
                 invariant: "INV-STALE",
                 detail: format!(
                     "mm{cur_mm} page {vpn:#x}: used a translation (PTE version {entry_version}, now {}) that was changed before a flush that has returned",
+                    pte.version
+                ),
+            });
+        }
+        if over < t.returned_at(vpn) {
+            return Err(Violation {
+                invariant: "INV-SYSRET",
+                detail: format!(
+                    "mm{cur_mm} page {vpn:#x}: used a translation (PTE version {entry_version}, now {}) that was removed or downgraded before a system call covering it returned to user space",
                     pte.version
                 ),
             });
@@ -238,5 +302,59 @@ mod tests {
             o.check_use(1, 0, 0, 0, &Pte::NONE).unwrap_err().invariant,
             "INV-ASID"
         );
+    }
+
+    #[test]
+    fn sysret_only_for_changes_before_the_return_and_only_in_its_range() {
+        let mut o = Oracle::new(1);
+        let mut pte = Pte::NONE;
+        o.pte_changed(&mut pte); // version 1: mapped
+        let cached = pte.version;
+        o.pte_changed(&mut pte); // zapped, no flush at all
+        assert!(
+            o.check_use(0, 0, 5, cached, &pte).is_ok(),
+            "not returned yet"
+        );
+        o.syscall_returned(0, 0, 4);
+        assert!(
+            o.check_use(0, 0, 5, cached, &pte).is_ok(),
+            "outside the range"
+        );
+        o.syscall_returned(0, 4, 6);
+        assert_eq!(
+            o.check_use(0, 0, 5, cached, &pte).unwrap_err().invariant,
+            "INV-SYSRET"
+        );
+        // A change after the return is not the call's to have removed.
+        let cached = pte.version;
+        o.pte_changed(&mut pte);
+        assert!(o.check_use(0, 0, 5, cached, &pte).is_ok());
+    }
+
+    proptest::proptest! {
+        /// The range map answers as a per-page map of the latest return would.
+        #[test]
+        fn returned_ranges_match_a_per_page_map(
+            calls in proptest::collection::vec((0u64..40, 1u64..12), 1..20)
+        ) {
+            let mut t = MmTruth::default();
+            let mut naive = std::collections::BTreeMap::new();
+            for (at, (start, len)) in calls.into_iter().enumerate() {
+                let at = at as u64 + 1;
+                t.record_return(start, start + len, at);
+                for v in start..start + len {
+                    naive.insert(v, at);
+                }
+                for v in 0..60 {
+                    proptest::prop_assert_eq!(t.returned_at(v), naive.get(&v).copied().unwrap_or(0));
+                }
+                // Disjoint and sorted.
+                let mut last = 0;
+                for (&s, &(e, _)) in &t.returned {
+                    proptest::prop_assert!(s >= last && e > s);
+                    last = e;
+                }
+            }
+        }
     }
 }

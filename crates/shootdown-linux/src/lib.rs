@@ -28,6 +28,7 @@ pub mod host;
 pub mod kvm;
 pub mod machine;
 pub mod mem;
+mod mmu_gather;
 pub mod options;
 pub mod paravirt;
 pub mod perf;

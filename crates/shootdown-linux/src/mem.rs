@@ -109,6 +109,32 @@ locations! {
         write(m, v) = m.cpus[c as usize].tlbstate.is_lazy = v != 0;
         rename(f) = Loc::IsLazy(f(c));
     }
+    /// `mm->tlb_flush_pending` (`inc_tlb_flush_pending` in `tlb_gather_mmu`, read by
+    /// `mm_tlb_flush_nested`).
+    TlbFlushPending(mm: MmId) {
+        // Beside tlb_flush_batched in struct mm_struct, away from mm->context.
+        line(m) = MM_LINES | (mm as u64) << 24 | 0xff_ffff;
+        read(m) = m.mms[mm as usize].tlb_flush_pending;
+        write(m, v) = m.mms[mm as usize].tlb_flush_pending = v;
+    }
+    /// `mm->tlb_flush_batched` (set by reclaim's `set_tlb_ubc_flush_pending`, read and reset by
+    /// `flush_tlb_batched_pending`).
+    TlbFlushBatched(mm: MmId) {
+        line(m) = MM_LINES | (mm as u64) << 24 | 0xff_ffff;
+        read(m) = m.mms[mm as usize].tlb_flush_batched;
+        write(m, v) = m.mms[mm as usize].tlb_flush_batched = v;
+    }
+    /// The split page-table lock of page-table page `pt` (its index in the PMD) of `mm`: 0
+    /// free, else holder CPU + 1.
+    Ptl(mm: MmId, pt: u64) {
+        line(m) = (20u64 << 56) | (mm as u64) << 40 | pt;
+        read(m) = m.mms[mm as usize].ptl_held.get(&pt).copied().unwrap_or(0);
+        write(m, v) = if v == 0 {
+            m.mms[mm as usize].ptl_held.remove(&pt);
+        } else {
+            m.mms[mm as usize].ptl_held.insert(pt, v);
+        };
+    }
     /// The lock bit of a `call_single_data`.
     CsdLock(k: CsdKey) {
         line(m) = CSD_LINES | (k.src as u64) << 24 | k.dst as u64;

@@ -98,6 +98,35 @@ named_enum! {
 }
 
 named_enum! {
+    /// `tlb_finish_mmu()` when another mmu_gather of the mm is in progress
+    /// (`mm_tlb_flush_nested()`: `mm->tlb_flush_pending > 1`). Two `madvise(MADV_DONTNEED)`s of
+    /// one range under `mmap_sem` read: the second finds the PTEs already clear and, with nothing
+    /// gathered, would return before the first one's flush. (v4.12 and earlier had no check:
+    /// the mutant `tlb_finish_mmu_ignores_nested`.)
+    pub enum MmuGather {
+        /// v4.13–v5.1 (99baac21e458): a nested gather force-flushes its whole range.
+        V4_13 = "v4_13",
+        /// v5.2+ (7a30df49f63a): a nested gather flushes the whole mm, as if it freed tables.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
+    /// `flush_tlb_batched_pending()` under the PTL of `zap_pte_range` / `change_pte_range`:
+    /// reclaim's batched unmap (`try_to_unmap_one` with `TTU_BATCH_FLUSH`) clears PTEs and
+    /// defers their flush; a caller that then finds them clear must not return before it.
+    /// (v4.12 and earlier had no check: the mutant `no_flush_tlb_batched_pending`.)
+    pub enum BatchedPending {
+        /// v4.13 (3ea277194daa): `mm->tlb_flush_batched` is a bool, set by reclaim and cleared
+        /// after the `flush_tlb_mm()`; a batch queued during that flush is forgotten.
+        V4_13 = "v4_13",
+        /// Mainline: `mm->tlb_flush_batched` counts pending and flushed batches; the flush is
+        /// marked done only if no batch was queued meanwhile (`atomic_cmpxchg`).
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// Lazy-TLB design (seed 002 and what followed; kernel-model.md §1.5–1.8).
     pub enum LazyTlb {
         /// v4.12 (V0): `cpu_tlbstate.state` OK/LAZY; lazy CPUs stay in `mm_cpumask`, the first
@@ -317,6 +346,14 @@ mutants! {
     /// MMU notifier) then finds them gone, flushes nothing and lets the host free the pages
     /// while a vCPU still caches them. (`kvm = "v5_1"` has this behaviour too.)
     slot_zap_rmap_break_without_flush = "",
+    /// Before 99baac21e458 (v4.13): `tlb_finish_mmu()` has no `mm_tlb_flush_nested()` check. A
+    /// `madvise(MADV_DONTNEED)` that finds the PTEs already cleared by a concurrent one gathers
+    /// nothing, flushes nothing and returns while the other's flush is still on its way.
+    tlb_finish_mmu_ignores_nested = "",
+    /// Before 3ea277194daa (v4.13): no `flush_tlb_batched_pending()`. A call that finds PTEs
+    /// reclaim cleared with its flush deferred (`TTU_BATCH_FLUSH`) changes nothing, flushes
+    /// nothing and returns before reclaim's batched flush.
+    no_flush_tlb_batched_pending = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -393,6 +430,12 @@ options! {
     /// that already ran locally). Nadav's series open-coded the filter.
     smp_cond_alloc_mask: bool = false,
         accepts = "true | false (on_each_cpu_cond_mask allocates a cpumask and re-runs locally: before v5.6)";
+    /// mm: `tlb_finish_mmu()`'s handling of nested gathers (madvise, munmap).
+    mmu_gather: MmuGather = MmuGather::Mainline,
+        accepts = format!("{} (tlb_finish_mmu with a nested mmu_gather)", names(MmuGather::NAMES));
+    /// mm: `flush_tlb_batched_pending()` in zap / change_protection.
+    batched_pending: BatchedPending = BatchedPending::Mainline,
+        accepts = format!("{} (flush a pending reclaim batch before changing PTEs)", names(BatchedPending::NAMES));
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pcid: bool = true, accepts = "true | false";
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.

@@ -41,6 +41,14 @@ pub struct Mm {
     pub tables_to_free: Vec<PtPageId>,
     /// Mainline lazy cpumask trimming: the next time (in ns) a flush may trim.
     pub next_trim_ns: u64,
+    /// `mm->tlb_flush_pending`: mmu_gathers (or `change_protection`s) in progress.
+    pub tlb_flush_pending: u64,
+    /// `mm->tlb_flush_batched`: reclaim batches queued with this mm (low 32 bits) and, in
+    /// mainline, those `flush_tlb_batched_pending()` has flushed (high 32 bits); a bool in
+    /// v4.13 (see `options::BatchedPending`).
+    pub tlb_flush_batched: u64,
+    /// The page-table locks held (split PTLs: one per page-table page, by its index).
+    pub ptl_held: std::collections::BTreeMap<u64, u64>,
     pub name: String,
 }
 
@@ -54,6 +62,9 @@ impl Mm {
             mmap_sem: RwSem::default(),
             tables_to_free: Vec::new(),
             next_trim_ns: 0,
+            tlb_flush_pending: 0,
+            tlb_flush_batched: 0,
+            ptl_held: Default::default(),
             name,
         }
     }

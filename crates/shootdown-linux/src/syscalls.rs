@@ -5,6 +5,9 @@
 //! page), reclaim's batched unmap (`try_to_unmap` with TTU_BATCH_FLUSH + `arch_tlbbatch_flush`),
 //! and `sched_setaffinity`.
 //!
+//! Each call that removes or downgrades translations records, when it returns to user space,
+//! the obligation the oracle checks as `INV-SYSRET` (`Oracle::syscall_returned`).
+//!
 //! Simplifications: a range zap is one atomic step (it runs under the page-table lock);
 //! pages are freed at the cost of `page_free` each with no allocator model; page tables are freed
 //! only when the unmapped range covers a whole page-table page.
@@ -34,11 +37,13 @@ pub enum Syscall {
         pc: ZapPc,
         start: Vpn,
         npages: u64,
+        gather: Gather,
     },
     Munmap {
         pc: ZapPc,
         start: Vpn,
         npages: u64,
+        gather: Gather,
     },
     Mmap {
         pc: MmapPc,
@@ -48,6 +53,7 @@ pub enum Syscall {
         start: Vpn,
         npages: u64,
         writable: bool,
+        gather: Gather,
     },
     /// `todo`: the entries tagged TOWRITE when the call started (`tag_pages_for_writeback`).
     /// With `msync`, the call is `msync(MS_SYNC)` over the whole mapping of the file.
@@ -87,16 +93,44 @@ pub enum PageFaultPc {
     Done,
 }
 
-/// The steps of `madvise(MADV_DONTNEED)`, `munmap` and `mprotect`: take `mmap_sem`, change
-/// the PTEs and flush, release.
+/// The steps of `madvise(MADV_DONTNEED)`, `munmap` and `mprotect`: take `mmap_sem`, gather
+/// (`tlb_gather_mmu` / `inc_tlb_flush_pending`), change the PTEs under the page-table lock
+/// (after `flush_tlb_batched_pending`), flush only what the kernel flushes, release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ZapPc {
     /// Syscall entry; take `mmap_sem`.
     Start,
-    /// Zap (or write-protect) the range and call the flush.
-    Zap,
-    /// (munmap: free the unlinked page tables;) release `mmap_sem`; return.
+    /// Take the PTL; `tlb_gather_mmu()` / `change_protection_range()`:
+    /// `inc_tlb_flush_pending(mm)`; `flush_tlb_batched_pending()` (a full flush with the PTL
+    /// held, if reclaim left a batch pending); else change the PTEs and unlock.
+    Lock,
+    /// The pending batch is flushed: mark it so, change the PTEs, unlock the PTL.
+    Batched,
+    /// `tlb_finish_mmu()` / `flush_tlb_range()`: flush what was gathered, if anything (or
+    /// everything, when another gather of the mm is in progress).
+    Finish,
+    /// (munmap: free the unlinked page tables;) `dec_tlb_flush_pending()`; release
+    /// `mmap_sem`; return.
     Done,
+}
+
+/// What an mmu_gather (or `change_protection`) has collected so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Gather {
+    /// PTEs cleared or write-protected: the gather has a range to flush.
+    pub changed: u64,
+    /// munmap: page-table pages were unlinked (`tlb->freed_tables`).
+    pub freed_tables: bool,
+    /// `mm->tlb_flush_batched` as `flush_tlb_batched_pending()` read it.
+    pub batch: u64,
+}
+
+/// Which zap-type call a [`ZapPc`] sequence is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZapKind {
+    Madvise,
+    Munmap,
+    Mprotect { writable: bool },
 }
 
 /// The steps of `mmap`.
@@ -219,7 +253,13 @@ impl Machine {
     }
 
     /// Clear every present PTE in the range (a downgrade: bumps versions). Returns how many.
-    fn zap_range<E: Env>(&mut self, mm: MmId, start: Vpn, npages: u64, env: &mut E) -> u64 {
+    pub(crate) fn zap_range<E: Env>(
+        &mut self,
+        mm: MmId,
+        start: Vpn,
+        npages: u64,
+        env: &mut E,
+    ) -> u64 {
         let mut n = 0;
         let m = &mut self.mms[mm as usize];
         let keys: Vec<Vpn> = m
@@ -332,76 +372,30 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Madvise { pc, start, npages } => match *pc {
-                ZapPc::Start => {
-                    self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    self.summary(|| "take mmap_sem".into());
-                    *pc = ZapPc::Zap;
-                    Flow::Call(RwSemDown::call(mm, false))
-                }
-                ZapPc::Zap => {
-                    let n = self.zap_range(mm, *start, *npages, env);
-                    let st = *start;
-                    self.say(|| format!("zap {n} PTEs of mm{mm} from {st:#x}"));
-                    *pc = ZapPc::Done;
-                    Flow::Call(FlushMmRange::call(mm, *start, *start + *npages, false))
-                }
-                ZapPc::Done => {
-                    self.rwsem_up(cpu, mm, false, env);
-                    self.summary(|| "up_read(mmap_sem); return".into());
-                    Flow::Return
-                }
-            },
-            Syscall::Munmap { pc, start, npages } => match *pc {
-                ZapPc::Start => {
-                    self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    self.summary(|| "take mmap_sem".into());
-                    *pc = ZapPc::Zap;
-                    Flow::Call(RwSemDown::call(mm, true))
-                }
-                ZapPc::Zap => {
-                    let (start, npages) = (*start, *npages);
-                    self.zap_range(mm, start, npages, env);
-                    // free_pgtables(): unlink page-table pages the range covers entirely.
-                    let first = start.div_ceil(PTRS_PER_PT);
-                    let last = (start + npages) / PTRS_PER_PT;
-                    let m = &mut self.mms[mm as usize];
-                    for idx in first..last {
-                        if let Some(t) = m.space.pmd.remove(&idx) {
-                            m.tables_to_free.push(t);
-                        }
-                    }
-                    let freed = !m.tables_to_free.is_empty();
-                    if freed && self.opts.mutants.free_tables_before_flush {
-                        // N1: tlb_remove_table_one() after a failed batch allocation: a "sync"
-                        // IPI that invalidates nothing, then the table is freed at once.
-                        for t in std::mem::take(&mut self.mms[mm as usize].tables_to_free) {
-                            self.pt_pages.free(t);
-                        }
-                    }
-                    self.say(|| {
-                        format!(
-                            "zap mm{mm} pages {start:#x}..{:#x}; unlink page tables: {freed}",
-                            start + npages
-                        )
-                    });
-                    *pc = ZapPc::Done;
-                    Flow::Call(FlushMmRange::call(mm, start, start + npages, freed))
-                }
-                ZapPc::Done => {
-                    let tables = std::mem::take(&mut self.mms[mm as usize].tables_to_free);
-                    for t in &tables {
-                        self.pt_pages.free(*t);
-                        self.charge(env, |c| c.pgtable_free);
-                    }
-                    if !tables.is_empty() {
-                        self.say(|| format!("free {} page-table page(s) of mm{mm}", tables.len()));
-                    }
-                    self.rwsem_up(cpu, mm, true, env);
-                    self.summary(|| "free page tables; up_write(mmap_sem); return".into());
-                    Flow::Return
-                }
-            },
+            Syscall::Madvise {
+                pc,
+                start,
+                npages,
+                gather,
+            } => self.zap_call_step(cpu, mm, ZapKind::Madvise, pc, *start, *npages, gather, env),
+            Syscall::Munmap {
+                pc,
+                start,
+                npages,
+                gather,
+            } => self.zap_call_step(cpu, mm, ZapKind::Munmap, pc, *start, *npages, gather, env),
+            Syscall::Mprotect {
+                pc,
+                start,
+                npages,
+                writable,
+                gather,
+            } => {
+                let kind = ZapKind::Mprotect {
+                    writable: *writable,
+                };
+                self.zap_call_step(cpu, mm, kind, pc, *start, *npages, gather, env)
+            }
             Syscall::Mmap { pc } => match *pc {
                 MmapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit);
@@ -410,41 +404,6 @@ impl Machine {
                 }
                 MmapPc::Done => {
                     self.charge(env, |c| c.mmap_syscall);
-                    self.rwsem_up(cpu, mm, true, env);
-                    Flow::Return
-                }
-            },
-            Syscall::Mprotect {
-                pc,
-                start,
-                npages,
-                writable,
-            } => match *pc {
-                ZapPc::Start => {
-                    self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
-                    *pc = ZapPc::Zap;
-                    Flow::Call(RwSemDown::call(mm, true))
-                }
-                ZapPc::Zap => {
-                    let m = &mut self.mms[mm as usize];
-                    let mut changed = 0u64;
-                    for (_, pte) in m.space.ptes.range_mut(*start..*start + *npages) {
-                        if !pte.present {
-                            continue;
-                        }
-                        if *writable {
-                            pte.writable = true;
-                        } else if pte.writable {
-                            pte.writable = false;
-                            self.oracle.pte_changed(pte);
-                            changed += 1;
-                        }
-                    }
-                    self.charge(env, |c| shootdown_engine::Time(c.pte_update.0 * changed));
-                    *pc = ZapPc::Done;
-                    Flow::Call(FlushMmRange::call(mm, *start, *start + *npages, false))
-                }
-                ZapPc::Done => {
                     self.rwsem_up(cpu, mm, true, env);
                     Flow::Return
                 }
@@ -525,6 +484,10 @@ impl Machine {
                 }
                 FdatasyncPc::Next => {
                     if todo.get(*i).is_none() {
+                        // Every page it cleaned is write-protected for user space from here.
+                        for &v in todo.iter() {
+                            self.oracle.syscall_returned(mm, v, v + 1);
+                        }
                         if *msync {
                             // fput(); the whole file was one range, so no second lookup.
                             self.atomic_on_line(env, cpu, struct_file_line(*file));
@@ -570,10 +533,22 @@ impl Machine {
                 begin,
             } => match *pc {
                 ReclaimUnmapPc::Unmap => {
-                    // try_to_unmap_one() ×n: clear PTEs, arch_tlbbatch_add_pending(): bump
-                    // tlb_gen and accumulate mm_cpumask into the batch.
-                    self.zap_range(mm, *start, *npages, env);
+                    // try_to_unmap_one() ×n under the PTL: clear PTEs; for each one cleared,
+                    // arch_tlbbatch_add_pending() bumps tlb_gen and accumulates mm_cpumask
+                    // into the batch, and set_tlb_ubc_flush_pending() marks the mm.
+                    let ptl = Loc::Ptl(mm, *start / PTRS_PER_PT);
+                    if self.spin_trylock(env, cpu, ptl).is_none() {
+                        return Flow::Spin(spin_key(ptl));
+                    }
+                    let n = self.zap_range(mm, *start, *npages, env);
+                    if n == 0 {
+                        self.spin_unlock(env, cpu, ptl);
+                        self.summary(|| "try_to_unmap: nothing mapped, no batch".into());
+                        return Flow::Return;
+                    }
                     self.rmw(env, cpu, Loc::TlbGen(mm), |g| g + 1);
+                    self.mark_tlb_flush_batched(cpu, mm, env);
+                    self.spin_unlock(env, cpu, ptl);
                     let (mut others, me) = self.read_cpumask_others(cpu, mm, env);
                     if me {
                         others.push(cpu);

@@ -9,7 +9,7 @@ use crate::machine::Machine;
 use crate::mem::{tlbstate_line, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET};
 use crate::state::*;
 use crate::syscalls::{
-    FdatasyncPc, MmapPc, PageFaultPc, ReclaimUnmapPc, SetAffinityPc, Syscall, ZapPc,
+    FdatasyncPc, Gather, MmapPc, PageFaultPc, ReclaimUnmapPc, SetAffinityPc, Syscall, ZapPc,
 };
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::ept::EptWalk;
@@ -401,6 +401,7 @@ impl Machine {
                     pc: ZapPc::Start,
                     start,
                     npages,
+                    gather: Gather::default(),
                 },
                 env,
             ),
@@ -411,6 +412,7 @@ impl Machine {
                     pc: ZapPc::Start,
                     start,
                     npages,
+                    gather: Gather::default(),
                 },
                 env,
             ),
@@ -426,6 +428,7 @@ impl Machine {
                     start,
                     npages,
                     writable,
+                    gather: Gather::default(),
                 },
                 env,
             ),

@@ -113,8 +113,11 @@ fn overcommitted(pv: bool) -> Machine {
         timeslice_us: 500,
         ..HostConfig::default()
     };
+    // Seed 001's kernel (v4.16): a nested mmu_gather force-flushes only its range (mainline's
+    // full flush with freed_tables would also IPI the lazy vCPUs).
     let opts = Options {
         pv_tlb_flush: pv,
+        mmu_gather: shootdown_linux::options::MmuGather::V4_13,
         ..Options::default()
     };
     let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
@@ -142,9 +145,10 @@ fn pv_tlb_flush_skips_preempted_vcpus_and_the_host_flushes_them() {
         "{flushes}"
     );
     assert!(pv.perf.uses_checked > 1000);
-    // Initiators no longer wait for preempted vCPUs: far more records.
+    // Initiators no longer wait for preempted vCPUs: more records. (+27 % while IPIs landed
+    // at the start of their sending step; +20 % since they land after the send completes.)
     let (ev, ep) = (v.get(Counter::Events), p.get(Counter::Events));
-    assert!(4 * ep > 5 * ev, "vanilla {ev}, pv {ep}");
+    assert!(10 * ep > 11 * ev, "vanilla {ev}, pv {ep}");
 }
 
 #[test]
