@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 import pandas as pd
 
 from . import paths, profiling
-from ._bridge import ConfigError, call
+from ._bridge import ConfigError, call, native
 from .records import (
     build_records,
     concat_records,
@@ -283,6 +283,7 @@ def check(
     sample: Optional[int] = None,
     seed: int = 0,
     strategy: Optional[str] = None,
+    progress: bool = False,
 ) -> CheckResult:
     """Model-check a scenario with the explorer.
 
@@ -296,6 +297,8 @@ def check(
         seed: RNG seed of the sampling strategies.
         strategy: ``"bfs"``, ``"random"`` or ``"pct"``; default ``"random"`` when ``sample``
             is given, else ``"bfs"``.
+        progress: show a live line (states, states/s, frontier, depth) on stderr while
+            exploring; display only (the CLI turns it on when stderr is a terminal).
 
     Returns:
         ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
@@ -307,6 +310,9 @@ def check(
         raise ConfigError(f"{scenario}: scenario: no such scenario file or name")
     if strategy is None:
         strategy = "random" if sample is not None else "bfs"
+    module = native()
+    if hasattr(module, "set_check_progress"):
+        module.set_check_progress(bool(progress))
     return call(
         "check",
         str(resolved),

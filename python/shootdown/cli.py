@@ -418,6 +418,7 @@ def check(
         sample=sample,
         seed=seed,
         strategy=None if strategy is None else strategy.value,
+        progress=sys.stderr.isatty(),
     )
     text = (
         json.dumps(result, indent=2, ensure_ascii=False)

@@ -165,6 +165,61 @@ fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
     v
 }
 
+/// Print a live progress line (states, states/s, frontier, depth) on stderr while exploring.
+/// Display only: it never changes what is explored. Off by default; the CLI turns it on when
+/// stderr is a terminal.
+static PROGRESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turn the live progress line on or off (see [`PROGRESS`]).
+pub fn set_progress(on: bool) {
+    PROGRESS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The live progress line: redrawn at most every half second, erased when the search ends.
+struct ProgressLine {
+    on: bool,
+    t0: Instant,
+    last: Instant,
+    shown: bool,
+}
+
+impl ProgressLine {
+    fn new() -> ProgressLine {
+        let now = Instant::now();
+        ProgressLine {
+            on: PROGRESS.load(std::sync::atomic::Ordering::Relaxed),
+            t0: now,
+            last: now,
+            shown: false,
+        }
+    }
+
+    #[inline]
+    fn tick(&mut self, states: usize, frontier: usize, depth: u32) {
+        if !self.on || states % 4096 != 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last).as_secs_f64() < 0.5 {
+            return;
+        }
+        self.last = now;
+        self.shown = true;
+        let rate = states as f64 / now.duration_since(self.t0).as_secs_f64().max(1e-9);
+        eprint!(
+            "\r\x1b[Kchecking: {states} states, {rate:.0} states/s, frontier {frontier}, depth {depth}"
+        );
+    }
+}
+
+impl Drop for ProgressLine {
+    fn drop(&mut self) {
+        if self.shown {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
 /// Breadth-first exploration of every interleaving from `init`.
 pub fn explore<M: Model, R: Reduction<M>>(
     init: &M,
@@ -182,6 +237,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
     let mut depth = 0u32;
     let mut enabled = Vec::new();
     let mut env = ExploreEnv;
+    let mut progress = ProgressLine::new();
 
     let result =
         |verdict, violation, path, states, transitions, reduced, depth, peak, ib| Exploration {
@@ -228,6 +284,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
 
     while let Some((id, d, s)) = queue.pop_front() {
         depth = depth.max(d);
+        progress.tick(visited.len(), queue.len(), depth);
         if limits.max_depth.is_some_and(|md| d >= md) {
             continue;
         }

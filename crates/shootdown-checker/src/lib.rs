@@ -24,7 +24,7 @@ pub mod sample;
 pub mod scenario;
 
 pub use error::CheckError;
-pub use explore::{explore, Exploration, Limits, Verdict};
+pub use explore::{explore, set_progress, Exploration, Limits, Verdict};
 pub use report::{list, list_json, CheckResult, FindingInfo, MutantInfo, ScenarioInfo, Step};
 pub use scenario::Scenario;
 
@@ -135,6 +135,17 @@ pub fn check_scenario(
             ex = again;
         }
     }
+    let mut notes = Vec::new();
+    if ex.verdict == Verdict::BoundReached {
+        // How far it got; the bound that would finish is not known in advance.
+        notes.push(format!(
+            "stopped at the --max-states bound ({} states, depth {}, up to {} states waiting in the frontier) before exploring every interleaving: nothing is proved; try --max-states {}",
+            ex.states,
+            ex.depth,
+            ex.peak_frontier,
+            ex.states.saturating_mul(10)
+        ));
+    }
     let mut reductions = Vec::new();
     if opts.por {
         reductions.push("por".to_string());
@@ -160,7 +171,7 @@ pub fn check_scenario(
         setup: setup_steps(setup),
         strategy: "bfs".into(),
         reductions,
-        notes: vec![],
+        notes,
     })
 }
 
@@ -228,19 +239,13 @@ pub fn check(
         }
     }
     let mut r = check_dispatch(&sc, &file, mutant, mem, max_states, sample, seed, strategy)?;
-    if r.verdict == "bound-reached" {
-        notes.push(if r.strategy == "bfs" {
-            format!(
-                "stopped at the --max-states bound ({} states) before exploring every interleaving: nothing is proved; raise --max-states",
-                r.states
-            )
-        } else {
-            format!(
-                "sampling never proves anything: no violation in the schedules tried ({} states)",
-                r.states
-            )
-        });
+    if r.verdict == "bound-reached" && r.strategy != "bfs" {
+        notes.push(format!(
+            "sampling never proves anything: no violation in the schedules tried ({} states)",
+            r.states
+        ));
     }
+    notes.append(&mut r.notes);
     r.notes = notes;
     Ok(r)
 }

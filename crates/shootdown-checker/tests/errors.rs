@@ -268,8 +268,10 @@ fn verdicts_are_honest_about_what_they_checked() {
     assert!(r.notes.is_empty(), "{:?}", r.notes);
     let r = check(&sc, None, "sc", 10, None, 0, "bfs").unwrap();
     assert_eq!(r.verdict, "bound-reached");
+    // How far it got, and a bound to try.
     assert!(
-        r.notes[0].contains("--max-states bound (10 states)"),
+        r.notes[0].contains("--max-states bound (10 states, depth ")
+            && r.notes[0].ends_with("try --max-states 100"),
         "{:?}",
         r.notes
     );

@@ -189,6 +189,12 @@ fn check(
     json(&r)
 }
 
+/// Show (or not) a live progress line on stderr while `check` explores (display only).
+#[pyfunction]
+fn set_check_progress(on: bool) {
+    shootdown_checker::set_progress(on);
+}
+
 /// The scenarios in a directory with their mutants.
 #[pyfunction]
 fn check_list(py: Python<'_>, scenarios_dir: PathBuf) -> PyResult<String> {
@@ -208,6 +214,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profile_points, m)?)?;
     m.add_function(wrap_pyfunction!(bench_run, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
+    m.add_function(wrap_pyfunction!(set_check_progress, m)?)?;
     m.add_function(wrap_pyfunction!(check_list, m)?)?;
     Ok(())
 }

@@ -1,0 +1,35 @@
+"""`check` shows its progress (states, states/s, frontier, depth) on stderr, and a bound that
+was reached says how far the search got and which bound to try next."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import requires_native
+
+
+@requires_native
+def test_check_progress_goes_to_stderr_and_the_bound_note_suggests_a_bound() -> None:
+    code = (
+        "import json, shootdown\n"
+        "r = shootdown.check('smp_call_concurrent', max_states=150_000, progress=True)\n"
+        "print(json.dumps(r['notes']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "checking: " in done.stderr and "states/s, frontier " in done.stderr
+    assert done.stderr.endswith("\x1b[K"), repr(done.stderr[-40:])  # erased at the end
+    assert "checking" not in done.stdout
+    notes = done.stdout
+    assert "150000 states, depth " in notes and "try --max-states 1500000" in notes
+
+
+@requires_native
+def test_no_progress_unless_asked() -> None:
+    code = "import shootdown\nshootdown.check('smp_call_concurrent', max_states=150_000)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "checking" not in done.stderr
