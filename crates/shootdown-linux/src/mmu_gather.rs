@@ -32,6 +32,22 @@ use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
 use shootdown_hw::CpuId;
 
+/// The call a [`ZapPc`] sequence runs: which one, on which mm, over which pages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ZapCall {
+    pub mm: MmId,
+    pub kind: ZapKind,
+    pub start: Vpn,
+    pub npages: u64,
+}
+
+impl ZapCall {
+    /// The split page-table lock the call takes (that of the page-table page of its first page).
+    fn ptl(&self) -> Loc {
+        Loc::Ptl(self.mm, self.start / PTRS_PER_PT)
+    }
+}
+
 /// Mainline `mm->tlb_flush_batched`: queued batches in the low half, flushed in the high half.
 const BATCH_FLUSHED_SHIFT: u32 = 32;
 const BATCH_PENDING_MASK: u64 = (1 << BATCH_FLUSHED_SHIFT) - 1;
@@ -39,18 +55,20 @@ const BATCH_PENDING_MASK: u64 = (1 << BATCH_FLUSHED_SHIFT) - 1;
 impl Machine {
     /// One step of `madvise(MADV_DONTNEED)`, `munmap` or `mprotect` after `mmap_sem` is taken
     /// (`Start` is the caller's): see [`ZapPc`].
-    #[allow(clippy::too_many_arguments)] // the call's own fields
     pub(crate) fn zap_call_step<E: Env>(
         &mut self,
         cpu: CpuId,
-        mm: MmId,
-        kind: ZapKind,
+        call: ZapCall,
         pc: &mut ZapPc,
-        start: Vpn,
-        npages: u64,
         g: &mut Gather,
         env: &mut E,
     ) -> Flow {
+        let ZapCall {
+            mm,
+            kind,
+            start,
+            npages,
+        } = call;
         match *pc {
             ZapPc::Start => {
                 self.charge(env, |c| c.syscall_entry_exit + c.unmap_base);
@@ -60,7 +78,7 @@ impl Machine {
                 Flow::Call(crate::sched::RwSemDown::call(mm, write))
             }
             ZapPc::Lock => {
-                let ptl = Loc::Ptl(mm, start / PTRS_PER_PT);
+                let ptl = call.ptl();
                 if self.spin_trylock(env, cpu, ptl).is_none() {
                     return Flow::Spin(spin_key(ptl));
                 }
@@ -71,7 +89,7 @@ impl Machine {
                     *pc = ZapPc::Batched;
                     return flush;
                 }
-                self.change_ptes(cpu, mm, kind, start, npages, g, env);
+                self.change_ptes(cpu, call, g, env);
                 *pc = ZapPc::Finish;
                 Flow::Next
             }
@@ -92,7 +110,7 @@ impl Machine {
                         });
                     }
                 }
-                self.change_ptes(cpu, mm, kind, start, npages, g, env);
+                self.change_ptes(cpu, call, g, env);
                 *pc = ZapPc::Finish;
                 Flow::Next
             }
@@ -123,14 +141,14 @@ impl Machine {
                         g.freed_tables,
                     ));
                 }
-                let f = self.zap_call_return(cpu, mm, kind, start, npages, env);
+                let f = self.zap_call_return(cpu, call, env);
                 self.summary(|| {
                     let lock = if kind == ZapKind::Madvise { "up_read" } else { "up_write" };
                     format!("tlb_finish_mmu: nothing gathered, no flush; dec_tlb_flush_pending; {lock}(mmap_sem); return")
                 });
                 f
             }
-            ZapPc::Done => self.zap_call_return(cpu, mm, kind, start, npages, env),
+            ZapPc::Done => self.zap_call_return(cpu, call, env),
         }
     }
 
@@ -177,17 +195,13 @@ impl Machine {
 
     /// Change the call's PTEs (PTL held) and unlock the PTL: zap (madvise, munmap: also unlink
     /// the page-table pages the range covers entirely) or change the protection (mprotect).
-    #[allow(clippy::too_many_arguments)]
-    fn change_ptes<E: Env>(
-        &mut self,
-        cpu: CpuId,
-        mm: MmId,
-        kind: ZapKind,
-        start: Vpn,
-        npages: u64,
-        g: &mut Gather,
-        env: &mut E,
-    ) {
+    fn change_ptes<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
+        let ZapCall {
+            mm,
+            kind,
+            start,
+            npages,
+        } = call;
         match kind {
             ZapKind::Madvise => {
                 g.changed = self.zap_range(mm, start, npages, env);
@@ -242,21 +256,19 @@ impl Machine {
                 self.say(|| format!("change_protection: {changed} PTE(s) of mm{mm} changed"));
             }
         }
-        self.spin_unlock(env, cpu, Loc::Ptl(mm, start / PTRS_PER_PT));
+        self.spin_unlock(env, cpu, call.ptl());
     }
 
     /// The end of the call: munmap frees the unlinked page tables (after the flush);
     /// `dec_tlb_flush_pending()`; release `mmap_sem`; return to user space, where the oracle
     /// now holds the call to its contract (`INV-SYSRET`).
-    fn zap_call_return<E: Env>(
-        &mut self,
-        cpu: CpuId,
-        mm: MmId,
-        kind: ZapKind,
-        start: Vpn,
-        npages: u64,
-        env: &mut E,
-    ) -> Flow {
+    fn zap_call_return<E: Env>(&mut self, cpu: CpuId, call: ZapCall, env: &mut E) -> Flow {
+        let ZapCall {
+            mm,
+            kind,
+            start,
+            npages,
+        } = call;
         if kind == ZapKind::Munmap {
             let tables = std::mem::take(&mut self.mms[mm as usize].tables_to_free);
             for t in &tables {

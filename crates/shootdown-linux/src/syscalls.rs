@@ -18,6 +18,7 @@ use crate::machine::Machine;
 use crate::mem::{
     misc_line, spin_key, struct_file_line, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION,
 };
+use crate::mmu_gather::ZapCall;
 use crate::sched::RwSemDown;
 use crate::state::*;
 use crate::tlb::{FlushMmRange, FlushMmRangePc};
@@ -206,6 +207,47 @@ impl Syscall {
         }
     }
 
+    /// `madvise`, `munmap` and `mprotect` of `mm`: the call, its step and its mmu_gather.
+    fn zap_call(&mut self, mm: MmId) -> Option<(ZapCall, &mut ZapPc, &mut Gather)> {
+        let (kind, pc, start, npages, gather) = match self {
+            Syscall::Madvise {
+                pc,
+                start,
+                npages,
+                gather,
+            } => (ZapKind::Madvise, pc, *start, *npages, gather),
+            Syscall::Munmap {
+                pc,
+                start,
+                npages,
+                gather,
+            } => (ZapKind::Munmap, pc, *start, *npages, gather),
+            Syscall::Mprotect {
+                pc,
+                start,
+                npages,
+                writable,
+                gather,
+            } => (
+                ZapKind::Mprotect {
+                    writable: *writable,
+                },
+                pc,
+                *start,
+                *npages,
+                gather,
+            ),
+            _ => return None,
+        };
+        let call = ZapCall {
+            mm,
+            kind,
+            start,
+            npages,
+        };
+        Some((call, pc, gather))
+    }
+
     /// The step the call is at, by name (for diagnostic dumps).
     pub fn step_name(&self) -> String {
         match self {
@@ -372,29 +414,9 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Madvise {
-                pc,
-                start,
-                npages,
-                gather,
-            } => self.zap_call_step(cpu, mm, ZapKind::Madvise, pc, *start, *npages, gather, env),
-            Syscall::Munmap {
-                pc,
-                start,
-                npages,
-                gather,
-            } => self.zap_call_step(cpu, mm, ZapKind::Munmap, pc, *start, *npages, gather, env),
-            Syscall::Mprotect {
-                pc,
-                start,
-                npages,
-                writable,
-                gather,
-            } => {
-                let kind = ZapKind::Mprotect {
-                    writable: *writable,
-                };
-                self.zap_call_step(cpu, mm, kind, pc, *start, *npages, gather, env)
+            Syscall::Madvise { .. } | Syscall::Munmap { .. } | Syscall::Mprotect { .. } => {
+                let (call, pc, gather) = s.zap_call(mm).expect("a zap-type call");
+                self.zap_call_step(cpu, call, pc, gather, env)
             }
             Syscall::Mmap { pc } => match *pc {
                 MmapPc::Start => {
