@@ -114,13 +114,20 @@ def plan(path: PathLike, sets: Sequence[str] = (), quick: bool = False) -> Plan:
         quick: use the experiment's ``quick_*`` rows, repetitions and ``[quick.*]`` overrides.
 
     Returns:
-        The plan (see :class:`shootdown.schema.Plan`); ``variants[0]`` is the baseline.
+        The plan (see :class:`shootdown.schema.Plan`); ``variants[0]`` is the baseline. Its
+        ``sets`` are the overrides applied and its ``quick`` the flag, so the frames built
+        from it carry their provenance (:mod:`shootdown.provenance`).
 
     Raises:
         ConfigError: the file, a key or a value is invalid (message ``FILE: KEY: REASON``), or
             ``path`` names no file and no shipped experiment.
     """
-    return call("plan", _experiment_file(path), _sets(sets), bool(quick))
+    set_list = _sets(sets)
+    the_plan: Plan = call("plan", _experiment_file(path), set_list, bool(quick))
+    if not isinstance(the_plan.get("sets"), list):  # a native module that does not say
+        the_plan["sets"] = list(set_list)
+    the_plan["quick"] = bool(quick)
+    return the_plan
 
 
 def _run_indices(
@@ -196,7 +203,8 @@ def run(
 
     Returns:
         A frame with columns ``index, row, variant, label, rep, rng_seed, value, sim_ns, steps,
-        wall_s``, ``c.<counter>`` for every counter and ``violations`` (list of str).
+        wall_s``, ``c.<counter>`` for every counter, ``violations`` (list of str) and the
+        provenance columns (:data:`shootdown.records.POINT_PROVENANCE_COLUMNS`).
         ``frame.attrs["plan"]`` holds the plan, so :func:`summarize` and :func:`to_records`
         need only the frame.
     """
@@ -206,7 +214,8 @@ def run(
 
 
 def to_records(points: pd.DataFrame, the_plan: Optional[Plan] = None) -> pd.DataFrame:
-    """Comparison records (see :mod:`shootdown.records`) of a frame returned by :func:`run`."""
+    """Comparison records (see :mod:`shootdown.records`) of a frame returned by :func:`run`,
+    with the plan's provenance (``sets``, ``quick``, ``modified``, …)."""
     the_plan = the_plan if the_plan is not None else points.attrs.get("plan")
     if the_plan is None:
         raise ValueError("to_records() needs the plan (pass it, or use a frame from shootdown.run)")
@@ -258,9 +267,9 @@ def reproduce(
         progress: ``progress(done, total)`` over the points of all selected experiments.
 
     Returns:
-        A records frame (columns :data:`shootdown.records.RECORD_COLUMNS`), one row per
-        (experiment, row, variant), experiments in file-name order. Directions follow the rule
-        documented in :mod:`shootdown.records`.
+        A records frame (columns :data:`shootdown.records.RECORD_COLUMNS`, provenance
+        included), one row per (experiment, row, variant), experiments in file-name order.
+        Directions follow the rule documented in :mod:`shootdown.records`.
     """
     selected = seed_experiments(ids, quick)
     total = sum(len(p["points"]) for _, p in selected)

@@ -355,7 +355,7 @@ def run(
     recs = api.to_records(pts)
     if points:
         frame = pts
-        table = pts.to_string(index=False)
+        table = report.format_points(pts)
     else:
         frame = recs
         table = report.format_table(recs)

@@ -5,13 +5,21 @@ Three levels of table, all ``pandas.DataFrame``:
 * **points** (:func:`points_frame`, what :func:`shootdown.run` returns): one row per simulated
   run — ``index, row, variant, label, rep, rng_seed, value, sim_ns, steps, wall_s``, one
   ``c.<name>`` column per kernel-style counter (``c.nr_tlb_remote_flush`` …) and
-  ``violations`` (a list of invariant-violation messages, normally empty).
+  ``violations`` (a list of invariant-violation messages, normally empty), then the
+  provenance columns :data:`POINT_PROVENANCE_COLUMNS` (the same value on every row of a
+  plan: see :mod:`shootdown.provenance`).
 * **summary** (:func:`summarize`): one row per (row, variant): ``n, avg, stdev`` (sample
   standard deviation, ddof=1; missing when n < 2), the published ``value``/``stdev`` when the
   experiment has them, and for non-baseline variants the change in % against the baseline
   variant of the same row, simulated and published.
 * **records** (:func:`build_records`, what :func:`shootdown.reproduce` returns): the summary plus
   the experiment's identity and the *direction* verdicts; columns :data:`RECORD_COLUMNS`.
+
+Every records and points frame carries its provenance (:mod:`shootdown.provenance`): the
+experiment file, profile, ``--set`` overrides, ``quick``, repetitions, base RNG seed, model
+version, a digest of the files read, and ``modified``. A *modified* run (``--set`` changed the
+configuration, not just which rows or repetitions run) is not compared with the published
+numbers: its ``direction_ok`` is ``None``.
 
 Missing numbers are ``NaN`` in the frames and ``null``/``None`` once converted with
 :func:`to_dicts` (the JSON output). Text columns that may be missing (``seed``, ``direction``,
@@ -26,8 +34,9 @@ published side), but never less than :data:`FLAT_THRESHOLD_PCT` (0.5 %): a small
 direction even when a side is deterministic (stdev 0). When either stdev is unknown (a single
 repetition, or a paper that gave no stdev) the noise is that floor. The direction is ``"flat"``
 when ``|change_pct| <= noise``, else ``"up"`` or ``"down"`` by the sign of the change.
-``direction_ok`` is ``direction == published_direction``; it is ``None`` for baseline rows and
-where either side has no change (no published numbers, or a zero baseline).
+``direction_ok`` is ``direction == published_direction``; it is ``None`` for baseline rows,
+where either side has no change (no published numbers, or a zero baseline), and for every
+record of a modified run (the published numbers belong to another configuration).
 """
 
 from __future__ import annotations
@@ -40,17 +49,20 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 import pandas as pd
 
+from .provenance import plan_provenance
 from .schema import Plan, PointResult
 
 __all__ = [
     "COUNTER_PREFIX",
     "FLAT_THRESHOLD_PCT",
     "POINT_COLUMNS",
+    "POINT_PROVENANCE_COLUMNS",
     "SUMMARY_COLUMNS",
     "RECORD_COLUMNS",
     "row_key",
     "is_missing",
     "points_frame",
+    "constant_column",
     "summarize",
     "change_pct",
     "noise_pct",
@@ -85,6 +97,24 @@ POINT_COLUMNS: Tuple[str, ...] = (
     "violations",
 )
 
+#: Provenance columns at the end of a points frame (after ``violations``), the same on every
+#: row of a plan: ``experiment`` name · ``experiment_path`` · ``profile`` · ``sets`` · ``quick``
+#: · ``repetitions`` · ``base_rng_seed`` the experiment's base seed (a points frame's own
+#: ``rng_seed`` is each run's seed, mixed from it) · ``version`` · ``inputs_sha256`` ·
+#: ``modified``; see :data:`RECORD_COLUMNS` and :mod:`shootdown.provenance`.
+POINT_PROVENANCE_COLUMNS: Tuple[str, ...] = (
+    "experiment",
+    "experiment_path",
+    "profile",
+    "sets",
+    "quick",
+    "repetitions",
+    "base_rng_seed",
+    "version",
+    "inputs_sha256",
+    "modified",
+)
+
 #: Columns of :func:`summarize`'s frame.
 SUMMARY_COLUMNS: Tuple[str, ...] = (
     "row",
@@ -113,6 +143,16 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
 #: "up" | "down" | "flat" | None · ``direction_ok`` bool | None · ``violations`` number of
 #: invariant violations seen in the simulated runs · ``fitted`` the profile's cost keys fitted
 #: on this published cell, comma-separated ("" for a prediction).
+#:
+#: Provenance (:mod:`shootdown.provenance`; appended last so positional consumers keep
+#: working): ``experiment_path`` the experiment file read · ``sets`` the ``--set KEY=VALUE``
+#: overrides in order, joined with "; " ("" for none) · ``quick`` bool (None if unknown) ·
+#: ``repetitions`` per (row, variant) as planned · ``rng_seed`` the experiment's base RNG seed
+#: (None if unknown) · ``version`` package version + model digest
+#: (``0.1.0+native.<sha16>``) · ``inputs_sha256`` 16 hex digits over the SHA-256 of every file
+#: read (experiment, then its profile chain) · ``modified`` bool: the overrides changed the
+#: configuration compared (anything but rows, repetitions, RNG seed and labels), so
+#: ``direction_ok`` is None and the published numbers are the unmodified configuration's.
 RECORD_COLUMNS: Tuple[str, ...] = (
     "seed",
     "experiment",
@@ -140,6 +180,14 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     "direction_ok",
     "violations",
     "fitted",
+    "experiment_path",
+    "sets",
+    "quick",
+    "repetitions",
+    "rng_seed",
+    "version",
+    "inputs_sha256",
+    "modified",
 )
 
 _FLOAT_RECORD_COLUMNS = (
@@ -152,7 +200,18 @@ _FLOAT_RECORD_COLUMNS = (
     "noise_pct",
     "published_noise_pct",
 )
-_OBJECT_RECORD_COLUMNS = ("seed", "row", "direction", "published_direction", "direction_ok")
+_OBJECT_RECORD_COLUMNS = (
+    "seed",
+    "row",
+    "direction",
+    "published_direction",
+    "direction_ok",
+    "experiment_path",
+    "quick",
+    "inputs_sha256",
+)
+#: Integer columns that may be missing: pandas' nullable ``Int64``.
+_NULLABLE_INT_RECORD_COLUMNS = ("repetitions", "rng_seed")
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -237,8 +296,23 @@ def points_frame(plan: Plan, results: Sequence[PointResult]) -> pd.DataFrame:
     frame["violations"] = pd.Series(
         [r["violations"] for r in rows], dtype=object, index=frame.index
     )
+    prov = plan_provenance(plan)
+    prov["base_rng_seed"] = prov.pop("rng_seed")
+    prov["experiment"] = plan["experiment"]["name"]
+    for col in POINT_PROVENANCE_COLUMNS:
+        frame[col] = constant_column(prov[col], len(frame), frame.index)
     frame.attrs["plan"] = plan
     return frame
+
+
+def constant_column(value: Any, n: int, index: pd.Index) -> pd.Series:
+    """A column holding ``value`` on every row, typed like the records' column of that kind
+    (nullable ``Int64`` for integers, ``object`` when the value is missing)."""
+    if isinstance(value, bool):
+        return pd.Series([value] * n, dtype=bool, index=index)
+    if isinstance(value, int):
+        return pd.Series([value] * n, dtype="Int64", index=index)
+    return pd.Series([value] * n, dtype=object, index=index)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -372,6 +446,8 @@ def summarize(points: pd.DataFrame, plan: Optional[Plan] = None) -> pd.DataFrame
 def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
     """Comparison records of one experiment (columns :data:`RECORD_COLUMNS`)."""
     exp = plan["experiment"]
+    prov = plan_provenance(plan)
+    modified = bool(prov["modified"])
     summary_rows = _frame_rows(summary)
     base_by_row: Dict[Hashable, Dict[str, Any]] = {}
     for rec in summary_rows:
@@ -392,7 +468,7 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
             )
             sim_dir = direction(rec["change_pct"], noise)
             pub_dir = direction(rec["published_change_pct"], pub_noise)
-        ok = None if (sim_dir is None or pub_dir is None) else sim_dir == pub_dir
+        ok = None if (modified or sim_dir is None or pub_dir is None) else sim_dir == pub_dir
         out.append(
             {
                 "seed": exp.get("seed"),
@@ -421,6 +497,7 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
                 "direction_ok": ok,
                 "violations": int(rec["violations"]),
                 "fitted": str(rec.get("fitted") or ""),
+                **{k: v for k, v in prov.items() if k != "profile"},
             }
         )
     return _records_frame(out)
@@ -432,6 +509,11 @@ def _records_frame(rows: List[Dict[str, Any]]) -> pd.DataFrame:
         frame[col] = frame[col].astype(float)
     for col in _OBJECT_RECORD_COLUMNS:
         frame[col] = pd.Series([r[col] for r in rows], dtype=object, index=frame.index)
+    for col in _NULLABLE_INT_RECORD_COLUMNS:
+        frame[col] = pd.Series([_py(r[col]) for r in rows], dtype="Int64", index=frame.index)
+    frame["modified"] = pd.Series(
+        [bool(_py(r["modified"])) for r in rows], dtype=bool, index=frame.index
+    )
     return frame
 
 
@@ -446,6 +528,8 @@ def concat_records(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
     for f in frames:
         rows.extend(_frame_rows(f))
     for r in rows:
+        for col in RECORD_COLUMNS:
+            r.setdefault(col, None)  # records written before a column existed
         for col in _OBJECT_RECORD_COLUMNS:
             r[col] = _py(r[col])
     return _records_frame(rows)

@@ -12,6 +12,14 @@ Numbers use one precision for the simulated and one for the published columns of
 chosen from the largest value shown (:func:`choose_decimals`): integers from 1000 up
 (``1267765 (14146)``), one decimal from 10 (``13.4``), two from 1, three significant digits
 below.
+
+The title ends with ``· quick`` for the quick configuration. A *modified* run (records with
+``modified``: ``--set`` changed the configuration, see :mod:`shootdown.provenance`) says so in
+its title, ``(modified: --set KEY=VALUE, …)``; its published columns are headed ``seed's pub …``
+(``original pub …`` for an experiment without a seed id), its ``dir`` column reads
+``— (modified)`` instead of a ✓/✗ verdict, and a note under the table says why::
+
+    seed 002 · MADV_DONTNEED + … · us · quick (modified: --set variants.after.options.pcid=true)
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Unio
 
 import pandas as pd
 
-from .records import is_missing, row_key, to_dicts
+from .provenance import modifying_sets, split_sets
+from .records import POINT_PROVENANCE_COLUMNS, is_missing, row_key, to_dicts
 from .schema import BenchResult, CheckResult, ScenarioInfo
 
 __all__ = [
@@ -31,6 +40,7 @@ __all__ = [
     "format_number",
     "format_change",
     "format_table",
+    "format_points",
     "to_csv",
     "to_parquet",
     "format_check",
@@ -40,10 +50,13 @@ __all__ = [
     "format_listing",
     "OK_MARK",
     "MISMATCH_MARK",
+    "MODIFIED_MARK",
 ]
 
 OK_MARK = "✓"
 MISMATCH_MARK = "✗ MISMATCH"
+#: The ``dir`` cell of a modified run, where an unmodified one would have a verdict.
+MODIFIED_MARK = "— (modified)"
 _MISSING = "–"
 _SEP = "  "
 
@@ -94,6 +107,12 @@ def _dir_mark(ok: Any) -> str:
     return OK_MARK if bool(ok) else MISMATCH_MARK
 
 
+def _modified_mark(rec: Dict[str, Any]) -> str:
+    """The ``dir`` cell of a modified run: no verdict, where one would have been given."""
+    known = rec.get("direction") is not None and rec.get("published_direction") is not None
+    return MODIFIED_MARK if known else ""
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -119,10 +138,26 @@ def _unique(values: Iterable[Any], key: Any = lambda v: v) -> List[Any]:
     return out
 
 
+def _title(first: Dict[str, Any], changes: List[str]) -> str:
+    """``seed 000 · TITLE · UNIT[ · quick][ (modified: --set …, …)]``."""
+    ident = f"seed {first['seed']}" if first.get("seed") else str(first["experiment"])
+    parts = [ident, first.get("title") or "", first.get("unit") or ""]
+    if first.get("quick"):
+        parts.append("quick")
+    title = " · ".join(x for x in parts if x)
+    if changes:
+        title += " (modified: " + ", ".join(f"--set {c}" for c in changes) + ")"
+    return title
+
+
 def _format_experiment(recs: List[Dict[str, Any]]) -> str:
     first = recs[0]
-    ident = f"seed {first['seed']}" if first.get("seed") else str(first["experiment"])
-    title = " · ".join(x for x in (ident, first.get("title") or "", first.get("unit") or "") if x)
+    modified = any(bool(r.get("modified")) for r in recs)
+    changes = modifying_sets(split_sets(first.get("sets"))) if modified else []
+    title = _title(first, changes)
+    pub = "pub"
+    if modified:
+        pub = "seed's pub" if first.get("seed") else "original pub"
 
     variants = _unique(
         ((r["variant"], r["label"], bool(r["baseline"])) for r in recs), key=lambda v: v[0]
@@ -142,8 +177,8 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
     header += [f"{label} avg (stdev)" for _, label, _ in variants]
     header += [change_header("", label) for _, label, _ in others]
     if has_pub:
-        header += [f"pub {label} avg (stdev)" for _, label, _ in variants]
-        header += [change_header("pub ", label) for _, label, _ in others]
+        header += [f"{pub} {label} avg (stdev)" for _, label, _ in variants]
+        header += [change_header(f"{pub} ", label) for _, label, _ in others]
         header += ["dir" if len(others) <= 1 else f"dir {label}" for _, label, _ in others]
 
     body: List[List[str]] = []
@@ -166,7 +201,10 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
                 for n, _, _ in variants
             ]
             line += [format_change(get(n).get("published_change_pct")) for n, _, _ in others]
-            line += [_dir_mark(get(n).get("direction_ok")) for n, _, _ in others]
+            line += [
+                _modified_mark(get(n)) if modified else _dir_mark(get(n).get("direction_ok"))
+                for n, _, _ in others
+            ]
         body.append(line)
 
     lines = [title, ""] + _render(header, body)
@@ -178,7 +216,13 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
             " every other cell is a prediction",
         ]
     judged = [r["direction_ok"] for r in recs if r.get("direction_ok") is not None]
-    if judged:
+    if modified and has_pub:
+        lines += [
+            "",
+            f"modified: --set changed the configuration; the {pub} columns are the published",
+            "numbers of the unmodified one, not comparable with this run: no direction is judged",
+        ]
+    elif judged:
         bad = sum(1 for ok in judged if not ok)
         summary = f"directions: {len(judged) - bad} of {len(judged)} match"
         lines += ["", summary + (f", {bad} MISMATCH" if bad else "")]
@@ -195,19 +239,38 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
 
 
 def format_table(records: pd.DataFrame) -> str:
-    """Seed-style text tables, one per experiment in ``records`` (see the module docstring).
+    """Seed-style text tables, one per experiment and configuration in ``records`` (see the
+    module docstring).
 
     Columns: the row key, ``<label> avg (stdev)`` per variant, ``change`` per non-baseline
     variant, the same for the published numbers (``pub …``) when there are any, and ``dir``:
     ``✓`` when the simulated direction (up/down/flat) matches the published one, ``✗ MISMATCH``
-    when it does not, blank when it cannot be judged.
+    when it does not, blank when it cannot be judged, ``— (modified)`` for a modified run.
+    Records of one experiment with other ``sets`` or ``quick`` get a table of their own.
     """
     recs = to_dicts(records)
     if not recs:
         return "no records\n"
-    names = _unique(r["experiment"] for r in recs)
-    blocks = [_format_experiment([r for r in recs if r["experiment"] == n]) for n in names]
+
+    def block(r: Dict[str, Any]) -> Hashable:
+        return (r["experiment"], r.get("sets") or "", bool(r.get("quick")))
+
+    keys = _unique((block(r) for r in recs))
+    blocks = [_format_experiment([r for r in recs if block(r) == k]) for k in keys]
     return "\n\n".join(blocks) + "\n"
+
+
+def format_points(points: pd.DataFrame) -> str:
+    """Text of a points frame (``run --points``): one provenance line per plan
+    (``experiment NAME · experiment_path FILE · …``), then one line per run without the
+    provenance columns, which repeat on every row of a plan."""
+    prov = [c for c in POINT_PROVENANCE_COLUMNS if c in points.columns]
+    body = points.drop(columns=prov).to_string(index=False)
+    if not len(points) or not prov:
+        return body + "\n"
+    heads = _unique(to_dicts(points[prov]), key=lambda d: tuple(str(v) for v in d.values()))
+    lines = [" · ".join(f"{k} {v}" for k, v in h.items() if v not in (None, "")) for h in heads]
+    return "\n".join(lines + ["", body]) + "\n"
 
 
 # --------------------------------------------------------------------------- files

@@ -31,12 +31,13 @@ class ExperimentInfo(TypedDict):
     name: str
     seed: Optional[str]
     title: str
-    profile: str
+    profile: str  # "<name> + override(KEYS)" when a [profile_override] applies
     metric: str
     unit: str
     row_key: str
     higher_is_better: bool
     repetitions: int
+    path: str  # the experiment file read
 
 
 class VariantInfo(TypedDict):
@@ -68,7 +69,9 @@ class InputFile(TypedDict):
 
 class Plan(TypedDict):
     """What ``plan()`` returns. ``variants[0]`` is the baseline. ``inputs`` lists every file
-    the runs read: the experiment file, then each profile file of the ``inherits`` chain."""
+    the runs read: the experiment file, then each profile file of the ``inherits`` chain.
+    ``sets`` are the ``--set KEY=VALUE`` overrides applied, in order. ``quick`` is not in the
+    native answer: :func:`shootdown.plan` adds it."""
 
     experiment: ExperimentInfo
     variants: List[VariantInfo]
@@ -76,6 +79,8 @@ class Plan(TypedDict):
     published: List[PublishedCell]
     points: List[PlannedPoint]
     inputs: List[InputFile]
+    sets: List[str]
+    quick: bool
 
 
 class PointResult(TypedDict):

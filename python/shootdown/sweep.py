@@ -11,8 +11,9 @@ named by the SHA-256 of its provenance key:
 * the profile's name as the plan shows it (with any ``profile_override`` keys),
 * the ``--set`` overrides (in order, the grid's included) and the ``quick`` flag,
 * the point's index in the plan,
-* the package version, the native module's ``__version__`` when it has one, and a digest of
-  the built extension file (a rebuild with changed model code starts a fresh cache).
+* the model's version (:func:`shootdown.provenance.model_version`: the package version and a
+  digest of the built extension file, so a rebuild with changed model code starts a fresh
+  cache).
 
 A run is a pure function of that key, so re-running a sweep — after an interruption, or with
 a larger grid — loads finished points from the cache and computes only the missing ones. A
@@ -22,7 +23,6 @@ then always computed and never cached.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -38,8 +38,8 @@ import pandas as pd
 
 from . import api
 from ._bridge import ConfigError, native
-from ._version import __version__
-from .records import points_frame, summarize
+from .provenance import model_version, plan_provenance
+from .records import constant_column, points_frame, summarize
 from .schema import Plan, PointResult
 
 __all__ = [
@@ -184,39 +184,6 @@ def _input_digests(the_plan: Plan) -> Optional[List[str]]:
     return [str(i["sha256"]) for i in inputs]
 
 
-def _file_sha256(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "unreadable"
-    return _file_sha256_at(path, st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _file_sha256_at(path: str, mtime_ns: int, size: int) -> str:
-    """SHA-256 of a file, memoized per (path, mtime, size): hashed once per build."""
-    try:
-        return _sha256(Path(path).read_bytes())
-    except OSError:
-        return "unreadable"
-
-
-def _versions() -> str:
-    """The model's identity in cache keys: the package version and a digest of the built
-    extension, so that rebuilding the model with changed code never serves stale points."""
-    native_version = None
-    build = None
-    try:
-        module = native()
-        native_version = getattr(module, "__version__", None)
-        path = getattr(module, "__file__", None)
-        build = _file_sha256(str(path))[:16] if path else None
-    except ImportError:
-        pass
-    version = __version__ if native_version is None else f"{__version__}+native.{native_version}"
-    return version if build is None else f"{version}.{build}"
-
-
 def point_key(provenance: Mapping[str, Any]) -> str:
     """The cache key of one point: SHA-256 of its canonical provenance JSON."""
     return _sha256(json.dumps(provenance, sort_keys=True, separators=(",", ":")).encode())
@@ -318,14 +285,16 @@ def sweep(
     Returns:
         A points frame (as :func:`shootdown.run`) over all combinations, with ``combo`` (the
         combination's number), one column per grid key holding its value, and ``cached``
-        (True if the point came from the cache). ``attrs["plans"]`` maps combo → plan; see
+        (True if the point came from the cache). The provenance columns are each
+        combination's own: its ``sets`` end with the grid's values, and ``modified`` says
+        whether they changed the configuration. ``attrs["plans"]`` maps combo → plan; see
         :func:`summarize_sweep`.
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend must be 'local' or 'ray', not {backend!r}")
     experiment = Path(api._experiment_file(path))
     exp_sha = _sha256(experiment.read_bytes())
-    version = _versions()
+    version = model_version()
     cache = _Cache(Path(cache_dir))
 
     combos: List[_Combo] = []
@@ -427,7 +396,8 @@ def _sweep_ray(
 
 def summarize_sweep(frame: pd.DataFrame) -> pd.DataFrame:
     """:func:`shootdown.summarize` of every combination of a :func:`sweep` frame, with the
-    ``combo`` and grid columns in front."""
+    ``combo`` and grid columns in front and the combination's provenance columns
+    (:data:`shootdown.provenance.PROVENANCE_COLUMNS`) at the end."""
     plans: Dict[int, Plan] = frame.attrs.get("plans", {})
     grid_keys: Tuple[str, ...] = tuple(frame.attrs.get("grid", {}))
     parts = []
@@ -437,5 +407,7 @@ def summarize_sweep(frame: pd.DataFrame) -> pd.DataFrame:
         summary.insert(0, "combo", combo)
         for pos, key in enumerate(grid_keys, start=1):
             summary.insert(pos, key, pd.Series([group[key].iloc[0]] * len(summary), dtype=object))
+        for key, value in plan_provenance(plans[combo]).items():
+            summary[key] = constant_column(value, len(summary), summary.index)
         parts.append(summary)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

@@ -11,8 +11,9 @@ Every call is recorded in ``calls`` as ``(function, args)``.
 
 Like the Rust core it finds the experiment's profile in ``$SHOOTDOWN_PROFILES``, then in
 ``profiles/`` beside the experiment and its ancestors, then in ``$SHOOTDOWN_SHIPPED_PROFILES``,
-follows ``inherits``, and lists the files read in the plan's ``inputs``. The profile's contents
-do not change the fake measurements.
+follows ``inherits``, and lists the files read in the plan's ``inputs`` and the overrides
+applied in its ``sets`` (as given, in order). The profile's contents do not change the fake
+measurements; ``experiment.rng_seed`` only shows in the plan, as in the Rust one.
 """
 
 from __future__ import annotations
@@ -187,12 +188,15 @@ class FakeNative:
                 "row_key": exp.get("row_key", "threads"),
                 "higher_is_better": exp.get("higher_is_better", True),
                 "repetitions": reps,
+                "path": path,
+                "rng_seed": exp.get("rng_seed", 1),
             },
             "variants": variants,
             "rows": rows,
             "published": published,
             "points": points,
             "inputs": inputs,
+            "sets": list(sets),
         }
         return plan, data
 

@@ -104,6 +104,7 @@ def test_points_frame_columns_and_counters() -> None:
         "c.extra",
         "c.nr_tlb_remote_flush",
         "violations",
+        *records.POINT_PROVENANCE_COLUMNS,
     ]
     assert df["label"].tolist() == ["old", "old", "new", "new"]
     assert df["violations"].iloc[1] == ["INV-STALE: x"]

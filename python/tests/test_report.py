@@ -32,7 +32,7 @@ def test_format_table_like_the_cover_letters(fake_native, data_home) -> None:
     records = shootdown.reproduce(quick=True, threads=2)
     text = report.format_table(records)
     blocks = text.strip().split("\n\n")
-    assert blocks[0] == "seed 000 · sysbench fileio rndwr (fake) · events/10s"
+    assert blocks[0] == "seed 000 · sysbench fileio rndwr (fake) · events/10s · quick"
     header, dashes, *rows = blocks[1].splitlines()
     assert header.split("  ")[0] == "threads"
     for col in (
@@ -55,7 +55,8 @@ def test_format_table_like_the_cover_letters(fake_native, data_home) -> None:
         "why each mismatch: docs/reproduction.md, section 'Seed 000'"
     )
     # seed 002: small published values keep one decimal like the cover letter
-    assert blocks[3] == "seed 002 · MADV_DONTNEED + migrate (fake) · µs"
+    assert blocks[3] == "seed 002 · MADV_DONTNEED + migrate (fake) · µs · quick"
+    assert "modified" not in text
     row = blocks[4].splitlines()[2]
     assert "21.6" in row and "13.4" in row and row.startswith("dontneed")
 

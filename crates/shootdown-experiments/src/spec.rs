@@ -678,6 +678,7 @@ impl Experiment {
                 "higher_is_better": self.higher_is_better,
                 "repetitions": if quick { self.quick_repetitions } else { self.repetitions },
                 "path": self.path.display().to_string(),
+                "rng_seed": self.rng_seed,
             },
             "variants": self.variants.iter().map(|v| serde_json::json!({"name": v.name, "label": v.label})).collect::<Vec<_>>(),
             "rows": self.rows_for(quick).iter().map(to_json).collect::<Vec<_>>(),
