@@ -280,7 +280,9 @@ fn one() -> u64 {
 pub struct TaskSpec {
     pub name: String,
     pub cpu: usize,
-    pub mm: String,
+    /// The task's mm; absent for a kernel thread (khugepaged), whose program may use only
+    /// `collapse`, `compute`, `loop` and `exit`.
+    pub mm: Option<String>,
     pub program: Vec<OpSpec>,
 }
 
@@ -337,6 +339,11 @@ pub enum OpSpec {
         cpu: usize,
     },
     SetAffinityNext,
+    /// khugepaged (kernel threads only): collapse the 512-page group at `start` of `mm`.
+    Collapse {
+        mm: String,
+        start: u64,
+    },
     Event,
     Mark,
     CopyPages {
@@ -350,8 +357,12 @@ pub enum OpSpec {
 }
 
 impl OpSpec {
-    fn to_user_op(&self) -> UserOp {
+    fn to_user_op(&self, mm_ids: &BTreeMap<&str, MmId>) -> UserOp {
         match *self {
+            OpSpec::Collapse { ref mm, start } => UserOp::Collapse {
+                mm: mm_ids[mm.as_str()],
+                start,
+            },
             OpSpec::Touch { vpn, write } => UserOp::Touch { vpn, write },
             OpSpec::TouchRange {
                 start,
@@ -554,11 +565,13 @@ impl Scenario {
                     format!("cpu{} does not exist (cpus = {})", t.cpu, file.cpus),
                 ));
             }
-            if !mm_names.contains(&t.mm.as_str()) {
-                return Err(err(
-                    &format!("tasks[{i}].mm"),
-                    format!("no mm named '{}' in [[mms]]", t.mm),
-                ));
+            if let Some(mm) = &t.mm {
+                if !mm_names.contains(&mm.as_str()) {
+                    return Err(err(
+                        &format!("tasks[{i}].mm"),
+                        format!("no mm named '{mm}' in [[mms]]"),
+                    ));
+                }
             }
             if task_names.contains(&t.name.as_str()) || t.name.starts_with("swapper/") {
                 return Err(err(
@@ -580,6 +593,22 @@ impl Scenario {
                     OpSpec::Fdatasync { file } if *file as usize >= dax_files => Some(format!(
                         "fdatasync of file {file}, but the mms map {dax_files} DAX file(s) (mms.dax)"
                     )),
+                    OpSpec::Collapse { .. } if t.mm.is_some() => {
+                        Some("collapse is khugepaged's: only a kernel thread (a task without mm) runs it".into())
+                    }
+                    OpSpec::Collapse { mm, .. } if !mm_names.contains(&mm.as_str()) => {
+                        Some(format!("no mm named '{mm}' in [[mms]]"))
+                    }
+                    OpSpec::Collapse { start, .. } if start % 512 != 0 => Some(format!(
+                        "collapse start {start:#x} is not the first page of a 512-page group"
+                    )),
+                    OpSpec::Collapse { .. }
+                    | OpSpec::Compute { .. }
+                    | OpSpec::Loop { .. }
+                    | OpSpec::Exit => None,
+                    _ if t.mm.is_none() => Some(
+                        "a kernel thread (a task without mm) runs only collapse, compute, loop and exit".into(),
+                    ),
                     _ => None,
                 };
                 if let Some(r) = bad {
@@ -711,7 +740,7 @@ impl Scenario {
                 file.tasks
                     .iter()
                     .filter(|t| t.cpu == c)
-                    .map(|t| format!("{}{:?}", t.mm, t.program))
+                    .map(|t| format!("{:?}{:?}", t.mm, t.program))
                     .collect()
             };
             let first = progs(g[0]);
@@ -895,8 +924,11 @@ impl Scenario {
             }
         }
         for t in &f.tasks {
-            let prog = t.program.iter().map(OpSpec::to_user_op).collect();
-            m.add_task(&t.name, mm_ids[t.mm.as_str()], t.cpu, prog);
+            let prog = t.program.iter().map(|op| op.to_user_op(&mm_ids)).collect();
+            match &t.mm {
+                Some(mm) => m.add_task(&t.name, mm_ids[mm.as_str()], t.cpu, prog),
+                None => m.add_kthread(&t.name, t.cpu, prog),
+            };
         }
         for (i, s) in f.setup.iter().enumerate() {
             self.run_setup(&mut m, i, s, trace.as_deref_mut())?;

@@ -15,6 +15,24 @@ type Pinned = (
 );
 const MUTANTS: &[Pinned] = &[
     (
+        "khugepaged_collapse",
+        "flush_tlb_range_without_freed_tables",
+        None,
+        "sc",
+        "INV-PTFREE",
+        18,
+        19,
+    ),
+    (
+        "thp_zap",
+        "zap_huge_pmd_not_gathered",
+        None,
+        "sc",
+        "INV-SYSRET",
+        7,
+        30,
+    ),
+    (
         "madvise_nested",
         "tlb_finish_mmu_ignores_nested",
         None,

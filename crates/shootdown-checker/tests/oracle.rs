@@ -47,6 +47,7 @@ fn entry_of_another_mm_under_the_same_pcid_is_inv_asid() {
             mm: other,
             version: 0,
             ept: None,
+            huge: false,
         },
         0,
     );

@@ -22,6 +22,10 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("madvise_nested", "tso", 142719, 340127),
     ("reclaim_madvise", "sc", 8867, 18746),
     ("reclaim_madvise", "tso", 13238, 31863),
+    ("khugepaged_collapse", "sc", 49, 58),
+    ("khugepaged_collapse", "tso", 96, 179),
+    ("thp_zap", "sc", 10211, 19760),
+    ("thp_zap", "tso", 16831, 39577),
 ];
 
 fn verify(list: &[(&str, &str, u64, u64)]) {

@@ -26,51 +26,77 @@ use std::collections::BTreeMap;
 /// Index of an mm (address space) in the model.
 pub type MmIndex = u32;
 
+/// An epoch per page, kept as disjoint maximal runs `start -> (end, epoch)` of pages with the
+/// same epoch (a munmap or a 2 MiB-stride flush may cover gigabytes: no per-page map); pages
+/// outside every run have epoch 0. Runs are maximal (no two touching runs share an epoch), so
+/// equal maps are equal states.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-struct MmTruth {
-    /// Begin epoch of the latest returned full flush of this mm.
-    full_from: u64,
-    /// Begin epoch of the latest returned flush covering each page.
-    page_from: BTreeMap<Vpn, u64>,
-    /// `INV-SYSRET`: the epoch at which the latest system call covering each page returned, as
-    /// disjoint ranges `start -> (end, epoch)` (a munmap may cover gigabytes: no per-page map).
-    returned: BTreeMap<Vpn, (Vpn, u64)>,
-}
+struct EpochRanges(BTreeMap<Vpn, (Vpn, u64)>);
 
-impl MmTruth {
-    /// The epoch of the latest returned system call that covered `vpn` (0: none).
-    fn returned_at(&self, vpn: Vpn) -> u64 {
-        match self.returned.range(..=vpn).next_back() {
+impl EpochRanges {
+    /// The epoch of `vpn`.
+    fn at(&self, vpn: Vpn) -> u64 {
+        match self.0.range(..=vpn).next_back() {
             Some((_, &(end, at))) if vpn < end => at,
             _ => 0,
         }
     }
 
-    /// Record that a system call covering `[start, end)` returned at `at`. Epochs only grow,
-    /// so `at` supersedes whatever older calls recorded for these pages.
-    fn record_return(&mut self, start: Vpn, end: Vpn, at: u64) {
+    /// Raise every page of `[start, end)` to at least `at`.
+    fn raise(&mut self, start: Vpn, end: Vpn, at: u64) {
         if start >= end {
             return;
         }
-        // Cut the ranges that overlap [start, end), keeping their parts outside it.
-        let overlapping: Vec<(Vpn, (Vpn, u64))> = self
-            .returned
-            .range(..end)
-            .rev()
-            .take_while(|(_, &(e, _))| e > start)
-            .map(|(&s, &v)| (s, v))
-            .collect();
-        for (s, (e, t)) in overlapping {
-            self.returned.remove(&s);
+        // The runs overlapping [start, end) or touching it (they may merge with it).
+        let lo = match self.0.range(..start).next_back() {
+            Some((&s, &(e, _))) if e >= start => s,
+            _ => start,
+        };
+        let runs: Vec<(Vpn, (Vpn, u64))> = self.0.range(lo..=end).map(|(&s, &v)| (s, v)).collect();
+        let mut pieces: Vec<(Vpn, Vpn, u64)> = Vec::with_capacity(runs.len() * 2 + 1);
+        let mut cur = start; // [start, cur) is placed
+        for &(s, (e, t)) in &runs {
+            self.0.remove(&s);
             if s < start {
-                self.returned.insert(s, (start, t));
+                pieces.push((s, start.min(e), t));
+            }
+            let (os, oe) = (s.max(start), e.min(end));
+            if os < oe {
+                if cur < os {
+                    pieces.push((cur, os, at));
+                }
+                pieces.push((os, oe, t.max(at)));
+                cur = oe;
             }
             if e > end {
-                self.returned.insert(end, (e, t));
+                pieces.push((end.max(s), e, t));
             }
         }
-        self.returned.insert(start, (end, at));
+        if cur < end {
+            pieces.push((cur, end, at));
+        }
+        pieces.sort_unstable();
+        let mut merged: Vec<(Vpn, Vpn, u64)> = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            match merged.last_mut() {
+                Some(last) if last.1 == p.0 && last.2 == p.2 => last.1 = p.1,
+                _ => merged.push(p),
+            }
+        }
+        for (s, e, t) in merged {
+            self.0.insert(s, (e, t));
+        }
     }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct MmTruth {
+    /// Begin epoch of the latest returned full flush of this mm.
+    full_from: u64,
+    /// Begin epoch of the latest returned flush covering each page.
+    page_from: EpochRanges,
+    /// `INV-SYSRET`: the epoch at which the latest system call covering each page returned.
+    returned: EpochRanges,
 }
 
 /// The second stage of a VM: which invalidations of its EPT have returned.
@@ -191,12 +217,7 @@ impl Oracle {
         let t = &mut self.mms[mm as usize];
         match pages {
             None => t.full_from = t.full_from.max(begin),
-            Some((s, e)) => {
-                for v in s..e {
-                    let slot = t.page_from.entry(v).or_insert(0);
-                    *slot = (*slot).max(begin);
-                }
-            }
+            Some((s, e)) => t.page_from.raise(s, e, begin),
         }
     }
 
@@ -206,7 +227,7 @@ impl Oracle {
     /// was changed before now is `INV-SYSRET` (unless it already is `INV-STALE`).
     pub fn syscall_returned(&mut self, mm: MmIndex, start: Vpn, end: Vpn) {
         let now = self.epoch;
-        self.mms[mm as usize].record_return(start, end, now);
+        self.mms[mm as usize].returned.raise(start, end, now);
     }
 
     /// Check one use, by a task of `cur_mm`, of a TLB entry filled from version `entry_version`
@@ -229,7 +250,7 @@ impl Oracle {
             return Ok(());
         };
         let t = &self.mms[cur_mm as usize];
-        let from = t.full_from.max(t.page_from.get(&vpn).copied().unwrap_or(0));
+        let from = t.full_from.max(t.page_from.at(vpn));
         if over < from {
             return Err(Violation {
                 invariant: "INV-STALE",
@@ -239,7 +260,7 @@ impl Oracle {
                 ),
             });
         }
-        if over < t.returned_at(vpn) {
+        if over < t.returned.at(vpn) {
             return Err(Violation {
                 invariant: "INV-SYSRET",
                 detail: format!(
@@ -332,27 +353,31 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The range map answers as a per-page map of the latest return would.
+        /// The run map answers as a per-page map of the maximum would, and stays canonical.
         #[test]
-        fn returned_ranges_match_a_per_page_map(
-            calls in proptest::collection::vec((0u64..40, 1u64..12), 1..20)
+        fn epoch_ranges_match_a_per_page_max(
+            calls in proptest::collection::vec((0u64..40, 1u64..12, 1u64..8), 1..20)
         ) {
-            let mut t = MmTruth::default();
+            let mut t = EpochRanges::default();
             let mut naive = std::collections::BTreeMap::new();
-            for (at, (start, len)) in calls.into_iter().enumerate() {
-                let at = at as u64 + 1;
-                t.record_return(start, start + len, at);
+            for (start, len, at) in calls {
+                t.raise(start, start + len, at);
                 for v in start..start + len {
-                    naive.insert(v, at);
+                    let slot = naive.entry(v).or_insert(0);
+                    *slot = (*slot).max(at);
                 }
                 for v in 0..60 {
-                    proptest::prop_assert_eq!(t.returned_at(v), naive.get(&v).copied().unwrap_or(0));
+                    proptest::prop_assert_eq!(t.at(v), naive.get(&v).copied().unwrap_or(0));
                 }
-                // Disjoint and sorted.
-                let mut last = 0;
-                for (&s, &(e, _)) in &t.returned {
-                    proptest::prop_assert!(s >= last && e > s);
-                    last = e;
+                // Disjoint, sorted, maximal.
+                let mut last: Option<(Vpn, u64)> = None;
+                for (&s, &(e, at)) in &t.0 {
+                    proptest::prop_assert!(e > s);
+                    if let Some((le, lat)) = last {
+                        proptest::prop_assert!(s >= le);
+                        proptest::prop_assert!(!(s == le && at == lat), "touching runs with one epoch");
+                    }
+                    last = Some((e, at));
                 }
             }
         }

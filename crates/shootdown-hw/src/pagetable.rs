@@ -2,9 +2,11 @@
 //!
 //! Two levels are enough for every mechanism modelled here: leaf PTEs (one per 4 KiB virtual
 //! page), grouped 512 to a *page-table page*, which the upper level (the PMD) points to. A
-//! page-table page can be unlinked (PMD cleared) and later freed; a walk that reaches a freed
-//! page — through a stale PMD or a paging-structure-cache entry — is a use-after-free of the
-//! kind seed 002's lazy-TLB rework exposed (bugs/CATALOG.md N3).
+//! PMD entry may instead be a leaf itself (`pmd_trans_huge`: a 2 MiB page mapped by one entry,
+//! no page-table page below it). A page-table page can be unlinked (PMD cleared) and later
+//! freed; a walk that reaches a freed page — through a stale PMD or a paging-structure-cache
+//! entry — is a use-after-free of the kind seed 002's lazy-TLB rework exposed
+//! (bugs/CATALOG.md N3), and that khugepaged's collapse can expose too.
 //!
 //! Every PTE carries a *version* (bumped by each change) and the epochs at which its recent
 //! versions were superseded, so the [`crate::oracle`] can tell whether a cached translation was
@@ -77,6 +79,8 @@ pub enum Walk {
     NoTable,
     /// Reached the leaf through a live page-table page.
     Leaf { table: PtPageId, pte: Pte },
+    /// The PMD entry is itself a present leaf (a 2 MiB page): no page-table page below it.
+    Huge { pte: Pte },
     /// The walk went through a page-table page that has been freed.
     FreedTable(PtPageId),
 }
@@ -88,11 +92,32 @@ pub struct AddressSpace {
     pub ptes: BTreeMap<Vpn, Pte>,
     /// PMD level: which page-table page covers each 512-page group.
     pub pmd: BTreeMap<PtIndex, PtPageId>,
+    /// PMD leaf entries (2 MiB pages) by 512-page group, including non-present ones that keep
+    /// their version history. A group is mapped by a page-table page in `pmd` or by a present
+    /// leaf here, never both.
+    pub huge: BTreeMap<PtIndex, Pte>,
 }
 
 impl AddressSpace {
     pub fn pte(&self, vpn: Vpn) -> Pte {
         self.ptes.get(&vpn).copied().unwrap_or(Pte::NONE)
+    }
+    /// The PMD leaf entry of 512-page group `pt` (non-present if none).
+    pub fn huge_pmd(&self, pt: PtIndex) -> Pte {
+        self.huge.get(&pt).copied().unwrap_or(Pte::NONE)
+    }
+    /// The entry a translation of `vpn` is filled from: its PTE or, for a 2 MiB translation,
+    /// its group's PMD leaf.
+    pub fn leaf(&self, vpn: Vpn, huge: bool) -> Pte {
+        if huge {
+            self.huge_pmd(pt_index(vpn))
+        } else {
+            self.pte(vpn)
+        }
+    }
+    /// Is group `pt` mapped by a present PMD leaf?
+    pub fn is_huge(&self, pt: PtIndex) -> bool {
+        self.huge.get(&pt).is_some_and(|p| p.present)
     }
 }
 
@@ -115,9 +140,13 @@ impl PtPages {
     }
     /// Walk `vpn` in `space` from the top (the PMD), as the hardware does on a TLB miss.
     pub fn walk(&self, space: &AddressSpace, vpn: Vpn) -> Walk {
-        match space.pmd.get(&pt_index(vpn)) {
-            None => Walk::NoTable,
+        let pt = pt_index(vpn);
+        match space.pmd.get(&pt) {
             Some(&t) => self.walk_table(space, t, vpn),
+            None if space.is_huge(pt) => Walk::Huge {
+                pte: space.huge_pmd(pt),
+            },
+            None => Walk::NoTable,
         }
     }
     /// Walk the leaf level starting from a known page-table page (a paging-structure-cache hit).

@@ -59,9 +59,21 @@ pub struct TlbEntry {
     pub version: u32,
     /// Oracle: for a combined mapping, the EPT leaf it was filled from.
     pub ept: Option<EptUse>,
+    /// A 2 MiB translation (filled from a PMD leaf): it maps the whole 512-page group.
+    pub huge: bool,
 }
 
+/// (tag, PCID, page): the page of a 2 MiB entry is [`huge_key`] of its group.
 type Key = (EptTag, Pcid, Vpn);
+
+/// Marks the key of a 2 MiB entry, which may coexist with a 4 KiB entry for its first page
+/// (the SDM allows both after a page-size change; a lookup may use either).
+const HUGE_KEY: Vpn = 1 << 63;
+
+/// The key page of the 2 MiB entry that would map `vpn`.
+fn huge_key(vpn: Vpn) -> Vpn {
+    HUGE_KEY | (vpn & !(crate::pagetable::PTRS_PER_PT - 1))
+}
 
 /// Paging-structure cache: (PCID, table index) -> the page-table page it points at.
 type PscMap = BTreeMap<(Pcid, PtIndex), PtPageId>;
@@ -111,15 +123,18 @@ impl Tlb {
         self.tag
     }
 
+    /// The entry translating `vpn`: a 4 KiB one, else a 2 MiB one covering it.
     pub fn lookup(&self, pcid: Pcid, vpn: Vpn) -> Option<TlbEntry> {
         self.index
             .get(&(self.tag, pcid, vpn))
+            .or_else(|| self.index.get(&(self.tag, pcid, huge_key(vpn))))
             .map(|&i| self.entries[i].1)
     }
 
-    /// Insert (or replace) an entry; `victim` is a random number used if one must be evicted.
+    /// Insert (or replace) an entry for `vpn` (of its 512-page group if `e.huge`); `victim` is
+    /// a random number used if one must be evicted.
     pub fn insert(&mut self, pcid: Pcid, vpn: Vpn, e: TlbEntry, victim: u64) {
-        let k = (self.tag, pcid, vpn);
+        let k = (self.tag, pcid, if e.huge { huge_key(vpn) } else { vpn });
         if let Some(&i) = self.index.get(&k) {
             self.entries[i].1 = e;
             return;
@@ -163,13 +178,16 @@ impl Tlb {
         self.psc.insert((pcid, pt), table);
     }
 
-    /// INVLPG (or INVPCID single-address) of `vpn` in `pcid` (under the current tag).
+    /// INVLPG (or INVPCID single-address) of `vpn` in `pcid` (under the current tag): the
+    /// entries that translate `vpn`, whatever their page size (a 2 MiB one goes whole).
     pub fn invlpg(&mut self, pcid: Pcid, vpn: Vpn) {
-        if let Some(&i) = self.index.get(&(self.tag, pcid, vpn)) {
-            self.remove_at(i);
+        for page in [vpn, huge_key(vpn)] {
+            if let Some(&i) = self.index.get(&(self.tag, pcid, page)) {
+                self.remove_at(i);
+            }
         }
         // Global entries for the address go too.
-        self.retain(|k, e| !(e.global && k.2 == vpn));
+        self.retain(|k, e| !(e.global && (k.2 == vpn || k.2 == huge_key(vpn))));
         self.psc.retain(|k, _| k.0 != pcid);
     }
 
@@ -227,9 +245,11 @@ impl Tlb {
     }
 
     /// Every cached translation with its tag (for the oracle's checks at a lock release or a
-    /// memslot deletion).
+    /// memslot deletion); a 2 MiB one by the first page of its group.
     pub fn entries(&self) -> impl Iterator<Item = (EptTag, Pcid, Vpn, &TlbEntry)> {
-        self.entries.iter().map(|((t, p, v), e)| (*t, *p, *v, e))
+        self.entries
+            .iter()
+            .map(|((t, p, v), e)| (*t, *p, *v & !HUGE_KEY, e))
     }
 
     /// Every EPT paging-structure-cache entry: (tag, level, region, table).
@@ -290,6 +310,7 @@ mod tests {
             mm,
             version: 1,
             ept: None,
+            huge: false,
         }
     }
     #[test]
@@ -304,6 +325,21 @@ mod tests {
         assert!(t.psc_lookup(1, 0).is_none());
         t.flush_pcid(2);
         assert!(t.is_empty());
+    }
+    #[test]
+    fn a_2mib_entry_translates_its_group_and_any_invlpg_in_it_drops_it() {
+        let mut t = Tlb::new(8, 4);
+        let huge = TlbEntry { huge: true, ..e(0) };
+        t.insert(1, 1024 + 7, huge, 0);
+        t.insert(1, 1024, e(0), 0); // a 4 KiB entry for the group's first page coexists
+        assert_eq!(t.len(), 2);
+        assert!(t.lookup(1, 1024 + 511).is_some_and(|x| x.huge));
+        assert!(!t.lookup(1, 1024).unwrap().huge, "the 4 KiB entry answers first");
+        assert!(t.lookup(1, 1536).is_none(), "next group");
+        assert!(t.entries().all(|(_, _, v, _)| v == 1024));
+        t.invlpg(1, 1024 + 300);
+        assert!(t.lookup(1, 1024 + 5).is_none());
+        assert!(t.lookup(1, 1024).is_some(), "INVLPG of another page keeps the 4 KiB entry");
     }
     #[test]
     fn capacity_is_respected_and_order_independent_equality() {

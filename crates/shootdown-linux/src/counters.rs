@@ -90,6 +90,12 @@ counters! {
     KvmMmioExits = "kvm.mmio_exits",
     /// Accesses emulated as MMIO (`KVM_EXIT_MMIO`).
     KvmMmioEmulated = "kvm.mmio_emulated",
+    /// vmstat `thp_fault_alloc`: faults that mapped a 2 MiB page.
+    ThpFaultAlloc = "thp_fault_alloc",
+    /// vmstat `thp_split_pmd`: PMD leaves split into page tables.
+    ThpSplitPmd = "thp_split_pmd",
+    /// vmstat `thp_collapse_alloc`: khugepaged collapses.
+    ThpCollapseAlloc = "thp_collapse_alloc",
     /// `mmu_lock` acquisitions that had to wait.
     KvmMmuLockContended = "kvm.mmu_lock_contended",
     /// Lock breaks (`cond_resched_lock` dropping `mmu_lock`) in zaps.

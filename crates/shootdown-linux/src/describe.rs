@@ -39,7 +39,11 @@ fn frame_context(m: &Machine, cpu: usize) -> String {
     match top {
         Some(f) => f.name().to_string(),
         None if m.is_idle_cpu(cpu) => "idle".to_string(),
-        None => format!("{} (user)", m.tasks[c.curr as usize].name),
+        None => {
+            let t = &m.tasks[c.curr as usize];
+            let mode = if t.mm.is_some() { "user" } else { "kthread" };
+            format!("{} ({mode})", t.name)
+        }
     }
 }
 

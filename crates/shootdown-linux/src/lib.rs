@@ -28,6 +28,8 @@ pub mod host;
 pub mod kvm;
 pub mod machine;
 pub mod mem;
+pub mod huge_memory;
+pub mod khugepaged;
 mod mmu_gather;
 pub mod options;
 pub mod paravirt;

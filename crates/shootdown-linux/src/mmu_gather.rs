@@ -27,6 +27,7 @@ use crate::mem::{spin_key, Loc};
 use crate::options::{BatchedPending, MmuGather};
 use crate::state::{MmId, TLB_FLUSH_ALL};
 use crate::syscalls::{Gather, ZapKind, ZapPc};
+use crate::huge_memory::PMD_STRIDE_SHIFT;
 use crate::tlb::FlushMmRange;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
@@ -89,9 +90,15 @@ impl Machine {
                     *pc = ZapPc::Batched;
                     return flush;
                 }
-                self.change_ptes(cpu, call, g, env);
-                *pc = ZapPc::Finish;
-                Flow::Next
+                self.split_or_change_ptes(cpu, call, pc, g, env)
+            }
+            ZapPc::Split => {
+                let pt = g.split.take().expect("a split in progress") as u64;
+                self.split_huge_pmd_populate(mm, pt, env);
+                self.say(|| {
+                    format!("split: page table linked for mm{mm} pages {:#x}..", pt * PTRS_PER_PT)
+                });
+                self.split_or_change_ptes(cpu, call, pc, g, env)
             }
             ZapPc::Batched => {
                 // The flush of the pending batch returned: mark it done, unless (mainline) a
@@ -110,9 +117,7 @@ impl Machine {
                         });
                     }
                 }
-                self.change_ptes(cpu, call, g, env);
-                *pc = ZapPc::Finish;
-                Flow::Next
+                self.split_or_change_ptes(cpu, call, pc, g, env)
             }
             ZapPc::Finish => {
                 // mprotect's change_protection_range() flushes its range if it changed a PTE;
@@ -127,17 +132,29 @@ impl Machine {
                     });
                     return Flow::Call(FlushMmRange::call(mm, 0, TLB_FLUSH_ALL, true));
                 }
-                if nested || g.changed > 0 || g.freed_tables {
+                if let ZapKind::Mprotect { .. } = kind {
+                    if g.changed > 0 {
+                        self.summary(|| "change_protection_range: flush_tlb_range".into());
+                        return Flow::Call(self.flush_tlb_range(mm, start, start + npages));
+                    }
+                } else if nested || g.changed > 0 || g.cleared_pmds > 0 || g.freed_tables {
                     let why = if nested {
                         "mm_tlb_flush_nested: force-flush the range"
                     } else {
                         "flush what was gathered"
                     };
+                    // tlb_get_unmap_shift(): 2 MiB strides when only PMD leaves were cleared.
+                    let stride = if g.changed == 0 && g.cleared_pmds > 0 {
+                        PMD_STRIDE_SHIFT
+                    } else {
+                        0
+                    };
                     self.summary(|| format!("tlb_finish_mmu: {why}"));
-                    return Flow::Call(FlushMmRange::call(
+                    return Flow::Call(FlushMmRange::call_stride(
                         mm,
                         start,
                         start + npages,
+                        stride,
                         g.freed_tables,
                     ));
                 }
@@ -193,6 +210,35 @@ impl Machine {
         }
     }
 
+    /// PTL held, batched flush done: split the next PMD leaf the call covers only in part
+    /// (`ZapPc::Split` runs when its flush returns), else change the PTEs, unlock and go on to
+    /// `ZapPc::Finish`.
+    fn split_or_change_ptes<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        call: ZapCall,
+        pc: &mut ZapPc,
+        g: &mut Gather,
+        env: &mut E,
+    ) -> Flow {
+        let writable_upgrade = call.kind == (ZapKind::Mprotect { writable: true });
+        if !writable_upgrade {
+            if let Some(pt) = self.huge_pmd_to_split(call.mm, call.start, call.npages) {
+                let flush = self.split_huge_pmd_invalidate(call.mm, pt);
+                g.split = Some(pt as u32);
+                *pc = ZapPc::Split;
+                let mm = call.mm;
+                self.summary(|| {
+                    format!("__split_huge_pmd: pmdp_invalidate mm{mm} pages {:#x}..: flush_tlb_range", pt * PTRS_PER_PT)
+                });
+                return Flow::Call(flush);
+            }
+        }
+        self.change_ptes(cpu, call, g, env);
+        *pc = ZapPc::Finish;
+        Flow::Next
+    }
+
     /// Change the call's PTEs (PTL held) and unlock the PTL: zap (madvise, munmap: also unlink
     /// the page-table pages the range covers entirely) or change the protection (mprotect).
     fn change_ptes<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
@@ -204,11 +250,19 @@ impl Machine {
         } = call;
         match kind {
             ZapKind::Madvise => {
+                g.cleared_pmds = self.zap_huge_pmds(mm, start, npages, env) as u32;
+                if self.opts.mutants.zap_huge_pmd_not_gathered {
+                    g.cleared_pmds = 0;
+                }
                 g.changed = self.zap_range(mm, start, npages, env);
                 let n = g.changed;
                 self.say(|| format!("zap {n} PTEs of mm{mm} from {start:#x}"));
             }
             ZapKind::Munmap => {
+                g.cleared_pmds = self.zap_huge_pmds(mm, start, npages, env) as u32;
+                if self.opts.mutants.zap_huge_pmd_not_gathered {
+                    g.cleared_pmds = 0;
+                }
                 g.changed = self.zap_range(mm, start, npages, env);
                 // free_pgtables(): unlink page-table pages the range covers entirely.
                 let first = start.div_ceil(PTRS_PER_PT);
@@ -251,8 +305,11 @@ impl Machine {
                         changed += 1;
                     }
                 }
-                g.changed = changed;
                 self.charge(env, |c| shootdown_engine::Time(c.pte_update.0 * changed));
+                if !writable {
+                    changed += self.wrprotect_huge_pmds(mm, start, npages, env);
+                }
+                g.changed = changed;
                 self.say(|| format!("change_protection: {changed} PTE(s) of mm{mm} changed"));
             }
         }

@@ -127,6 +127,48 @@ named_enum! {
 }
 
 named_enum! {
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`: may an anonymous page fault map a whole
+    /// 2 MiB page with one PMD leaf?
+    pub enum Thp {
+        /// Every fault maps one 4 KiB page.
+        Never = "never",
+        /// A fault in a 512-page group that has neither a page-table page nor a PMD leaf maps
+        /// the whole group with a PMD leaf (`do_huge_pmd_anonymous_page`). The model assumes
+        /// the VMA covers the aligned group (it keeps no VMAs).
+        Always = "always",
+    }
+}
+
+named_enum! {
+    /// How `flush_tlb_mm_range()` counts a range against `tlb_single_page_flush_ceiling` and
+    /// steps its INVLPGs.
+    pub enum FlushStride {
+        /// Before v4.20: in 4 KiB pages whatever the page size, so a range of 2 MiB leaves
+        /// above 33 × 4 KiB is a full flush.
+        V4_19 = "v4_19",
+        /// v4.20+ ("x86/mm: Page size aware flush_tlb_mm_range()"): `stride_shift` from
+        /// `tlb_get_unmap_shift()`: an unmap that cleared only PMD leaves counts and flushes
+        /// one INVLPG per 2 MiB.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
+    /// The `freed_tables` argument x86's `flush_tlb_range(vma, start, end)` passes to
+    /// `flush_tlb_mm_range()`. khugepaged's `pmdp_collapse_flush()` uses it to flush a PMD
+    /// that pointed to a page-table page it then frees; without `freed_tables` the flush skips
+    /// lazy CPUs, whose paging-structure caches may still point to the table.
+    pub enum FlushTlbRange {
+        /// v4.20–v6.14: `freed_tables = false`.
+        V6_14 = "v6_14",
+        /// v6.15+ (3ef938c35035, Jann Horn, "x86/mm: Fix flush_tlb_range() when used for
+        /// zapping normal PMDs"; backported to the 5.4–6.13 stable trees as CVE-2025-22045):
+        /// `freed_tables = true`, as arm64 always assumed.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// Lazy-TLB design (seed 002 and what followed; kernel-model.md §1.5–1.8).
     pub enum LazyTlb {
         /// v4.12 (V0): `cpu_tlbstate.state` OK/LAZY; lazy CPUs stay in `mm_cpumask`, the first
@@ -354,6 +396,16 @@ mutants! {
     /// reclaim cleared with its flush deferred (`TTU_BATCH_FLUSH`) changes nothing, flushes
     /// nothing and returns before reclaim's batched flush.
     no_flush_tlb_batched_pending = "",
+    /// Before v6.15 (3ef938c35035, "x86/mm: Fix flush_tlb_range() when used for zapping normal
+    /// PMDs", CVE-2025-22045): x86's `flush_tlb_range()` passes `freed_tables = false` (as
+    /// `flush_tlb_range = "v6_14"`), so
+    /// khugepaged's `pmdp_collapse_flush()` skips lazy CPUs and then frees the page table
+    /// their paging-structure caches may still point to.
+    flush_tlb_range_without_freed_tables = "",
+    /// Seeded: `zap_huge_pmd()` clears the PMD leaf without `tlb_remove_pmd_tlb_entry()`, so
+    /// the gather records neither the range nor `cleared_pmds`; an unmap of only 2 MiB pages
+    /// then flushes nothing.
+    zap_huge_pmd_not_gathered = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -436,6 +488,16 @@ options! {
     /// mm: `flush_tlb_batched_pending()` in zap / change_protection.
     batched_pending: BatchedPending = BatchedPending::Mainline,
         accepts = format!("{} (flush a pending reclaim batch before changing PTEs)", names(BatchedPending::NAMES));
+    /// mm: transparent huge pages for anonymous faults.
+    transparent_hugepage: Thp = Thp::Never,
+        accepts = format!("{} (may a fault map a 2 MiB page with one PMD leaf)", names(Thp::NAMES));
+    /// mm: how a flush range is counted against the ceiling (4 KiB pages, or its page size).
+    flush_stride: FlushStride = FlushStride::Mainline,
+        accepts = format!("{} (flush ceiling in 4 KiB pages, or per gathered page size)", names(FlushStride::NAMES));
+    /// mm: whether `flush_tlb_range()` (khugepaged's collapse, a huge-page split, mprotect)
+    /// passes `freed_tables`.
+    flush_tlb_range: FlushTlbRange = FlushTlbRange::Mainline,
+        accepts = format!("{} (flush_tlb_range passes freed_tables)", names(FlushTlbRange::NAMES));
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pcid: bool = true, accepts = "true | false";
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.

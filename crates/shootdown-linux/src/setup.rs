@@ -36,10 +36,27 @@ impl Machine {
 
     /// Create a user task on `cpu`, runnable.
     pub fn add_task(&mut self, name: &str, mm: MmId, cpu: CpuId, program: Vec<UserOp>) -> TaskId {
+        self.add_task_of(name, Some(mm), cpu, program)
+    }
+
+    /// A kernel thread (no mm of its own: it runs lazily on whatever mm is loaded), such as
+    /// khugepaged; its program may use only kernel ops ([`UserOp::Collapse`]), `Compute`,
+    /// `Loop` and `Exit`.
+    pub fn add_kthread(&mut self, name: &str, cpu: CpuId, program: Vec<UserOp>) -> TaskId {
+        self.add_task_of(name, None, cpu, program)
+    }
+
+    fn add_task_of(
+        &mut self,
+        name: &str,
+        mm: Option<MmId>,
+        cpu: CpuId,
+        program: Vec<UserOp>,
+    ) -> TaskId {
         let id = self.tasks.len() as TaskId;
         self.tasks.push(Task {
             name: name.to_string(),
-            mm: Some(mm),
+            mm,
             state: TaskState::Runnable,
             cpu,
             stack: Vec::new(),

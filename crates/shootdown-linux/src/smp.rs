@@ -230,7 +230,7 @@ impl Machine {
                 let n = if s.info.end == TLB_FLUSH_ALL {
                     1
                 } else {
-                    s.info.end - s.info.start
+                    (s.info.end - s.info.start).div_ceil(1 << s.info.stride_shift)
                 };
                 self.perf
                     .counters

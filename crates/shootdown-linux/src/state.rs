@@ -146,6 +146,8 @@ pub struct FlushTlbInfo {
     /// `TLB_FLUSH_ALL` for a full flush.
     pub end: Vpn,
     pub new_tlb_gen: u64,
+    /// `stride_shift` in pages (0: 4 KiB, 9: 2 MiB): the INVLPG step of a partial flush.
+    pub stride_shift: u8,
     pub freed_tables: bool,
     pub trim_cpumask: bool,
     pub initiator: CpuId,
@@ -266,6 +268,12 @@ pub enum UserOp {
     },
     /// Move to the next CPU in the task's `cpus` ring (seed 002's ping-pong).
     SetAffinityNext,
+    /// khugepaged (a kernel thread's op): collapse the 512-page group at `start` of `mm`, mapped
+    /// by a page-table page, into one PMD leaf.
+    Collapse {
+        mm: MmId,
+        start: Vpn,
+    },
     /// Count one workload event (the metric).
     Event,
     /// Record a timestamp for this task (cycle boundaries for steady-state rates).

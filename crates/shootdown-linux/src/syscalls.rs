@@ -77,6 +77,12 @@ pub enum Syscall {
         pc: SetAffinityPc,
         cpu: CpuId,
     },
+    /// khugepaged (a kernel thread): collapse group `pt` of `mm` into a PMD leaf.
+    Collapse {
+        pc: crate::khugepaged::CollapsePc,
+        mm: MmId,
+        pt: u64,
+    },
 }
 
 /// The steps of the page-fault handler (`handle_mm_fault`).
@@ -107,6 +113,10 @@ pub enum ZapPc {
     Lock,
     /// The pending batch is flushed: mark it so, change the PTEs, unlock the PTL.
     Batched,
+    /// A PMD leaf the call covers only in part was invalidated and its group flushed
+    /// (`__split_huge_pmd`): link its page table; split the next, or change the PTEs and
+    /// unlock.
+    Split,
     /// `tlb_finish_mmu()` / `flush_tlb_range()`: flush what was gathered, if anything (or
     /// everything, when another gather of the mm is in progress).
     Finish,
@@ -122,6 +132,10 @@ pub struct Gather {
     pub changed: u64,
     /// munmap: page-table pages were unlinked (`tlb->freed_tables`).
     pub freed_tables: bool,
+    /// PMD leaves cleared or write-protected (`tlb->cleared_pmds`).
+    pub cleared_pmds: u32,
+    /// The group being split (between `pmdp_invalidate`'s flush and the table's link).
+    pub split: Option<u32>,
     /// `mm->tlb_flush_batched` as `flush_tlb_batched_pending()` read it.
     pub batch: u64,
 }
@@ -204,6 +218,7 @@ impl Syscall {
             Syscall::Fdatasync { .. } => "fdatasync",
             Syscall::ReclaimUnmap { .. } => "try_to_unmap(TTU_BATCH_FLUSH)",
             Syscall::SetAffinity { .. } => "sched_setaffinity",
+            Syscall::Collapse { .. } => "khugepaged: collapse_huge_page",
         }
     }
 
@@ -259,6 +274,7 @@ impl Syscall {
             Syscall::Fdatasync { pc, .. } => format!("{pc:?}"),
             Syscall::ReclaimUnmap { pc, .. } => format!("{pc:?}"),
             Syscall::SetAffinity { pc, .. } => format!("{pc:?}"),
+            Syscall::Collapse { pc, .. } => format!("{pc:?}"),
         }
     }
 
@@ -330,6 +346,10 @@ impl Machine {
         s: &mut Syscall,
         env: &mut E,
     ) -> Flow {
+        if let Syscall::Collapse { pc, mm, pt } = s {
+            // A kernel thread's path, on another process's mm.
+            return self.collapse_step(cpu, *mm, *pt, pc, env);
+        }
         let mm = self.current_mm(cpu);
         match s {
             Syscall::PageFault { pc, vpn, write } => match *pc {
@@ -368,6 +388,14 @@ impl Machine {
                     }
                     if *pc == PageFaultPc::DaxLocked {
                         self.spin_unlock(env, cpu, Loc::XaLock(dax.expect("locked a DAX file")));
+                    }
+                    let pt = shootdown_hw::pagetable::pt_index(vpn);
+                    if dax.is_none() && self.huge_pmd_fault(cpu, mm, vpn, write, env) {
+                        self.say(|| {
+                            format!("fault on mm{mm} page {vpn:#x}: 2 MiB page (PMD leaf) for pages {:#x}..{:#x}", pt * PTRS_PER_PT, (pt + 1) * PTRS_PER_PT)
+                        });
+                        *pc = PageFaultPc::Done;
+                        return Flow::Next;
                     }
                     self.ensure_table(mm, vpn);
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
@@ -596,6 +624,7 @@ impl Machine {
                             start: 0,
                             end: TLB_FLUSH_ALL,
                             new_tlb_gen: TLB_GENERATION_INVALID,
+                            stride_shift: 0,
                             freed_tables: false,
                             trim_cpumask: false,
                             initiator: cpu,
@@ -611,6 +640,7 @@ impl Machine {
                     Flow::Return
                 }
             },
+            Syscall::Collapse { .. } => unreachable!("a kernel thread's path, handled above"),
             Syscall::SetAffinity { pc, cpu: target } => match *pc {
                 SetAffinityPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.sched_setaffinity);

@@ -7,7 +7,7 @@ use crate::machine::Machine;
 use crate::mem::{
     flush_info_line, tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET,
 };
-use crate::options::{LazyTlb, SmpCall};
+use crate::options::{FlushStride, LazyTlb, SmpCall};
 use crate::smp::SmpCallMany;
 use crate::state::*;
 use crate::switch_mm::SwitchMm;
@@ -45,8 +45,20 @@ pub enum FlushMmRangePc {
 }
 
 impl FlushMmRange {
-    /// A call of `flush_tlb_mm_range(mm, start, end, freed_tables)`.
+    /// A call of `flush_tlb_mm_range(mm, start, end, PAGE_SHIFT, freed_tables)`.
     pub fn call(mm: MmId, start: Vpn, end: Vpn, freed_tables: bool) -> Frame {
+        Self::call_stride(mm, start, end, 0, freed_tables)
+    }
+
+    /// A call of `flush_tlb_mm_range(mm, start, end, stride_shift, freed_tables)`;
+    /// `stride_shift` in pages (9: 2 MiB).
+    pub fn call_stride(
+        mm: MmId,
+        start: Vpn,
+        end: Vpn,
+        stride_shift: u8,
+        freed_tables: bool,
+    ) -> Frame {
         Frame::FlushMmRange(Box::new(FlushMmRange {
             pc: FlushMmRangePc::Start,
             mm,
@@ -55,6 +67,7 @@ impl FlushMmRange {
                 start,
                 end,
                 new_tlb_gen: 0,
+                stride_shift,
                 freed_tables,
                 trim_cpumask: false,
                 initiator: 0,
@@ -320,10 +333,15 @@ impl Machine {
                     });
                 } else {
                     s.begin = self.oracle.flush_begin();
-                    // get_flush_tlb_info(): above the ceiling, flush everything.
+                    // get_flush_tlb_info(): above the ceiling, flush everything. Before v4.20
+                    // the range counts in 4 KiB pages and is flushed page by page.
                     let i = &mut s.info;
+                    if self.opts.flush_stride == FlushStride::V4_19 {
+                        i.stride_shift = 0;
+                    }
                     if i.end != TLB_FLUSH_ALL
-                        && i.end - i.start > self.opts.tlb_single_page_flush_ceiling.0
+                        && (i.end - i.start) >> i.stride_shift
+                            > self.opts.tlb_single_page_flush_ceiling.0
                     {
                         i.start = 0;
                         i.end = TLB_FLUSH_ALL;
@@ -542,7 +560,7 @@ impl Machine {
                     cpu,
                     s.local,
                     if partial {
-                        Some((f.start, f.end))
+                        Some((f.start, f.end, f.stride_shift))
                     } else {
                         None
                     },
@@ -566,7 +584,7 @@ impl Machine {
                 let range = if f.end == TLB_FLUSH_ALL {
                     None
                 } else {
-                    Some((f.start, f.end))
+                    Some((f.start, f.end, f.stride_shift))
                 };
                 self.do_flush(cpu, s.local, range, env);
                 self.summary(|| "flush the requested range (v4.12)".into());
@@ -645,20 +663,21 @@ impl Machine {
         Flow::Next
     }
 
-    /// The flush itself: a partial range of INVLPGs or a full local flush, with counters.
+    /// The flush itself: a partial range of INVLPGs, one per `1 << stride_shift` pages, or a
+    /// full local flush, with counters.
     fn do_flush<E: Env>(
         &mut self,
         cpu: CpuId,
         local: bool,
-        range: Option<(Vpn, Vpn)>,
+        range: Option<(Vpn, Vpn, u8)>,
         env: &mut E,
     ) {
         match range {
-            Some((start, end)) => {
-                for v in start..end {
+            Some((start, end, stride_shift)) => {
+                for v in (start..end).step_by(1 << stride_shift) {
                     self.flush_tlb_one_user(cpu, v, env);
                 }
-                let n = end - start;
+                let n = (end - start).div_ceil(1 << stride_shift);
                 self.perf.counters.add(Counter::NrTlbLocalFlushOne, n);
                 self.perf.counters.add(
                     if local {

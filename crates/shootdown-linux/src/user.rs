@@ -39,7 +39,8 @@ pub(crate) enum Fault {
 
 impl Machine {
     /// Walk `vpn` for `cpu` under `pcid` in `mm`: paging-structure cache first, then the PMD.
-    /// A walk through a freed page-table page is an `INV-PTFREE` violation.
+    /// A walk through a freed page-table page is an `INV-PTFREE` violation. The leaf found,
+    /// and whether it is a PMD leaf (a 2 MiB translation).
     fn walk<E: Env>(
         &mut self,
         cpu: CpuId,
@@ -47,7 +48,7 @@ impl Machine {
         pcid: u16,
         vpn: Vpn,
         env: &mut E,
-    ) -> Option<shootdown_hw::pagetable::Pte> {
+    ) -> Option<(shootdown_hw::pagetable::Pte, bool)> {
         let space = &self.mms[mm as usize].space;
         let walk = match self.cpus[cpu].tlb.psc_lookup(pcid, pt_index(vpn)) {
             Some(table) => self.pt_pages.walk_table(space, table, vpn),
@@ -67,8 +68,9 @@ impl Machine {
             Walk::Leaf { table, pte } => {
                 self.cpus[cpu].tlb.psc_insert(pcid, pt_index(vpn), table);
                 let _ = env;
-                Some(pte)
+                Some((pte, false))
             }
+            Walk::Huge { pte } => Some((pte, true)),
         }
     }
 
@@ -106,7 +108,7 @@ impl Machine {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
                 return Err(Fault::PageFault);
             }
-            let pte = self.mms[e.mm as usize].space.pte(vpn);
+            let pte = self.mms[e.mm as usize].space.leaf(vpn, e.huge);
             self.perf.uses_checked += 1;
             if let Err(v) = self.oracle.check_use(mm, e.mm, vpn, e.version, &pte) {
                 self.violate(v);
@@ -130,7 +132,7 @@ impl Machine {
         }
         self.charge(env, |c| c.tlb_miss_walk);
         self.perf.counters.inc(Counter::TlbMisses);
-        let Some(pte) = self.walk(cpu, mm, pcid, vpn, env) else {
+        let Some((pte, huge)) = self.walk(cpu, mm, pcid, vpn, env) else {
             return Err(Fault::PageFault);
         };
         if !pte.present || (write && !pte.writable) {
@@ -153,6 +155,9 @@ impl Machine {
                 mm,
                 version: pte.version,
                 ept,
+                // Simplification: a combined mapping takes the guest leaf's size, whatever
+                // the EPT leaf's (its EPT use is the accessed page's).
+                huge,
             },
             victim,
         );
@@ -269,7 +274,7 @@ impl Machine {
         match walk {
             Walk::NoTable => false,
             Walk::FreedTable(_) => true,
-            Walk::Leaf { pte, .. } => pte.present,
+            Walk::Leaf { pte, .. } | Walk::Huge { pte } => pte.present,
         }
     }
 
@@ -291,7 +296,7 @@ impl Machine {
         let mm = self.cpus[cpu].cr3_mm;
         let pcid = self.fill_pcid(cpu);
         self.say(|| format!("page walker: speculative fill of mm{mm} page {vpn:#x} (PCID {pcid})"));
-        if let Some(pte) = self.walk(cpu, mm, pcid, vpn, env) {
+        if let Some((pte, huge)) = self.walk(cpu, mm, pcid, vpn, env) {
             if pte.present {
                 self.cpus[cpu].tlb.insert(
                     pcid,
@@ -303,6 +308,7 @@ impl Machine {
                         mm,
                         version: pte.version,
                         ept: None,
+                        huge,
                     },
                     0,
                 );
@@ -316,8 +322,9 @@ impl Machine {
         if self.tasks[t].state == TaskState::Dead {
             return Park::Halt;
         }
-        // Return to user: PTI's deferred user-PCID flush (SWITCH_TO_USER_CR3).
-        if self.pti {
+        // Return to user: PTI's deferred user-PCID flush (SWITCH_TO_USER_CR3). A kernel
+        // thread never returns to user.
+        if self.pti && self.tasks[t].mm.is_some() {
             let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
             if self.cpus[cpu].tlbstate.user_pcid_flush_mask & (1 << asid) != 0 {
                 self.cpus[cpu].tlbstate.user_pcid_flush_mask &= !(1 << asid);
@@ -474,6 +481,16 @@ impl Machine {
                 Syscall::SetAffinity {
                     pc: SetAffinityPc::Start,
                     cpu: target,
+                },
+                env,
+            ),
+            UserOp::Collapse { mm, start } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Collapse {
+                    pc: crate::khugepaged::CollapsePc::Start,
+                    mm,
+                    pt: start / shootdown_hw::pagetable::PTRS_PER_PT,
                 },
                 env,
             ),
@@ -684,6 +701,9 @@ fn user_op_text(op: &UserOp) -> String {
         }
         UserOp::ReclaimUnmap { start, npages } => format!("reclaim {npages} page(s) at {start:#x}"),
         UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
+        UserOp::Collapse { mm, start } => {
+            format!("khugepaged: collapse mm{mm} pages {start:#x}..{:#x}", start + 512)
+        }
         other => format!("{other:?}"),
     }
 }
