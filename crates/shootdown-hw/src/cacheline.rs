@@ -20,10 +20,86 @@ use shootdown_engine::Time;
 /// Identity of a cache line (the model maps each kernel variable to one).
 pub type LineId = u64;
 
+/// How many sharers a line keeps inline before it switches to a bit per CPU.
+const FEW: usize = 6;
+
+/// The CPUs holding a clean copy of a line. Most lines are shared by a few CPUs, so they are
+/// kept inline (no allocation, work proportional to the sharers); a line many CPUs read (an
+/// mm's `tlb_gen`, its cpumask) switches to a bit per CPU. Either way a write's invalidation
+/// costs what the reads that made the copies already cost: nothing here scans all CPUs.
+#[derive(Clone, Debug)]
+enum Sharers {
+    Few { n: u8, cpus: [u32; FEW] },
+    Many(Box<[u64]>),
+}
+
+impl Sharers {
+    const EMPTY: Sharers = Sharers::Few {
+        n: 0,
+        cpus: [0; FEW],
+    };
+
+    fn contains(&self, cpu: usize) -> bool {
+        match self {
+            Sharers::Few { n, cpus } => cpus[..*n as usize].contains(&(cpu as u32)),
+            Sharers::Many(bits) => bits[cpu / 64] & (1 << (cpu % 64)) != 0,
+        }
+    }
+
+    /// Add `cpu` (a machine of `words` × 64 CPUs).
+    fn insert(&mut self, cpu: usize, words: usize) {
+        if self.contains(cpu) {
+            return;
+        }
+        match self {
+            Sharers::Few { n, cpus } if (*n as usize) < FEW => {
+                cpus[*n as usize] = cpu as u32;
+                *n += 1;
+            }
+            Sharers::Few { cpus, .. } => {
+                let mut bits = vec![0u64; words].into_boxed_slice();
+                for &c in cpus.iter() {
+                    bits[c as usize / 64] |= 1 << (c % 64);
+                }
+                bits[cpu / 64] |= 1 << (cpu % 64);
+                *self = Sharers::Many(bits);
+            }
+            Sharers::Many(bits) => bits[cpu / 64] |= 1 << (cpu % 64),
+        }
+    }
+
+    /// Exactly `{cpu}`?
+    fn is_only(&self, cpu: usize) -> bool {
+        match self {
+            Sharers::Few { n, cpus } => *n == 1 && cpus[0] == cpu as u32,
+            Sharers::Many(bits) => bits
+                .iter()
+                .enumerate()
+                .all(|(i, &w)| w == if i == cpu / 64 { 1 << (cpu % 64) } else { 0 }),
+        }
+    }
+
+    /// Every sharer.
+    fn for_each(&self, mut f: impl FnMut(usize)) {
+        match self {
+            Sharers::Few { n, cpus } => cpus[..*n as usize].iter().for_each(|&c| f(c as usize)),
+            Sharers::Many(bits) => {
+                for (i, &word) in bits.iter().enumerate() {
+                    let mut w = word;
+                    while w != 0 {
+                        f(i * 64 + w.trailing_zeros() as usize);
+                        w &= w - 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Line {
     owner: Option<u32>,
-    sharers: Vec<u64>,
+    sharers: Sharers,
     /// When the last ownership transfer of this line completes.
     busy_until: Time,
 }
@@ -63,23 +139,22 @@ impl LineDirectory {
         at: Time,
     ) -> Time {
         let words = self.words;
-        let l = self.lines.entry(line).or_insert_with(|| Line {
+        let l = self.lines.entry(line).or_insert(Line {
             owner: None,
-            sharers: vec![0; words],
+            sharers: Sharers::EMPTY,
             busy_until: Time::ZERO,
         });
-        let (w, b) = (cpu / 64, 1u64 << (cpu % 64));
         if l.owner == Some(cpu as u32) {
             return costs.l1_hit;
         }
         if !write {
-            if l.sharers[w] & b != 0 {
+            if l.sharers.contains(cpu) {
                 return costs.l1_hit;
             }
             let cost = match l.owner.take() {
                 Some(o) => {
                     let o = o as usize;
-                    l.sharers[o / 64] |= 1 << (o % 64);
+                    l.sharers.insert(o, words);
                     Self::queue(
                         &mut l.busy_until,
                         at,
@@ -88,7 +163,7 @@ impl LineDirectory {
                 }
                 None => costs.line_shared_read,
             };
-            l.sharers[w] |= b;
+            l.sharers.insert(cpu, words);
             cost
         } else {
             // Read-for-ownership: invalidate every other copy; the farthest one sets the price.
@@ -96,28 +171,18 @@ impl LineDirectory {
             if let Some(o) = l.owner {
                 cost = cost.max(Self::transfer(costs, topo.distance(o as usize, cpu)));
             }
-            for (i, word) in l.sharers.iter().enumerate() {
-                let mut bits = *word;
-                while bits != 0 {
-                    let s = i * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    if s != cpu {
-                        cost = cost.max(Self::transfer(costs, topo.distance(s, cpu)));
-                    }
+            l.sharers.for_each(|s| {
+                if s != cpu {
+                    cost = cost.max(Self::transfer(costs, topo.distance(s, cpu)));
                 }
-            }
-            if l.owner.is_none()
-                && l.sharers[w] == b
-                && l.sharers
-                    .iter()
-                    .all(|x| *x == 0 || std::ptr::eq(x, &l.sharers[w]))
-            {
+            });
+            if l.owner.is_none() && l.sharers.is_only(cpu) {
                 cost = costs.l1_hit; // exclusive already: silent upgrade
             } else {
                 cost = Self::queue(&mut l.busy_until, at, cost);
             }
             l.owner = Some(cpu as u32);
-            l.sharers.iter_mut().for_each(|x| *x = 0);
+            l.sharers = Sharers::EMPTY;
             cost
         }
     }
@@ -181,5 +246,35 @@ mod tests {
         assert_eq!(step(&mut d, 70, true), c.line_same_socket);
         // CPU 70 now owns it exclusively: its own accesses hit.
         assert_eq!(step(&mut d, 70, true), c.l1_hit);
+    }
+
+    #[test]
+    fn a_line_many_cpus_read_prices_its_write_by_the_farthest_copy() {
+        // More readers than kept inline: the sharer set becomes a bitmap, same prices.
+        let topo = Topology::new(2, 8, 1).unwrap();
+        let p = CostProfile::uniform("t", 10.0, Features::modern());
+        let c = &p.costs;
+        let mut d = LineDirectory::new(topo.nr_cpus());
+        let mut t = Time::from_ns(1000);
+        let mut step = |d: &mut LineDirectory, cpu, write| {
+            t += Time::from_ns(10_000);
+            d.access(&topo, c, cpu, 9, write, t)
+        };
+        step(&mut d, 0, true);
+        for cpu in 1..8 {
+            step(&mut d, cpu, false); // socket 0 only
+        }
+        assert_eq!(step(&mut d, 3, false), c.l1_hit);
+        assert_eq!(step(&mut d, 2, true), c.line_same_socket);
+        assert_eq!(step(&mut d, 2, true), c.l1_hit);
+        for cpu in [1, 9, 4, 5, 6, 7, 10] {
+            step(&mut d, cpu, false);
+        }
+        assert_eq!(step(&mut d, 0, true), c.line_cross_socket, "CPUs 9, 10 hold copies");
+        assert_eq!(step(&mut d, 0, false), c.l1_hit);
+        // Read by the owner alone after a write: a later write is a silent upgrade.
+        step(&mut d, 12, false);
+        step(&mut d, 12, true);
+        assert_eq!(step(&mut d, 12, true), c.l1_hit);
     }
 }
