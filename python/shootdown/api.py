@@ -8,6 +8,7 @@ point's seed and the package version — never on ``threads``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -311,8 +312,10 @@ def check(
 
     Returns:
         ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
-        "bound-reached"), "invariant", "states", "transitions", "seconds", "counterexample":
-        [{"step", "actor", "text"}, ...]}``.
+        "bound-reached"), "invariant", "states", "transitions", "seconds", "states_per_s",
+        "peak_rss_mb" (the process's peak resident memory after the search, MB: on Linux and
+        macOS; it includes whatever the process did before), "counterexample": [{"step",
+        "actor", "text"}, ...]}``.
     """
     resolved = paths.resolve_scenario(str(scenario))
     if resolved is None:
@@ -322,7 +325,7 @@ def check(
     module = native()
     if hasattr(module, "set_check_progress"):
         module.set_check_progress(bool(progress))
-    return call(
+    result: CheckResult = call(
         "check",
         str(resolved),
         mutant,
@@ -332,6 +335,20 @@ def check(
         _int_option(resolved, "seed", seed, 0),
         strategy,
     )
+    seconds = float(result.get("seconds") or 0.0)
+    result["states_per_s"] = result["states"] / seconds if seconds > 0 else None
+    result["peak_rss_mb"] = _peak_rss_mb()
+    return result
+
+
+def _peak_rss_mb() -> Optional[float]:
+    """This process's peak resident set size in MB (``None`` where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def check_list(scenarios_dir: Optional[PathLike] = None) -> List[ScenarioInfo]:

@@ -319,6 +319,18 @@ def to_parquet(frame: pd.DataFrame, path: Union[str, Path]) -> None:
 # --------------------------------------------------------------------------- checker / bench
 
 
+def _speed(result: CheckResult) -> str:
+    """``  states/s: N  peak memory: M MB`` for what the result knows of them."""
+    out = ""
+    rate = result.get("states_per_s")
+    if rate is not None:
+        out += f"  states/s: {float(rate):,.0f}"
+    rss = result.get("peak_rss_mb")
+    if rss is not None:
+        out += f"  peak memory: {float(rss):,.0f} MB"
+    return out
+
+
 def format_check(result: CheckResult) -> str:
     """Text report of a :func:`shootdown.check` result: verdict, size, counterexample."""
     verdict = result["verdict"]
@@ -333,7 +345,7 @@ def format_check(result: CheckResult) -> str:
         head,
         " · ".join(what),
         f"states: {result['states']}  transitions: {result['transitions']}  "
-        f"seconds: {float(result['seconds']):.2f}",
+        f"seconds: {float(result['seconds']):.2f}" + _speed(result),
     ]
     lines += [f"note: {n}" for n in result.get("notes") or []]
     steps = result.get("counterexample") or []

@@ -111,6 +111,8 @@ class CheckResult(TypedDict):
     states: int
     transitions: int
     seconds: float
+    states_per_s: Optional[float]  # states / seconds (None for a zero-time search)
+    peak_rss_mb: Optional[float]  # the process's peak resident memory after the search
     counterexample: List[CheckStep]
     setup: List[CheckStep]  # the scenario's setup steps (run with the mutant on), before step 1
     notes: List[str]  # what the verdict does not say by itself (TSO mutant under SC, bound)

@@ -228,3 +228,25 @@ def test_plot_svg(fake_native, data_home, tmp_path) -> None:
     assert out.read_text().lstrip().startswith("<?xml")
     with pytest.raises(ValueError):
         shootdown.plot.plot_experiment(records, tmp_path / "none.svg", experiment="nope")
+
+
+def test_check_text_states_per_second_and_peak_memory() -> None:
+    result = {
+        "scenario": "s",
+        "mutant": None,
+        "memory_model": "sc",
+        "verdict": "verified",
+        "invariant": None,
+        "states": 2000,
+        "transitions": 3000,
+        "seconds": 2.0,
+        "states_per_s": 1000.0,
+        "peak_rss_mb": 12.4,
+        "counterexample": [],
+        "setup": [],
+        "notes": [],
+    }
+    line = report.format_check(result).splitlines()[2]
+    assert line.endswith("seconds: 2.00  states/s: 1,000  peak memory: 12 MB")
+    del result["states_per_s"], result["peak_rss_mb"]  # a result from an older version
+    assert report.format_check(result).splitlines()[2].endswith("seconds: 2.00")

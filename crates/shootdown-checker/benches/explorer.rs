@@ -1,5 +1,5 @@
-//! Explorer throughput: exhaustive exploration of one fixed scenario (`flush_catchup`, TSO,
-//! 37,535 states). Reports states/s and bytes per stored state (printed once before the
+//! Explorer throughput: exhaustive exploration of three fixed scenarios (`flush_catchup` TSO,
+//! 37,535 states; `madvise_nested` SC, 102,861; `thp_zap` TSO, 16,831). Reports states/s and bytes per stored state (printed once before the
 //! criterion runs): `cargo bench -p shootdown-checker --bench explorer`.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shootdown_checker::explore::{explore, Limits};
@@ -38,6 +38,23 @@ fn bench(c: &mut Criterion) {
             assert_eq!(ex.states, 37_535);
         })
     });
+    for (name, model, states) in [
+        ("madvise_nested", MemoryModel::Sc, 102_861),
+        ("thp_zap", MemoryModel::Tso, 16_831),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../../scenarios/{name}.toml"));
+        let sc = Scenario::load(&path).expect("scenario");
+        let init = sc.build(None, model).expect("build");
+        let red = MachineReduction::new(&sc, false);
+        g.throughput(Throughput::Elements(states));
+        g.bench_function(format!("{name}_{model:?}_exhaustive").to_lowercase(), |b| {
+            b.iter(|| {
+                let ex = explore(&init, &red, Limits::default());
+                assert_eq!(ex.states, states);
+            })
+        });
+    }
     g.finish();
 }
 

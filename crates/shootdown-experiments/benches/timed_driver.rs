@@ -2,6 +2,10 @@
 //! model steps; `shootdown bench FILE` gives the same figures for any experiment.
 //!
 //! `cargo bench -p shootdown-experiments --bench timed_driver`
+//!
+//! The `sysbench_cpus_*` cases widen seed 000's machine (2 sockets × N cores × 2 threads, one
+//! sysbench thread per CPU, 2 ms simulated) to show how the cost of a step grows with the
+//! number of CPUs (issue 16; 4096 CPUs: `shootdown bench` in docs/performance.md).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shootdown_experiments::{load, run_point};
@@ -37,6 +41,19 @@ fn benches(c: &mut Criterion) {
         "experiments/seeds/seed000-sysbench-mitigations.toml",
         &["experiment.rows=[48]", "workload.measure_ms=2"],
     );
+    for cores in [16, 256] {
+        let cpus = cores * 4;
+        let (cores_set, rows) = (
+            format!("topology.cores_per_socket={cores}"),
+            format!("experiment.rows=[{cpus}]"),
+        );
+        bench_case(
+            c,
+            &format!("sysbench_cpus_{cpus}"),
+            "experiments/seeds/seed000-sysbench-no-mitigations.toml",
+            &[&cores_set, &rows, "workload.warmup_ms=1", "workload.measure_ms=1"],
+        );
+    }
     bench_case(
         c,
         "madv_dontneed_pingpong",
