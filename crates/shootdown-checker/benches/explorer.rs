@@ -1,5 +1,5 @@
 //! Explorer throughput: exhaustive exploration of three fixed scenarios (`flush_catchup` TSO,
-//! 37,535 states; `madvise_nested` SC, 102,861; `thp_zap` TSO, 16,831). Reports states/s and bytes per stored state (printed once before the
+//! 47,991 states; `madvise_nested` SC, 102,861; `thp_zap` TSO, 16,831). Reports states/s and bytes per stored state (printed once before the
 //! criterion runs): `cargo bench -p shootdown-checker --bench explorer`.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shootdown_checker::explore::{explore, Limits};
@@ -35,7 +35,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("flush_catchup_tso_exhaustive", |b| {
         b.iter(|| {
             let ex = explore(&init, &red, Limits::default());
-            assert_eq!(ex.states, 37_535);
+            assert_eq!(ex.states, 47_991);
         })
     });
     for (name, model, states) in [
