@@ -49,7 +49,7 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 import pandas as pd
 
-from .provenance import plan_provenance
+from .provenance import PROVENANCE_COLUMNS, plan_provenance
 from .schema import Plan, PointResult
 
 __all__ = [
@@ -180,14 +180,8 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     "direction_ok",
     "violations",
     "fitted",
-    "experiment_path",
-    "sets",
-    "quick",
-    "repetitions",
-    "rng_seed",
-    "version",
-    "inputs_sha256",
-    "modified",
+    # provenance, "profile" being already above
+    *(c for c in PROVENANCE_COLUMNS if c != "profile"),
 )
 
 _FLOAT_RECORD_COLUMNS = (

@@ -60,15 +60,7 @@ impl Machine {
             self.do_huge_pmd_anonymous_page(mm, vpn, env)
         };
         if done {
-            let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
-            let (kp, up) = (self.kern_pcid(asid), self.user_pcid(asid));
-            let tlb = &mut self.cpus[cpu].tlb;
-            if tlb.lookup(up, vpn).is_some() {
-                tlb.invlpg(up, vpn);
-            }
-            if kp != up && tlb.lookup(kp, vpn).is_some() {
-                tlb.invlpg(kp, vpn);
-            }
+            self.fault_dropped_entry(cpu, vpn);
         }
         done
     }

@@ -310,6 +310,20 @@ impl Machine {
         None
     }
 
+    /// The faulting access invalidated this CPU's entry for the address (the SDM: a page fault
+    /// drops the entries that caused it), in the user and kernel PCIDs.
+    pub(crate) fn fault_dropped_entry(&mut self, cpu: CpuId, vpn: Vpn) {
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        let (kp, up) = (self.kern_pcid(asid), self.user_pcid(asid));
+        let tlb = &mut self.cpus[cpu].tlb;
+        if tlb.lookup(up, vpn).is_some() {
+            tlb.invlpg(up, vpn);
+        }
+        if kp != up && tlb.lookup(kp, vpn).is_some() {
+            tlb.invlpg(kp, vpn);
+        }
+    }
+
     /// Clear every present PTE in the range (a downgrade: bumps versions). Returns how many.
     pub(crate) fn zap_range<E: Env>(
         &mut self,
@@ -417,16 +431,7 @@ impl Machine {
                     }
                     // An upgrade (or a fill of an empty PTE) needs no flush: no version bump.
                     self.mms[mm as usize].space.ptes.insert(vpn, pte);
-                    // The faulting access invalidated this CPU's entry for the address.
-                    let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
-                    let (kp, up) = (self.kern_pcid(asid), self.user_pcid(asid));
-                    let tlb = &mut self.cpus[cpu].tlb;
-                    if tlb.lookup(up, vpn).is_some() {
-                        tlb.invlpg(up, vpn);
-                    }
-                    if kp != up && tlb.lookup(kp, vpn).is_some() {
-                        tlb.invlpg(kp, vpn);
-                    }
+                    self.fault_dropped_entry(cpu, vpn);
                     self.say(|| {
                         format!(
                             "fault on mm{mm} page {vpn:#x}: map it{}",
