@@ -240,7 +240,7 @@ impl Machine {
                 .map(|&(t, w)| (pt(t), w))
                 .collect();
         }
-        m.csd_locked = self.csd_locked.iter().map(|&k| key(k)).collect();
+        m.csd_locked = self.csd_locked.renamed(key);
         for (c, fi) in self.flush_info.iter().enumerate() {
             m.flush_info[pc(c)] = fi.as_ref().map(info);
         }

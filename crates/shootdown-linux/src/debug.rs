@@ -24,7 +24,7 @@ impl Machine {
                 t.name, t.state, c.ipi_pending, self.irqs_enabled(i), c.call_queue, c.runqueue, c.halted, c.tlbstate.loaded_mm, c.tlbstate.is_lazy
             );
         }
-        s += &format!("csd_locked={:?}\n", self.csd_locked);
+        s += &format!("csd_locked={:?}\n", self.csd_locked.iter().collect::<Vec<_>>());
         s
     }
 }

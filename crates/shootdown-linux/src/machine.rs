@@ -26,7 +26,7 @@ use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
 use shootdown_hw::tlb::Tlb;
 use shootdown_hw::{CostProfile, CpuId, Topology};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// An explorer/timed-driver action.
@@ -61,7 +61,7 @@ pub struct Machine {
     pub ept: shootdown_hw::ept::EptMemory,
     pub oracle: Oracle,
     /// Locked `call_single_data`s.
-    pub csd_locked: BTreeSet<CsdKey>,
+    pub csd_locked: CsdLocks,
     /// Each initiator's `flush_tlb_info` (per-CPU since v5.x).
     pub flush_info: Vec<Option<FlushTlbInfo>>,
     /// Pages the explorer lets the walker fill speculatively: (mm, vpn).
@@ -113,7 +113,7 @@ impl Machine {
             pt_pages: PtPages::default(),
             ept: Default::default(),
             oracle: Oracle::new(1),
-            csd_locked: BTreeSet::new(),
+            csd_locked: CsdLocks::new(n),
             flush_info: vec![None; n],
             spec_pages: Vec::new(),
             dax_files: Vec::new(),

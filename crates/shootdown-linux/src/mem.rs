@@ -138,11 +138,11 @@ locations! {
     /// The lock bit of a `call_single_data`.
     CsdLock(k: CsdKey) {
         line(m) = CSD_LINES | (k.src as u64) << 24 | k.dst as u64;
-        read(m) = m.csd_locked.contains(&k) as u64;
+        read(m) = m.csd_locked.contains(k) as u64;
         write(m, v) = if v != 0 {
             m.csd_locked.insert(k);
         } else {
-            m.csd_locked.remove(&k);
+            m.csd_locked.remove(k);
         };
         rename(f) = Loc::CsdLock(CsdKey {
             src: f(k.src as u32) as CpuId,

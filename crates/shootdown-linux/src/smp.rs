@@ -142,7 +142,7 @@ impl Machine {
                 .sb
                 .forward(k)
                 .map(|v| v != 0)
-                .unwrap_or_else(|| self.csd_locked.contains(&CsdKey { src: cpu, dst }))
+                .unwrap_or_else(|| self.csd_locked.contains(CsdKey { src: cpu, dst }))
         };
         match s.pc {
             SmpCallManyPc::Queue => locked(s.candidates[s.i]),

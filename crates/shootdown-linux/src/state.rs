@@ -160,6 +160,77 @@ pub struct CsdKey {
     pub dst: CpuId,
 }
 
+/// The lock bits of every `call_single_data` (a bitmap of targets per sender, sized for the
+/// machine up front so that equal sets are equal states): O(1) per test, set and clear, where
+/// a flush to thousands of CPUs locks thousands of them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CsdLocks {
+    /// `words` words of target bits per sender, senders one after another; empty while no
+    /// lock is held (no allocation to copy in the explorer's states, and equal sets are equal).
+    bits: Vec<u64>,
+    words: usize,
+    nr_cpus: usize,
+    held: usize,
+}
+
+impl CsdLocks {
+    /// No lock held, on a machine of `nr_cpus` CPUs.
+    pub fn new(nr_cpus: usize) -> CsdLocks {
+        CsdLocks {
+            bits: Vec::new(),
+            words: nr_cpus.div_ceil(64),
+            nr_cpus,
+            held: 0,
+        }
+    }
+    fn at(&self, k: CsdKey) -> (usize, u64) {
+        (k.src * self.words + k.dst / 64, 1 << (k.dst % 64))
+    }
+    pub fn contains(&self, k: CsdKey) -> bool {
+        let (i, b) = self.at(k);
+        self.bits.get(i).is_some_and(|w| w & b != 0)
+    }
+    pub fn insert(&mut self, k: CsdKey) {
+        if self.bits.is_empty() {
+            self.bits = vec![0; self.words * self.nr_cpus];
+        }
+        let (i, b) = self.at(k);
+        if self.bits[i] & b == 0 {
+            self.bits[i] |= b;
+            self.held += 1;
+        }
+    }
+    pub fn remove(&mut self, k: CsdKey) {
+        if !self.contains(k) {
+            return;
+        }
+        let (i, b) = self.at(k);
+        self.bits[i] &= !b;
+        self.held -= 1;
+        if self.held == 0 {
+            self.bits = Vec::new();
+        }
+    }
+    /// The locked ones, by sender then target.
+    pub fn iter(&self) -> impl Iterator<Item = CsdKey> + '_ {
+        let words = self.words.max(1);
+        self.bits.iter().enumerate().flat_map(move |(i, &w)| {
+            (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| CsdKey {
+                src: i / words,
+                dst: (i % words) * 64 + b,
+            })
+        })
+    }
+    /// The same locks with every CPU renamed by `f` (symmetry reduction).
+    pub fn renamed(&self, f: impl Fn(CsdKey) -> CsdKey) -> CsdLocks {
+        let mut out = CsdLocks::new(self.nr_cpus);
+        for k in self.iter() {
+            out.insert(f(k));
+        }
+        out
+    }
+}
+
 /// Physical CPU state.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cpu {
