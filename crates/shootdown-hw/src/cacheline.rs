@@ -14,7 +14,6 @@
 
 use crate::profile::Costs;
 use crate::topology::{CpuId, Distance, Topology};
-use rustc_hash::FxHashMap;
 use shootdown_engine::Time;
 
 /// Identity of a cache line (the model maps each kernel variable to one).
@@ -104,16 +103,37 @@ struct Line {
     busy_until: Time,
 }
 
+/// Hashes a line id with splitmix64's finalizer: ids are structured (class in the top byte,
+/// CPUs in fixed fields), and every bit must reach the bucket index.
+#[derive(Clone, Copy, Debug, Default)]
+struct LineHasher(u64);
+impl std::hash::Hasher for LineHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LineDirectory {
-    lines: FxHashMap<LineId, Line>,
+    lines: std::collections::HashMap<LineId, Line, std::hash::BuildHasherDefault<LineHasher>>,
     words: usize,
 }
 
 impl LineDirectory {
     pub fn new(nr_cpus: usize) -> Self {
         LineDirectory {
-            lines: FxHashMap::default(),
+            lines: Default::default(),
             words: nr_cpus.div_ceil(64).max(1),
         }
     }
