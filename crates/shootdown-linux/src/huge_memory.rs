@@ -140,7 +140,8 @@ impl Machine {
     }
 
     /// `zap_huge_pmd()` of every group `[start, start + npages)` covers whole: clear its PMD
-    /// leaf. Returns how many were cleared (`tlb->cleared_pmds`).
+    /// leaf. Returns how many were gathered (`tlb->cleared_pmds`; none under the mutant
+    /// `zap_huge_pmd_not_gathered`, which clears them without `tlb_remove_pmd_tlb_entry()`).
     pub(crate) fn zap_huge_pmds<E: Env>(
         &mut self,
         mm: MmId,
@@ -148,11 +149,16 @@ impl Machine {
         npages: u64,
         env: &mut E,
     ) -> u64 {
-        self.change_huge_pmds(mm, start, npages, env, |leaf| {
+        let cleared = self.change_huge_pmds(mm, start, npages, env, |leaf| {
             leaf.present = false;
             leaf.writable = false;
             true
-        })
+        });
+        if self.opts.mutants.zap_huge_pmd_not_gathered {
+            0
+        } else {
+            cleared
+        }
     }
 
     /// `change_huge_pmd()` of every group the range covers whole: write-protect its leaf.

@@ -77,16 +77,8 @@ impl Machine {
                 }
                 let table = m.space.pmd.remove(&pt).expect("checked");
                 m.tables_to_free.push(table);
-                let mut n = 0;
-                for (_, pte) in m.space.ptes.range_mut(start..end) {
-                    if pte.present {
-                        pte.present = false;
-                        pte.writable = false;
-                        self.oracle.pte_changed(pte);
-                        n += 1;
-                    }
-                }
-                self.charge(env, |c| Time(n * c.pte_update.0));
+                // The old small pages go (freed once copied).
+                let n = self.zap_range(mm, start, PTRS_PER_PT, env);
                 *pc = CollapsePc::Install;
                 self.summary(|| {
                     format!("pmdp_collapse_flush: clear the PMD of mm{mm} (page table #{table}, {n} PTEs), flush_tlb_range")

@@ -239,6 +239,13 @@ impl Machine {
         Flow::Next
     }
 
+    /// `unmap_page_range()`: clear the PMD leaves the call covers whole and the PTEs, and
+    /// gather them.
+    fn unmap_page_range<E: Env>(&mut self, call: ZapCall, g: &mut Gather, env: &mut E) {
+        g.cleared_pmds = self.zap_huge_pmds(call.mm, call.start, call.npages, env) as u32;
+        g.changed = self.zap_range(call.mm, call.start, call.npages, env);
+    }
+
     /// Change the call's PTEs (PTL held) and unlock the PTL: zap (madvise, munmap: also unlink
     /// the page-table pages the range covers entirely) or change the protection (mprotect).
     fn change_ptes<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
@@ -250,20 +257,12 @@ impl Machine {
         } = call;
         match kind {
             ZapKind::Madvise => {
-                g.cleared_pmds = self.zap_huge_pmds(mm, start, npages, env) as u32;
-                if self.opts.mutants.zap_huge_pmd_not_gathered {
-                    g.cleared_pmds = 0;
-                }
-                g.changed = self.zap_range(mm, start, npages, env);
+                self.unmap_page_range(call, g, env);
                 let n = g.changed;
                 self.say(|| format!("zap {n} PTEs of mm{mm} from {start:#x}"));
             }
             ZapKind::Munmap => {
-                g.cleared_pmds = self.zap_huge_pmds(mm, start, npages, env) as u32;
-                if self.opts.mutants.zap_huge_pmd_not_gathered {
-                    g.cleared_pmds = 0;
-                }
-                g.changed = self.zap_range(mm, start, npages, env);
+                self.unmap_page_range(call, g, env);
                 // free_pgtables(): unlink page-table pages the range covers entirely.
                 let first = start.div_ceil(PTRS_PER_PT);
                 let last = (start + npages) / PTRS_PER_PT;
