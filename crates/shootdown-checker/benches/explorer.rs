@@ -42,8 +42,8 @@ fn bench(c: &mut Criterion) {
         ("madvise_nested", MemoryModel::Sc, 102_861),
         ("thp_zap", MemoryModel::Tso, 16_831),
     ] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../../scenarios/{name}.toml"));
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
         let sc = Scenario::load(&path).expect("scenario");
         let init = sc.build(None, model).expect("build");
         let red = MachineReduction::new(&sc, false);

@@ -51,7 +51,12 @@ fn benches(c: &mut Criterion) {
             c,
             &format!("sysbench_cpus_{cpus}"),
             "experiments/seeds/seed000-sysbench-no-mitigations.toml",
-            &[&cores_set, &rows, "workload.warmup_ms=1", "workload.measure_ms=1"],
+            &[
+                &cores_set,
+                &rows,
+                "workload.warmup_ms=1",
+                "workload.measure_ms=1",
+            ],
         );
     }
     bench_case(

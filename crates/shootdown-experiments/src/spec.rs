@@ -5,6 +5,7 @@ use serde::Serialize;
 use shootdown_engine::rng::mix_seed;
 use shootdown_hw::{CostProfile, Topology};
 use shootdown_linux::{OptValue, Options};
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +15,9 @@ use std::sync::Arc;
 pub struct VariantSpec {
     pub name: String,
     pub label: String,
+    /// The variant this one adds patches to (`builds_on`): tables compare the change against
+    /// it as well as against the baseline.
+    pub builds_on: Option<String>,
     #[serde(skip)]
     pub options: Options,
 }
@@ -27,6 +31,16 @@ pub struct PublishedCell {
     pub stdev: Option<f64>,
     /// Cost keys of the profile fitted on this cell (it is then no prediction).
     pub fitted: Vec<String>,
+    /// Published values of the experiment's reported counters (`counters = { NAME = N }`).
+    pub counters: BTreeMap<String, f64>,
+}
+
+/// A run counter an experiment reports beside its metric, as the seed's tables do (seed 004's
+/// "zap cnt"): `[[experiment.counters]] counter = "kvm.mtrr_zap_requests", label = "zap cnt"`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CounterColumn {
+    pub counter: String,
+    pub label: String,
 }
 
 /// One run: (row, variant, repetition) with its seed.
@@ -66,6 +80,11 @@ pub struct Experiment {
     pub quick_workload: toml::Table,
     pub variants: Vec<VariantSpec>,
     pub published: Vec<PublishedCell>,
+    /// Counters reported beside the metric.
+    pub counters: Vec<CounterColumn>,
+    /// How tables lay the experiment out: `"rows"` (a line per row, a column per variant: the
+    /// default) or `"variants_as_rows"` (a line per variant, columns per row: seed 004).
+    pub layout: String,
     /// Every file read to build this experiment (itself, then its profile chain).
     pub inputs: Vec<crate::Input>,
     /// The `--set KEY=VALUE` overrides applied, in order.
@@ -212,9 +231,49 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             "quick_rows",
             "higher_is_better",
             "rng_seed",
+            "counters",
+            "layout",
         ],
     )?;
     let name = string(path, e, "experiment", "name")?;
+    let layout = match e.get("layout") {
+        None => "rows".to_string(),
+        Some(toml::Value::String(l)) if l == "rows" || l == "variants_as_rows" => l.clone(),
+        Some(_) => {
+            return Err(ConfigError::new(
+                path,
+                "experiment.layout",
+                "expected \"rows\" or \"variants_as_rows\"",
+            ))
+        }
+    };
+    let mut counters = Vec::new();
+    if let Some(c) = e.get("counters") {
+        let arr = c.as_array().ok_or_else(|| {
+            ConfigError::new(path, "experiment.counters", "expected an array of tables")
+        })?;
+        for (i, c) in arr.iter().enumerate() {
+            let sect = format!("experiment.counters[{i}]");
+            let c = c
+                .as_table()
+                .ok_or_else(|| ConfigError::new(path, sect.as_str(), "expected a table"))?;
+            check_keys(path, &sect, c, &["counter", "label"])?;
+            let counter = string(path, c, &sect, "counter")?;
+            if !shootdown_linux::COUNTER_NAMES.contains(&counter.as_str()) {
+                return Err(ConfigError::new(
+                    path,
+                    format!("{sect}.counter"),
+                    format!("unknown counter '{counter}'"),
+                ));
+            }
+            let label = c
+                .get("label")
+                .and_then(|l| l.as_str())
+                .unwrap_or(&counter)
+                .to_string();
+            counters.push(CounterColumn { counter, label });
+        }
+    }
     let seed_doc = match e.get("seed") {
         None => None,
         Some(toml::Value::String(s)) => Some(s.clone()),
@@ -412,7 +471,18 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         let v = v
             .as_table()
             .ok_or_else(|| ConfigError::new(path, sect.as_str(), "expected a table"))?;
-        check_keys(path, &sect, v, &["label", "options"])?;
+        check_keys(path, &sect, v, &["label", "options", "builds_on"])?;
+        let builds_on = match v.get("builds_on") {
+            None => None,
+            Some(toml::Value::String(b)) if vt.contains_key(b) && b != vname => Some(b.clone()),
+            Some(_) => {
+                return Err(ConfigError::new(
+                    path,
+                    format!("{sect}.builds_on"),
+                    "expected the name of another variant",
+                ))
+            }
+        };
         let label = v
             .get("label")
             .and_then(|l| l.as_str())
@@ -444,6 +514,7 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         variants.push(VariantSpec {
             name: vname.clone(),
             label,
+            builds_on,
             options,
         });
     }
@@ -462,7 +533,12 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             let c = cell
                 .as_table()
                 .ok_or_else(|| ConfigError::new(path, sect.as_str(), "expected a table"))?;
-            check_keys(path, &sect, c, &["row", "variant", "value", "stdev"])?;
+            check_keys(
+                path,
+                &sect,
+                c,
+                &["row", "variant", "value", "stdev", "counters"],
+            )?;
             let row = c
                 .get("row")
                 .cloned()
@@ -489,12 +565,40 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
             };
             let value = num("value")?
                 .ok_or_else(|| ConfigError::new(path, format!("{sect}.value"), "missing"))?;
+            let mut pub_counters = BTreeMap::new();
+            if let Some(pc) = c.get("counters") {
+                let pc = pc.as_table().ok_or_else(|| {
+                    ConfigError::new(path, format!("{sect}.counters"), "expected a table")
+                })?;
+                for (k, v) in pc {
+                    if !counters.iter().any(|c: &CounterColumn| &c.counter == k) {
+                        return Err(ConfigError::new(
+                            path,
+                            format!("{sect}.counters.{k}"),
+                            "not one of experiment.counters",
+                        ));
+                    }
+                    let n = match v {
+                        toml::Value::Integer(i) => *i as f64,
+                        toml::Value::Float(f) => *f,
+                        _ => {
+                            return Err(ConfigError::new(
+                                path,
+                                format!("{sect}.counters.{k}"),
+                                "expected a number",
+                            ))
+                        }
+                    };
+                    pub_counters.insert(k.clone(), n);
+                }
+            }
             published.push(PublishedCell {
                 row: to_json(&row),
                 variant,
                 value,
                 stdev: num("stdev")?,
                 fitted: Vec::new(),
+                counters: pub_counters,
             });
         }
     }
@@ -540,6 +644,8 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         quick_workload,
         variants,
         published,
+        counters,
+        layout,
         inputs,
         sets: sets.to_vec(),
     };
@@ -679,8 +785,10 @@ impl Experiment {
                 "repetitions": if quick { self.quick_repetitions } else { self.repetitions },
                 "path": self.path.display().to_string(),
                 "rng_seed": self.rng_seed,
+                "layout": self.layout,
+                "counters": self.counters,
             },
-            "variants": self.variants.iter().map(|v| serde_json::json!({"name": v.name, "label": v.label})).collect::<Vec<_>>(),
+            "variants": self.variants.iter().map(|v| serde_json::json!({"name": v.name, "label": v.label, "builds_on": v.builds_on})).collect::<Vec<_>>(),
             "rows": self.rows_for(quick).iter().map(to_json).collect::<Vec<_>>(),
             "published": self.published,
             "points": self.points(quick),

@@ -290,7 +290,11 @@ mod tests {
         for cpu in [1, 9, 4, 5, 6, 7, 10] {
             step(&mut d, cpu, false);
         }
-        assert_eq!(step(&mut d, 0, true), c.line_cross_socket, "CPUs 9, 10 hold copies");
+        assert_eq!(
+            step(&mut d, 0, true),
+            c.line_cross_socket,
+            "CPUs 9, 10 hold copies"
+        );
         assert_eq!(step(&mut d, 0, false), c.l1_hit);
         // Read by the owner alone after a write: a later write is a silent upgrade.
         step(&mut d, 12, false);

@@ -19,6 +19,10 @@ pub type Gfn = u64;
 /// a freed page is always recognisable.
 pub type SpId = u32;
 
+/// The memory type KVM gives every leaf when it does not honour guest MTRRs
+/// (`vmx_get_mt_mask()` without non-coherent DMA): WB with "ignore guest PAT".
+pub const MT_WB_IPAT: u8 = 6 | 8;
+
 /// Entries per EPT page.
 pub const EPT_ENTRIES: u64 = 512;
 /// The root's level (4-level EPT).
@@ -40,12 +44,21 @@ pub enum SpteKind {
     /// Non-present (zapped, or never installed).
     None,
     /// A leaf: maps the entry's guest frames (4 KiB at level 1, 2 MiB at level 2) to host
-    /// frames starting at `pfn`.
-    Leaf { pfn: u64, writable: bool },
+    /// frames starting at `pfn`, with EPT memory type `memtype` (bits 2:0 the type, bit 3
+    /// IPAT: [`MT_WB_IPAT`] unless guest MTRRs are honoured).
+    Leaf {
+        pfn: u64,
+        writable: bool,
+        memtype: u8,
+    },
     /// A link to a lower-level table.
     Table(SpId),
     /// An MMIO SPTE: `gen` is the (truncated) memslot generation it was created under.
     Mmio { gen: u64 },
+    /// KVM's `REMOVED_SPTE` (`FROZEN_SPTE` in later kernels): a non-present value an atomic
+    /// zap writes with `cmpxchg` before it flushes and clears the entry, so that concurrent
+    /// walkers under the read lock leave it alone. The table the entry linked, if it did.
+    Frozen(Option<SpId>),
 }
 
 /// One EPT entry plus the history the oracle needs (as [`crate::pagetable::Pte`]).
@@ -187,7 +200,9 @@ impl EptMemory {
             let idx = ept_index(p.level, gfn);
             let spte = p.entries.get(&idx).copied().unwrap_or(Spte::NONE);
             match spte.kind {
-                SpteKind::None => return EptWalk::NotPresent { sp, level: p.level },
+                SpteKind::None | SpteKind::Frozen(_) => {
+                    return EptWalk::NotPresent { sp, level: p.level }
+                }
                 SpteKind::Leaf { .. } => {
                     return EptWalk::Leaf {
                         sp,
@@ -237,6 +252,7 @@ mod tests {
             SpteKind::Leaf {
                 pfn: 0x1000,
                 writable: true,
+                memtype: MT_WB_IPAT,
             },
             3,
         );

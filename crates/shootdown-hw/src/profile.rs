@@ -158,6 +158,12 @@ cost_keys! {
     sp_free,
     /// KVM MMU: one step of a walk over a memslot's rmaps or the page hash.
     rmap_walk_step,
+    /// KVM TDP MMU: one iteration of the TDP iterator in a zap (`tdp_iter_next` and the checks of the entry), besides zapping it.
+    tdp_iter_step,
+    /// KVM TDP MMU: one yield of `mmu_lock` by a zap (`tdp_mmu_iter_cond_resched`: RCU unlock, unlock, `cpu_relax`, besides waiting to take it again).
+    mmu_lock_yield,
+    /// KVM: handling an MTRR MSR write or a CR0 write in KVM (`kvm_set_msr_common`/`kvm_set_cr0`, the instruction's emulation), besides the exit and any zap.
+    msr_cr_write,
     /// KVM: INVEPT (single- or all-context), excluding the refills.
     invept,
     /// KVM MMU: `kvm_mmu_load` of a direct root (`mmu_alloc_direct_roots`, the EPTP write), excluding INVEPT.

@@ -334,12 +334,18 @@ mod tests {
         t.insert(1, 1024, e(0), 0); // a 4 KiB entry for the group's first page coexists
         assert_eq!(t.len(), 2);
         assert!(t.lookup(1, 1024 + 511).is_some_and(|x| x.huge));
-        assert!(!t.lookup(1, 1024).unwrap().huge, "the 4 KiB entry answers first");
+        assert!(
+            !t.lookup(1, 1024).unwrap().huge,
+            "the 4 KiB entry answers first"
+        );
         assert!(t.lookup(1, 1536).is_none(), "next group");
         assert!(t.entries().all(|(_, _, v, _)| v == 1024));
         t.invlpg(1, 1024 + 300);
         assert!(t.lookup(1, 1024 + 5).is_none());
-        assert!(t.lookup(1, 1024).is_some(), "INVLPG of another page keeps the 4 KiB entry");
+        assert!(
+            t.lookup(1, 1024).is_some(),
+            "INVLPG of another page keeps the 4 KiB entry"
+        );
     }
     #[test]
     fn capacity_is_respected_and_order_independent_equality() {

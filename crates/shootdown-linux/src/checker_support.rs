@@ -195,7 +195,10 @@ impl Machine {
                 | Frame::MmuLoad(_)
                 | Frame::MmuUnload(_)
                 | Frame::CommitZap(_)
-                | Frame::ZapMemslot(_) => {}
+                | Frame::ZapMemslot(_)
+                | Frame::ZapGfnRange(_)
+                | Frame::TdpMmuPageFault(_)
+                | Frame::MtrrZapRequest(_) => {}
             }
             f
         };

@@ -100,6 +100,28 @@ counters! {
     KvmMmuLockContended = "kvm.mmu_lock_contended",
     /// Lock breaks (`cond_resched_lock` dropping `mmu_lock`) in zaps.
     KvmMmuLockBreaks = "kvm.mmu_lock_breaks",
+    /// `mmu_lock` taken for read (TDP MMU faults; patch 12's zaps).
+    KvmMmuReadLocks = "kvm.mmu_lock_read",
+    /// `mmu_lock` taken for write (with the TDP MMU).
+    KvmMmuWriteLocks = "kvm.mmu_lock_write",
+    /// Yields of the TDP MMU iterator (`tdp_mmu_iter_cond_resched` dropping `mmu_lock`).
+    KvmTdpMmuYields = "kvm.tdp_mmu_yields",
+    /// Steps of the TDP MMU iterator in zaps (entries visited).
+    KvmTdpIterSteps = "kvm.tdp_iter_steps",
+    /// Leaf SPTEs zapped by `kvm_zap_gfn_range()`.
+    KvmTdpSptesZapped = "kvm.tdp_sptes_zapped",
+    /// Zap requests for guest MTRR / CR0.CD changes (seed 004's "zap cnt": calls to
+    /// `kvm_zap_gfn_range()` or, with patch 9, `kvm_mtrr_zap_gfn_range()` at the trigger sites).
+    KvmMtrrZapRequests = "kvm.mtrr_zap_requests",
+    /// `kvm_zap_gfn_range()` executions (fewer than the requests with patch 9's list).
+    KvmZapGfnRange = "kvm.zap_gfn_range",
+    /// Nanoseconds vCPUs spent in those requests (seed 004's "zap cycles" at 3.1 GHz):
+    /// waiting for `mmu_lock`, spinning on `mtrr_zapping`, zapping.
+    KvmMtrrZapNs = "kvm.mtrr_zap_ns",
+    /// Guest MTRR MSR writes (guest WRMSR and the VMM's `KVM_SET_MSRS`).
+    KvmMtrrWrites = "kvm.mtrr_writes",
+    /// Guest CR0.CD toggles.
+    KvmCr0CdToggles = "kvm.cr0_cd_toggles",
     /// Workload events (the metric).
     Events = "events",
 }

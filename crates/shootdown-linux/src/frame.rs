@@ -15,7 +15,9 @@ use crate::kvm::kvm_main::{
 };
 use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
 use crate::kvm::mmu::page::{CommitZap, MmuLoad, MmuUnload};
+use crate::kvm::mmu::tdp_mmu::{TdpMmuPageFault, ZapGfnRange};
 use crate::kvm::mmu::zap::ZapMemslot;
+use crate::kvm::mtrr_zap::MtrrZapRequest;
 use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
 use crate::sched::{RwSemDown, Schedule};
@@ -79,6 +81,11 @@ pub enum Frame {
     MmuUnload(MmuUnload),
     CommitZap(Box<CommitZap>),
     ZapMemslot(Box<ZapMemslot>),
+    /// Host (KVM TDP MMU, seed 004): `kvm_zap_gfn_range`, the TDP MMU fault, and the zap
+    /// request an MTRR or CR0.CD change makes (patch 9's list).
+    ZapGfnRange(Box<ZapGfnRange>),
+    TdpMmuPageFault(Box<TdpMmuPageFault>),
+    MtrrZapRequest(Box<MtrrZapRequest>),
 }
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -131,6 +138,10 @@ impl Frame {
                 crate::options::MemslotZap::SlotOnly => "kvm_mmu_invalidate_zap_pages_in_memslot",
                 crate::options::MemslotZap::ZapAll => "kvm_mmu_zap_all",
             },
+            Frame::ZapGfnRange(_) => "kvm_zap_gfn_range",
+            Frame::TdpMmuPageFault(_) => "kvm_tdp_page_fault",
+            Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",
+            Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
             Frame::Syscall(s) => s.name(),
         }
     }
@@ -159,6 +170,9 @@ impl Frame {
             Frame::MmuUnload(s) => format!("{:?}", s.pc),
             Frame::CommitZap(s) => format!("{:?}", s.pc),
             Frame::ZapMemslot(s) => format!("{:?}", s.pc),
+            Frame::ZapGfnRange(s) => format!("{:?}", s.pc),
+            Frame::TdpMmuPageFault(s) => format!("{:?}", s.pc),
+            Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),
         }
     }

@@ -17,11 +17,11 @@
 //! never reachable by the hardware, so it needs no flush); a 2 MiB page is 512 consecutive
 //! frames.
 
+use crate::frame::Frame;
 use crate::machine::Machine;
 use crate::options::{FlushTlbRange, Thp};
 use crate::state::MmId;
 use crate::tlb::FlushMmRange;
-use crate::frame::Frame;
 use shootdown_engine::{Env, Time};
 use shootdown_hw::pagetable::{pt_index, PtIndex, Pte, Vpn, PTRS_PER_PT};
 use shootdown_hw::CpuId;
@@ -50,7 +50,11 @@ impl Machine {
     ) -> bool {
         let pt = pt_index(vpn);
         let done = if self.mms[mm as usize].space.is_huge(pt) {
-            let leaf = self.mms[mm as usize].space.huge.get_mut(&pt).expect("present");
+            let leaf = self.mms[mm as usize]
+                .space
+                .huge
+                .get_mut(&pt)
+                .expect("present");
             if write && !leaf.writable {
                 leaf.writable = true;
                 self.charge(env, |c| c.pte_update);
@@ -93,7 +97,9 @@ impl Machine {
         leaf.pfn = pfn;
         leaf.present = true;
         leaf.writable = true;
-        self.perf.counters.inc(crate::counters::Counter::ThpFaultAlloc);
+        self.perf
+            .counters
+            .inc(crate::counters::Counter::ThpFaultAlloc);
         true
     }
 
@@ -114,10 +120,16 @@ impl Machine {
     /// frame and permissions stay for the second half); returns its `flush_tlb_range()` of the
     /// group.
     pub(crate) fn split_huge_pmd_invalidate(&mut self, mm: MmId, pt: PtIndex) -> Frame {
-        let leaf = self.mms[mm as usize].space.huge.get_mut(&pt).expect("a present leaf");
+        let leaf = self.mms[mm as usize]
+            .space
+            .huge
+            .get_mut(&pt)
+            .expect("a present leaf");
         leaf.present = false;
         self.oracle.pte_changed(leaf);
-        self.perf.counters.inc(crate::counters::Counter::ThpSplitPmd);
+        self.perf
+            .counters
+            .inc(crate::counters::Counter::ThpSplitPmd);
         let (s, e) = group(pt);
         self.flush_tlb_range(mm, s, e)
     }

@@ -59,7 +59,11 @@ impl Machine {
         let (start, end) = (pt * PTRS_PER_PT, (pt + 1) * PTRS_PER_PT);
         match *pc {
             CollapsePc::Start => {
-                self.summary(|| format!("khugepaged: collapse mm{mm} pages {start:#x}..{end:#x}: mmap_write_lock"));
+                self.summary(|| {
+                    format!(
+                        "khugepaged: collapse mm{mm} pages {start:#x}..{end:#x}: mmap_write_lock"
+                    )
+                });
                 *pc = CollapsePc::Lock;
                 Flow::Call(RwSemDown::call(mm, true))
             }
@@ -89,10 +93,16 @@ impl Machine {
                 self.spin_unlock(env, cpu, ptl);
                 // __collapse_huge_page_copy(): 512 pages copied (a copy reads and writes
                 // what a zeroing writes).
-                self.charge(env, |c| Time(c.page_alloc.0 + 2 * PTRS_PER_PT * c.page_zero.0));
+                self.charge(env, |c| {
+                    Time(c.page_alloc.0 + 2 * PTRS_PER_PT * c.page_zero.0)
+                });
                 let pfn = self.next_pfn + 1;
                 self.next_pfn += PTRS_PER_PT as u32;
-                let leaf = self.mms[mm as usize].space.huge.entry(pt).or_insert(Pte::NONE);
+                let leaf = self.mms[mm as usize]
+                    .space
+                    .huge
+                    .entry(pt)
+                    .or_insert(Pte::NONE);
                 leaf.pfn = pfn;
                 leaf.present = true;
                 leaf.writable = true;

@@ -18,6 +18,7 @@
 //! vCPU threads on pCPUs.
 
 pub mod apic;
+pub mod boot;
 pub mod busy;
 pub mod checker_support;
 pub mod counters;
@@ -25,11 +26,11 @@ pub mod debug;
 pub mod describe;
 pub mod frame;
 pub mod host;
+pub mod huge_memory;
+pub mod khugepaged;
 pub mod kvm;
 pub mod machine;
 pub mod mem;
-pub mod huge_memory;
-pub mod khugepaged;
 mod mmu_gather;
 pub mod options;
 pub mod paravirt;

@@ -76,6 +76,8 @@ pub struct Machine {
     pub next_pfn: u32,
     /// The host under the guests: None for a native machine (`host/`, `kvm/`).
     pub host: Option<Box<Host>>,
+    /// Guest memory words boot scripts lock and meet on (`boot.rs`).
+    pub guest_words: Vec<u64>,
     pub perf: Unhashed<Perf>,
 }
 
@@ -121,6 +123,7 @@ impl Machine {
             fileio: None,
             next_pfn: 1 << 24,
             host: None,
+            guest_words: Vec::new(),
             perf: Unhashed(Perf::new(profile.clone(), n, topo.nr_cpus())),
             topo,
         };
@@ -386,6 +389,11 @@ impl Machine {
             let c = self.agent_of(a);
             if self.cpus[c].ipi_pending && self.irqs_enabled(c) {
                 env.wake(c, self.perf.ipi_arrival[c]);
+            }
+            // Likewise a host kick on its way to a vCPU that parks (the wake its sender asked
+            // for may have been merged into an earlier one of this agent).
+            if timed && c < self.cpus.len() && self.host.is_some() && self.kick_deliverable(c) {
+                env.wake(c, self.perf.kick_arrival[c]);
             }
         }
         Outcome {

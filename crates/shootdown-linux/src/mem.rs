@@ -202,6 +202,37 @@ locations! {
         read(m) = m.kvm(vm as usize).mmu_lock.val;
         write(m, x) = m.kvm_mut(vm as usize).mmu_lock.val = x;
     }
+    /// KVM (TDP MMU): `mmu_lock`'s `cnts` as a queued rwlock (`kvm::mmu::rwlock`).
+    MmuRwlock(vm: u32) {
+        line(m) = (15u64 << 56) | 1 << 40 | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_rwlock.cnts;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_rwlock.cnts = x;
+    }
+    /// KVM (TDP MMU): the word of the rwlock's `wait_lock` (holder agent + 1, or 0; waiters
+    /// queue in its `QueuedSpinlock::queue`). Same line as `cnts` (one `struct qrwlock`).
+    MmuWaitLock(vm: u32) {
+        line(m) = (15u64 << 56) | 1 << 40 | vm as u64;
+        read(m) = m.kvm(vm as usize).mmu_rwlock.wait_lock.val;
+        write(m, x) = m.kvm_mut(vm as usize).mmu_rwlock.wait_lock.val = x;
+    }
+    /// Guest memory: a word a boot script locks or meets on (`Machine::guest_words`).
+    GuestWord(id: u32) {
+        line(m) = (21u64 << 56) | id as u64;
+        read(m) = m.guest_words[id as usize];
+        write(m, x) = m.guest_words[id as usize] = x;
+    }
+    /// KVM (seed 004's patch 9): `kvm->arch.mtrr_zap_list_lock`.
+    MtrrZapListLock(vm: u32) {
+        line(m) = (20u64 << 56) | vm as u64;
+        read(m) = m.kvm(vm as usize).mtrr_zap_list_lock;
+        write(m, x) = m.kvm_mut(vm as usize).mtrr_zap_list_lock = x;
+    }
+    /// KVM (seed 004's patch 9): `kvm->arch.mtrr_zapping`.
+    MtrrZapping(vm: u32) {
+        line(m) = (20u64 << 56) | 1 << 40 | vm as u64;
+        read(m) = m.kvm(vm as usize).mtrr_zapping;
+        write(m, x) = m.kvm_mut(vm as usize).mtrr_zapping = x;
+    }
     /// KVM: `kvm->slots_lock` (a mutex): holder agent + 1, or 0.
     SlotsLock(vm: u32) {
         line(m) = (19u64 << 56) | vm as u64;

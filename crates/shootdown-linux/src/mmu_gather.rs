@@ -22,12 +22,12 @@
 //! faults do not take that lock (their PTE update is one atomic step).
 
 use crate::frame::Flow;
+use crate::huge_memory::PMD_STRIDE_SHIFT;
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use crate::options::{BatchedPending, MmuGather};
 use crate::state::{MmId, TLB_FLUSH_ALL};
 use crate::syscalls::{Gather, ZapKind, ZapPc};
-use crate::huge_memory::PMD_STRIDE_SHIFT;
 use crate::tlb::FlushMmRange;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
@@ -96,7 +96,10 @@ impl Machine {
                 let pt = g.split.take().expect("a split in progress") as u64;
                 self.split_huge_pmd_populate(mm, pt, env);
                 self.say(|| {
-                    format!("split: page table linked for mm{mm} pages {:#x}..", pt * PTRS_PER_PT)
+                    format!(
+                        "split: page table linked for mm{mm} pages {:#x}..",
+                        pt * PTRS_PER_PT
+                    )
                 });
                 self.split_or_change_ptes(cpu, call, pc, g, env)
             }
@@ -229,7 +232,10 @@ impl Machine {
                 *pc = ZapPc::Split;
                 let mm = call.mm;
                 self.summary(|| {
-                    format!("__split_huge_pmd: pmdp_invalidate mm{mm} pages {:#x}..: flush_tlb_range", pt * PTRS_PER_PT)
+                    format!(
+                        "__split_huge_pmd: pmdp_invalidate mm{mm} pages {:#x}..: flush_tlb_range",
+                        pt * PTRS_PER_PT
+                    )
                 });
                 return Flow::Call(flush);
             }

@@ -283,6 +283,51 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// Which guest MTRR and CR0.CD changes make KVM zap SPTEs while it honours guest MTRRs (EPT
+    /// with non-coherent DMA; seed 004, kvm-mmu-seeds.md §2.2). The zap covers what the memory
+    /// type of a leaf SPTE (`vmx_get_mt_mask`) may have depended on.
+    pub enum MtrrZap {
+        /// v6.5 (seed 004's Base1): `update_mtrr()` zaps on every MTRR MSR write (MTRRs
+        /// disabled: only `MTRRdefType`), whatever CR0.CD; a CR0.CD toggle zaps only without
+        /// `KVM_X86_QUIRK_CD_NW_CLEARED` (QEMU leaves the quirk on: no zap).
+        V6_5 = "v6_5",
+        /// Base2 = v6.5 + Yan Zhao's patches 6–8 (never merged as posted): MTRR writes while
+        /// CR0.CD=1 do not zap; every CR0.CD toggle zaps; with the quirk, CR0.CD=1 maps WB
+        /// without IPAT.
+        Base2 = "base2",
+        /// v6.11+ (0a7b73559b39): KVM no longer virtualizes guest MTRRs or CR0.CD memory
+        /// types; neither zaps.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
+    /// What a CR0.CD toggle zaps when it zaps (seed 004's patch 10).
+    pub enum CdZapRange {
+        /// Everything: `[0, ~0)`.
+        All = "all",
+        /// Patch 10: everything only when CR0.CD=1's memory type differs from the MTRR default
+        /// type; else `[0, 1 MiB)` if a fixed range differs from it, and each variable range
+        /// that does.
+        FineGrained = "fine_grained",
+    }
+}
+
+named_enum! {
+    /// Which `mmu_lock` mode the TDP MMU part of `kvm_zap_gfn_range()` runs under (seed 004's
+    /// patch 12).
+    pub enum ZapLock {
+        /// v6.5: the write lock throughout, yielding on contention
+        /// (`tdp_mmu_iter_cond_resched`) with any pending flush done first.
+        Write = "write",
+        /// Patch 12: `invalidate_begin` under the write lock, then the TDP walk under the
+        /// read lock with atomic zaps (a freeze, a remote flush per zapped SPTE, then the
+        /// clear), then `invalidate_end` under the write lock again.
+        Read = "read",
+    }
+}
+
 /// Width of the memslot generation kept in MMIO SPTEs (19 bits from v5.1, 20 before):
 /// scenarios narrow it so that a wrap takes a few updates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -530,6 +575,27 @@ options! {
     /// Host: what a memslot deletion zaps.
     memslot_zap: MemslotZap = MemslotZap::FastInvalidate,
         accepts = format!("{} (what deleting a memslot zaps)", names(MemslotZap::NAMES));
+    /// Host: the TDP MMU (`kvm.tdp_mmu`, on by default since v5.15): EPT managed per root
+    /// under `mmu_lock` as a rwlock, faults under the read lock. Off here so that seed 003's
+    /// legacy-MMU experiments keep their v5.x MMU; seed 004 turns it on.
+    tdp_mmu: bool = false, accepts = "true | false (the TDP MMU; needs a VM with a modelled MMU)";
+    /// Host: which guest MTRR / CR0.CD changes zap (seed 004's Base1, Base2, mainline).
+    mtrr_zap: MtrrZap = MtrrZap::Mainline,
+        accepts = format!("{} (zaps for guest MTRR and CR0.CD changes)", names(MtrrZap::NAMES));
+    /// Host: `KVM_X86_QUIRK_CD_NW_CLEARED` (QEMU leaves it on): CR0.CD=1 maps WB, not UC.
+    quirk_cd_nw_cleared: bool = true, accepts = "true | false (KVM_X86_QUIRK_CD_NW_CLEARED)";
+    /// Host: seed 004's patch 9: MTRR zap requests go on a per-VM list drained by one vCPU
+    /// (`mtrr_zapping`) while the others wait.
+    mtrr_zap_list: bool = false, accepts = "true | false (patch 9: serialize MTRR zaps)";
+    /// Host: what a CR0.CD toggle zaps (seed 004's patch 10).
+    cd_zap_range: CdZapRange = CdZapRange::All,
+        accepts = format!("{} (patch 10: fine-grained CR0.CD zaps)", names(CdZapRange::NAMES));
+    /// Host: seed 004's patch 11: split each MTRR zap range into its in-memslot pieces (needs
+    /// `mtrr_zap_list`).
+    mtrr_zap_split: bool = false, accepts = "true | false (patch 11: zap in-slot pieces only)";
+    /// Host: the `mmu_lock` mode of `kvm_zap_gfn_range()`'s TDP walk (seed 004's patch 12).
+    zap_gfn_range_lock: ZapLock = ZapLock::Write,
+        accepts = format!("{} (patch 12: zap under the read lock)", names(ZapLock::NAMES));
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

@@ -163,6 +163,12 @@ impl Machine {
         }
     }
 
+    /// Say whether VM `vm` has non-coherent DMA (an assigned device without snoop control), so
+    /// that KVM honours its memory types (seed 004).
+    pub fn set_noncoherent_dma(&mut self, vm: usize, on: bool) {
+        self.kvm_mut(vm).noncoherent_dma = on;
+    }
+
     /// Populate VM `vm`'s EPT for guest frames `[start, start + npages)` as faults would have
     /// (memory the guest touched before the run): the shared direct root and its tables, 2 MiB
     /// leaves where the memslot allows them.

@@ -196,6 +196,9 @@ impl Machine {
             Frame::MmuUnload(s) => self.mmu_unload_step(cpu, s, env),
             Frame::CommitZap(s) => self.commit_zap_step(cpu, s, env),
             Frame::ZapMemslot(s) => self.zap_memslot_step(cpu, s, env),
+            Frame::ZapGfnRange(s) => self.zap_gfn_range_step(cpu, s, env),
+            Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
+            Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
         }
     }
 
@@ -217,6 +220,9 @@ impl Machine {
                 s.pc == SetMemoryRegionPc::Lock && self.slots_lock_busy(cpu)
             }
             Frame::TdpPageFault(s) => s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu),
+            Frame::MmuLoad(s) if self.opts.tdp_mmu => {
+                s.pc == MmuLoadPc::Lock && self.mmu_rwlock_waits(cpu, s.lock, true)
+            }
             Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuNotifierInvalidate(s) => {
@@ -224,6 +230,12 @@ impl Machine {
                     && self.mmu_lock_waits(cpu)
             }
             Frame::ZapMemslot(s) => self.zap_waits(cpu, s),
+            Frame::ZapGfnRange(s) => self.zap_gfn_range_waits(cpu, s),
+            Frame::TdpMmuPageFault(s) => {
+                s.pc == crate::kvm::mmu::tdp_mmu::TdpMmuPageFaultPc::Lock
+                    && self.mmu_rwlock_waits(cpu, s.lock, false)
+            }
+            Frame::MtrrZapRequest(s) => self.mtrr_zap_request_waits(cpu, s),
             _ => false,
         }
     }

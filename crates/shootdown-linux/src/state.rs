@@ -215,10 +215,12 @@ impl CsdLocks {
     pub fn iter(&self) -> impl Iterator<Item = CsdKey> + '_ {
         let words = self.words.max(1);
         self.bits.iter().enumerate().flat_map(move |(i, &w)| {
-            (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| CsdKey {
-                src: i / words,
-                dst: (i % words) * 64 + b,
-            })
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| CsdKey {
+                    src: i / words,
+                    dst: (i % words) * 64 + b,
+                })
         })
     }
     /// The same locks with every CPU renamed by `f` (symmetry reduction).
@@ -356,6 +358,33 @@ pub enum UserOp {
     },
     /// Execute CPUID: always a VM exit under VMX (KVM emulates it); the VM-exit microbenchmark.
     Cpuid,
+    /// Boot (seed 004, `boot.rs`): the guest writes an MTRR MSR (a WRMSR exit).
+    Wrmsr {
+        msr: u32,
+        value: u64,
+    },
+    /// Boot: the VMM sets an MTRR MSR of this vCPU (`KVM_SET_MSRS`, e.g. QEMU's reset put).
+    SetMsr {
+        msr: u32,
+        value: u64,
+    },
+    /// Boot: the guest sets CR0.CD to `cd` (a CR exit).
+    SetCr0Cd {
+        cd: bool,
+    },
+    /// Boot: take a guest spinlock (a [`crate::Machine::add_guest_word`] word).
+    GuestSpinLock {
+        lock: u32,
+    },
+    GuestSpinUnlock {
+        lock: u32,
+    },
+    /// Boot: wait until `parties` tasks (this one included) have arrived at rendezvous `word`
+    /// in this round.
+    Rendezvous {
+        word: u32,
+        parties: u32,
+    },
     /// Jump to op `to`; `times` = how many more jumps (None = forever).
     Loop {
         to: u16,

@@ -543,6 +543,12 @@ impl Machine {
                 }
                 self.tasks[t].pc += 1;
             }
+            UserOp::Wrmsr { .. }
+            | UserOp::SetMsr { .. }
+            | UserOp::SetCr0Cd { .. }
+            | UserOp::GuestSpinLock { .. }
+            | UserOp::GuestSpinUnlock { .. }
+            | UserOp::Rendezvous { .. } => return self.boot_op_step(cpu, t, op, env),
             UserOp::Loop { to, times } => {
                 let task = &mut self.tasks[t];
                 take_loop(&mut task.pc, &mut task.loop_left, to, times);
@@ -702,7 +708,10 @@ fn user_op_text(op: &UserOp) -> String {
         UserOp::ReclaimUnmap { start, npages } => format!("reclaim {npages} page(s) at {start:#x}"),
         UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
         UserOp::Collapse { mm, start } => {
-            format!("khugepaged: collapse mm{mm} pages {start:#x}..{:#x}", start + 512)
+            format!(
+                "khugepaged: collapse mm{mm} pages {start:#x}..{:#x}",
+                start + 512
+            )
         }
         other => format!("{other:?}"),
     }

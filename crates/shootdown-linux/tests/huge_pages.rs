@@ -1,12 +1,12 @@
 //! Transparent huge pages and khugepaged (mm/huge_memory.c, mm/khugepaged.c): PMD leaves in
 //! the page tables and TLBs, the flush stride, splits and collapses.
 
+use shootdown_engine::Model;
 use shootdown_hw::pagetable::pt_index;
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::counters::Counter;
 use shootdown_linux::describe::NullEnv;
 use shootdown_linux::options::{FlushStride, Thp};
-use shootdown_engine::Model;
 use shootdown_linux::*;
 use std::sync::Arc;
 
@@ -126,9 +126,17 @@ fn a_partial_zap_splits_the_leaf_first() {
     let space = &m.mms[mm as usize].space;
     assert!(!space.is_huge(pt_index(0x400)) && space.pmd.contains_key(&pt_index(0x400)));
     let leaf = space.huge_pmd(pt_index(0x400));
-    assert_eq!(space.pte(0x411).pfn, leaf.pfn + 0x11, "same frame after the split");
+    assert_eq!(
+        space.pte(0x411).pfn,
+        leaf.pfn + 0x11,
+        "same frame after the split"
+    );
     assert!(space.pte(0x411).present && space.pte(0x410).present);
-    assert_ne!(space.pte(0x410).pfn, leaf.pfn + 0x10, "the zapped page was faulted anew");
+    assert_ne!(
+        space.pte(0x410).pfn,
+        leaf.pfn + 0x10,
+        "the zapped page was faulted anew"
+    );
 }
 
 /// khugepaged, a kernel thread on cpu0, collapses the page table cpu1's thread used: the PMD

@@ -13,6 +13,7 @@
 //! | `ebizzy` | 001 | threads allocate, copy, search, free chunks (madvise flush per record), in VMs | records/s per VM |
 //! | `vmexit_cpuid` | 000 (2nd letter) | CPUID loop in every vCPU | VM exits/s per vCPU |
 //! | `mmtest_rom` | 003 | threads re-access 2000 MB each while QEMU creates and deletes a ROM memslot | ms per pass |
+//! | `guest_boot` | 004 | every vCPU runs its firmware's and kernel's MTRR / CR0.CD script (data) while KVM zaps | zap M cycles |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
 //! `shootdown_linux::host`): the machine is then the vCPUs of `vms` VMs on the topology's
@@ -20,6 +21,7 @@
 //! 002's two, which place their threads on CPU numbers and so run unchanged on one VM's vCPUs).
 
 pub mod ebizzy;
+pub mod guest_boot;
 pub mod madv_pingpong;
 pub mod mmtest_rom;
 pub mod params;
@@ -53,6 +55,11 @@ pub enum Measure {
     ///
     /// [`UserOp::Mark`]: shootdown_linux::UserOp::Mark
     MeanMarkedMillis,
+    /// A counter of the run times `scale` (seed 004: nanoseconds in zap requests → M cycles).
+    CounterScaled {
+        counter: shootdown_linux::Counter,
+        scale: f64,
+    },
 }
 
 /// A machine ready to run, with how long to run it and how to measure it.
@@ -83,6 +90,7 @@ pub const KINDS: &[&str] = &[
     "ebizzy",
     "vmexit_cpuid",
     "mmtest_rom",
+    "guest_boot",
 ];
 
 /// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
@@ -92,6 +100,7 @@ pub const HOST_KINDS: &[&str] = &[
     "ebizzy",
     "vmexit_cpuid",
     "mmtest_rom",
+    "guest_boot",
 ];
 
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
@@ -164,6 +173,7 @@ pub fn build(
         "ebizzy" => ebizzy::build(&p, machine)?,
         "vmexit_cpuid" => vmexit::build(&p, machine)?,
         "mmtest_rom" => mmtest_rom::build(&p, machine)?,
+        "guest_boot" => guest_boot::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
@@ -203,6 +213,7 @@ pub fn metric(m: &Machine, measure: &Measure, stats: &RunStats) -> f64 {
                 perf.events_measured as f64 / window / per
             }
         }
+        Measure::CounterScaled { counter, scale } => m.counters().get(*counter) as f64 * scale,
         Measure::MeanMarkedMillis => {
             let spans: Vec<f64> = perf
                 .marks

@@ -119,6 +119,12 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// The whole table, for a workload that parses nested tables itself (mark the keys it reads
+    /// with [`Params::mark_used`]).
+    pub fn table_ref(&self) -> &'a toml::Table {
+        self.table
+    }
+
     /// Mark a key as known without reading it through these accessors (a sub-table the caller
     /// parses itself, like `host`).
     pub fn mark_used(&self, key: &str) {

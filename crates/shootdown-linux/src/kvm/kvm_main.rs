@@ -487,6 +487,7 @@ impl Machine {
     /// Send a kick IPI from agent `src` to vCPU `v`'s pCPU.
     fn send_kick<E: Env>(&mut self, src: usize, v: usize, env: &mut E) {
         self.perf.counters.inc(Counter::KvmKickIpis);
+        let pending = !self.host_ref().vcpus[v].kicks.is_empty();
         self.host_mut().vcpus[v].kicks.push(src as u32);
         if env.timed() {
             let c = &self.perf.profile.costs;
@@ -497,6 +498,14 @@ impl Machine {
             let send = c.ipi_send;
             env.charge(send);
             let at = env.now() + env.elapsed() + lat;
+            // With a kick already on its way, the vCPU takes the first to arrive and
+            // acknowledges every pending one then (simplified: a later IPI is acknowledged
+            // with the first rather than at its own arrival).
+            let at = if pending {
+                self.perf.kick_arrival[v].min(at)
+            } else {
+                at
+            };
             self.perf.kick_arrival[v] = at;
             env.wake(v, at);
         }

@@ -26,6 +26,8 @@
 pub mod kvm_main;
 pub mod memslot;
 pub mod mmu;
+pub mod mtrr;
+pub mod mtrr_zap;
 pub mod oracle;
 pub mod vmx;
 pub mod x86;
@@ -133,6 +135,10 @@ pub struct Vcpu {
     pub kicks: Vec<u32>,
     /// What the fault paths left for `vcpu_run` to emulate.
     pub emulate: Option<mmu::fault::Emulation>,
+    /// The guest's MTRRs (`vcpu->arch.mtrr_state`; all zero at reset: disabled).
+    pub mtrr: mtrr::MtrrState,
+    /// Guest CR0.CD (1 at reset).
+    pub cr0_cd: bool,
 }
 
 impl Vcpu {
@@ -154,6 +160,8 @@ impl Vcpu {
             irqs_off: false,
             kicks: Vec::new(),
             emulate: None,
+            mtrr: mtrr::MtrrState::default(),
+            cr0_cd: true,
         }
     }
 
@@ -168,8 +176,10 @@ impl Vcpu {
 pub struct Kvm {
     /// Memslots per address space (`kvm->memslots[as]`).
     pub address_spaces: Vec<AddressSpace>,
-    /// `kvm->mmu_lock`.
+    /// `kvm->mmu_lock` as the v5.x spinlock (legacy MMU).
     pub mmu_lock: mmu::lock::QueuedSpinlock,
+    /// `kvm->mmu_lock` as the rwlock it is with the TDP MMU.
+    pub mmu_rwlock: mmu::rwlock::QueuedRwlock,
     /// `kvm->slots_lock` (a mutex serializing memslot updates): the holder agent + 1, or 0.
     pub slots_lock: u64,
     /// `kvm->srcu`'s current index (`Loc::SrcuIdx`): a grace period flips it and waits for the
@@ -183,6 +193,20 @@ pub struct Kvm {
     pub mmu: KvmMmu,
     /// The vCPUs of the VM (CPU indices).
     pub vcpus: std::ops::Range<usize>,
+    /// TDP MMU roots (`kvm->arch.tdp_mmu_roots`).
+    pub tdp_roots: Vec<mmu::tdp_mmu::TdpRoot>,
+    /// `mmu_invalidate_range_start` / `_end`: host virtual addresses (6.1–6.6; faults compare
+    /// their `hva`), valid while `mmu_notifier_count` (`mmu_invalidate_in_progress`) is not
+    /// zero.
+    pub mmu_invalidate_range: (u64, u64),
+    /// Patch 9: `mtrr_zap_list` (ranges, length ascending then start descending), its lock
+    /// `mtrr_zap_list_lock` (`Loc::MtrrZapListLock`) and `mtrr_zapping` (`Loc::MtrrZapping`).
+    pub mtrr_zap_list: Vec<mtrr::GfnRange>,
+    pub mtrr_zap_list_lock: u64,
+    pub mtrr_zapping: u64,
+    /// `kvm_arch_has_noncoherent_dma()`: a device without snoop control is assigned, so KVM
+    /// honours the guest's memory types (seed 004).
+    pub noncoherent_dma: bool,
 }
 
 impl Kvm {
@@ -191,12 +215,19 @@ impl Kvm {
         Kvm {
             address_spaces: vec![AddressSpace::new(0, slots)],
             mmu_lock: Default::default(),
+            mmu_rwlock: Default::default(),
             slots_lock: 0,
             srcu_idx: 0,
             mmu_notifier_seq: 0,
             mmu_notifier_count: 0,
             mmu: KvmMmu::default(),
             vcpus,
+            tdp_roots: Vec::new(),
+            mmu_invalidate_range: (0, 0),
+            mtrr_zap_list: Vec::new(),
+            mtrr_zap_list_lock: 0,
+            mtrr_zapping: 0,
+            noncoherent_dma: false,
         }
     }
 }

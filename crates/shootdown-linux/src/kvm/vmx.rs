@@ -3,11 +3,55 @@
 //! vCPU (INVVPID).
 
 use crate::counters::Counter;
+use crate::kvm::mtrr::MemType;
 use crate::machine::Machine;
+use crate::options::MtrrZap;
 use shootdown_engine::{Env, Time};
+use shootdown_hw::ept::{Gfn, MT_WB_IPAT};
 use shootdown_hw::CpuId;
 
+/// EPT leaf memory-type bits: the type (2:0) and IPAT (bit 3).
+pub fn mt_bits(ty: MemType, ipat: bool) -> u8 {
+    ty as u8 | if ipat { 8 } else { 0 }
+}
+
+/// A leaf's memory type as text (`WB+IPAT`).
+pub fn memtype_text(bits: u8) -> String {
+    let ty = MemType::from_bits(bits as u64 & 7).map_or("?", |t| t.name());
+    format!("{ty}{}", if bits & 8 != 0 { "+IPAT" } else { "" })
+}
+
 impl Machine {
+    /// `kvm_mmu_honors_guest_mtrrs(kvm)` (6.7's name for the 6.5 test `tdp_enabled &&
+    /// kvm_arch_has_noncoherent_dma(kvm)`): KVM bakes the guest's memory types into SPTEs
+    /// (never from v6.11).
+    pub(crate) fn honors_guest_mtrrs(&self, vm: usize) -> bool {
+        self.opts.mtrr_zap != MtrrZap::Mainline && self.kvm(vm).noncoherent_dma
+    }
+
+    /// `vmx_get_mt_mask(vcpu, gfn, is_mmio)` for RAM: WB+IPAT without non-coherent DMA; with
+    /// it, while the vCPU has CR0.CD=1, WB+IPAT with `KVM_X86_QUIRK_CD_NW_CLEARED` (patch 7:
+    /// WB without IPAT) or UC+IPAT; else the type the vCPU's MTRRs give `gfn`. Mainline (6.11+)
+    /// with non-coherent DMA: WB without IPAT (guest PAT decides).
+    pub(crate) fn vmx_get_mt_mask(&self, v: CpuId, gfn: Gfn) -> u8 {
+        let vm = self.vm_of(v);
+        if !self.kvm(vm).noncoherent_dma {
+            return MT_WB_IPAT;
+        }
+        if self.opts.mtrr_zap == MtrrZap::Mainline {
+            return mt_bits(MemType::Wb, false);
+        }
+        let vc = &self.host_ref().vcpus[v];
+        if vc.cr0_cd {
+            return match (self.opts.quirk_cd_nw_cleared, self.opts.mtrr_zap) {
+                (true, MtrrZap::Base2) => mt_bits(MemType::Wb, false),
+                (true, _) => MT_WB_IPAT,
+                (false, _) => mt_bits(MemType::Uc, true),
+            };
+        }
+        mt_bits(vc.mtrr.memtype(gfn), false)
+    }
+
     /// Cost of one VM exit + entry on this host, with the VMX-instruction error checks of
     /// `vmcs_accesses_per_exit` VMREAD/VMWRITEs.
     pub fn vm_exit_cost(&self) -> Time {

@@ -18,6 +18,7 @@ use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::mode_name;
 use crate::kvm::mmu::fault::{Emulation, MmioPageFault, TdpPageFault};
 use crate::kvm::mmu::page::{MmuLoad, MmuLoadPc, MmuUnload, MmuUnloadPc};
+use crate::kvm::mmu::tdp_mmu::TdpMmuPageFault;
 use crate::kvm::{mode, Request, ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
 use crate::mem::{line_of, spin_key, Loc};
@@ -38,6 +39,11 @@ pub enum Exit {
     EptViolation { gfn: Gfn, write: bool },
     /// An EPT misconfiguration: an MMIO SPTE for `gfn`.
     EptMisconfig { gfn: Gfn },
+    /// WRMSR of an MTRR MSR (`host`: not an exit but the VMM's `KVM_SET_MSRS` from the vCPU
+    /// thread, e.g. QEMU's reset-state put).
+    Wrmsr { msr: u32, value: u64, host: bool },
+    /// MOV to CR0 changing CR0.CD to `cd` (KVM intercepts CD through the CR0 guest/host mask).
+    Cr0Cd { cd: bool },
 }
 
 /// `vcpu_run()` of a vCPU thread that is outside the guest: the host side of its return into
@@ -234,20 +240,44 @@ impl Machine {
                         )
                     }
                     Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
+                    Exit::Wrmsr {
+                        msr,
+                        value,
+                        host: false,
+                    } => format!("WRMSR {msr:#x} = {value:#x}"),
+                    Exit::Wrmsr {
+                        msr,
+                        value,
+                        host: true,
+                    } => {
+                        format!("none: KVM_SET_MSRS {msr:#x} = {value:#x} from the VMM")
+                    }
+                    Exit::Cr0Cd { cd } => format!("MOV to CR0, CD={}", cd as u8),
                 };
                 let handler = match s.exit {
                     Exit::EptViolation { .. } => "; handle_ept_violation",
                     Exit::EptMisconfig { .. } => "; handle_ept_misconfig",
+                    Exit::Wrmsr { .. } => "; kvm_set_msr_common",
+                    Exit::Cr0Cd { .. } => "; handle_cr → kvm_set_cr0",
                     Exit::Preempted | Exit::Kick => "",
                 };
                 self.say(|| {
                     format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock{handler}")
                 });
                 s.pc = Emulate;
-                match s.exit {
-                    Exit::EptViolation { gfn, write } => Flow::Call(TdpPageFault::call(gfn, write)),
-                    Exit::EptMisconfig { gfn } => Flow::Call(MmioPageFault::call(gfn)),
-                    Exit::Preempted | Exit::Kick => self.vcpu_enter_guest_step(v, s, env),
+                let handler = match s.exit {
+                    Exit::EptViolation { gfn, write } if self.opts.tdp_mmu => {
+                        Some(TdpMmuPageFault::call(gfn, write))
+                    }
+                    Exit::EptViolation { gfn, write } => Some(TdpPageFault::call(gfn, write)),
+                    Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
+                    Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
+                    Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
+                    Exit::Preempted | Exit::Kick => None,
+                };
+                match handler {
+                    Some(f) => Flow::Call(f),
+                    None => self.vcpu_enter_guest_step(v, s, env),
                 }
             }
             Emulate => {
@@ -311,6 +341,7 @@ impl Machine {
                 s.pc = ModeIn;
                 self.summary(|| "kvm_mmu_reload: no root: kvm_mmu_load".into());
                 Flow::Call(Frame::MmuLoad(MmuLoad {
+                    lock: Default::default(),
                     pc: MmuLoadPc::Lock,
                 }))
             }
@@ -361,10 +392,20 @@ impl Machine {
             }
             Exit::Kick => "VM exit (external interrupt)".into(),
             Exit::Preempted => "VM exit".into(),
+            Exit::Wrmsr {
+                msr, host: false, ..
+            } => format!("WRMSR {msr:#x}: VM exit"),
+            Exit::Wrmsr {
+                msr, host: true, ..
+            } => format!("the VMM sets MSR {msr:#x} (KVM_SET_MSRS)"),
+            Exit::Cr0Cd { .. } => "MOV to CR0 (CD): VM exit".into(),
         });
         self.fence(v);
         self.suspend_busy(v, env.now());
-        self.vm_exit(env);
+        // The VMM's KVM_SET_MSRS runs on the vCPU thread outside KVM_RUN: no VM exit to pay.
+        if !matches!(exit, Exit::Wrmsr { host: true, .. }) {
+            self.vm_exit(env);
+        }
         self.push_host_frame(v, VcpuRun::exited(exit), env);
     }
 

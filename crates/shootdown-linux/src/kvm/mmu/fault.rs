@@ -20,7 +20,9 @@ use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::KvmVersion;
 use shootdown_engine::{Env, Violation};
-use shootdown_hw::ept::{ept_index, gfns_per_entry, EptWalk, Gfn, SpteKind, EPT_ROOT_LEVEL};
+use shootdown_hw::ept::{
+    ept_index, gfns_per_entry, EptWalk, Gfn, SpteKind, EPT_ROOT_LEVEL, MT_WB_IPAT,
+};
 use shootdown_hw::CpuId;
 
 /// What the fault found behind the guest frame (`try_async_pf` → `__gfn_to_pfn_memslot`).
@@ -299,7 +301,7 @@ impl Machine {
                 }
                 // Not shadow-present: simply overwritten by the link.
                 SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
-                SpteKind::None => {}
+                SpteKind::None | SpteKind::Frozen(_) => {}
             }
             let child = self.kvm_mmu_get_page(vm, gfn, level - 1, env);
             self.set_spte(vm, sp, idx, SpteKind::Table(child));
@@ -317,6 +319,7 @@ impl Machine {
                 let kind = SpteKind::Leaf {
                     pfn: leaf_pfn,
                     writable,
+                    memtype: MT_WB_IPAT,
                 };
                 let old = self.ept.spte(sp, idx).kind;
                 if old == kind {
@@ -330,6 +333,7 @@ impl Machine {
                     SpteKind::Leaf {
                         pfn: p,
                         writable: w,
+                        ..
                     } => p != leaf_pfn || (w && !writable),
                     _ => false,
                 };

@@ -19,7 +19,10 @@
 pub mod fault;
 pub mod lock;
 pub mod page;
+pub mod rwlock;
 pub mod spte;
+pub mod tdp_iter;
+pub mod tdp_mmu;
 pub mod zap;
 
 use shootdown_hw::ept::{Gfn, SpId};

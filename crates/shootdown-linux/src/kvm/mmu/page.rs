@@ -230,6 +230,8 @@ impl CommitZap {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmuLoad {
     pub pc: MmuLoadPc,
+    /// With the TDP MMU: where the `write_lock` is.
+    pub lock: crate::kvm::mmu::rwlock::RwlockWait,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -292,11 +294,30 @@ impl Machine {
     pub(crate) fn mmu_load_step<E: Env>(&mut self, v: CpuId, s: &mut MmuLoad, env: &mut E) -> Flow {
         match s.pc {
             MmuLoadPc::Lock => {
-                if let Some(spin) = self.mmu_lock_acquire(v, env) {
+                let spin = if self.opts.tdp_mmu {
+                    self.mmu_write_lock(v, &mut s.lock, env)
+                } else {
+                    self.mmu_lock_acquire(v, env)
+                };
+                if let Some(spin) = spin {
                     return spin;
                 }
                 s.pc = MmuLoadPc::Alloc;
                 Flow::Next
+            }
+            MmuLoadPc::Alloc if self.opts.tdp_mmu => {
+                // mmu_alloc_direct_roots() → kvm_tdp_mmu_get_vcpu_root_hpa(), write_unlock.
+                let vm = self.vm_of(v);
+                let root = self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env);
+                self.charge(env, |c| c.mmu_root_load);
+                self.mmu_write_unlock(v, env);
+                self.host_mut().vcpus[v].root = Some(root);
+                self.cpus[v].tlb.set_ept_tag(ept_tag(root));
+                self.invept_single(v, root, env);
+                self.say(|| {
+                    format!("kvm_mmu_load: TDP MMU root = EPT page #{root}, write_unlock; INVEPT single-context")
+                });
+                Flow::Return
             }
             MmuLoadPc::Alloc => {
                 let vm = self.vm_of(v);

@@ -1,0 +1,611 @@
+//! arch/x86/kvm/mmu/tdp_mmu.c (and `kvm_zap_gfn_range` of mmu.c) as of v6.5, the base of seed
+//! 004 (kvm-mmu-seeds.md §2.2, §2.6, §2.7; kernel-model.md §4.6):
+//!
+//! * roots: one per address space and role, shared by the vCPUs that use it
+//!   (`kvm_tdp_mmu_get_vcpu_root_hpa`), with a reference count; this VM has one role, so one
+//!   root per address space (two with SMM);
+//! * [`ZapGfnRange`] — `kvm_zap_gfn_range()`: under the write lock,
+//!   `kvm_mmu_invalidate_begin(0, ~0)` (faults retry until the end), then for each address
+//!   space and root `tdp_mmu_zap_leafs()` — the walk of [`TdpIter`] from 4 KiB level up, zapping
+//!   present leaves, and before every iteration `tdp_mmu_iter_cond_resched()`: if the walk made
+//!   progress and `mmu_lock` is contended (`rwlock_needbreak`), do the pending remote flush,
+//!   drop the lock (`cond_resched_rwlock_write`), take it again and restart the walk from the
+//!   root; then one remote flush if anything was zapped, `kvm_mmu_invalidate_end()`, unlock.
+//!   With patch 12 (`zap_gfn_range_lock = "read"`) the walk runs under the read lock and zaps
+//!   atomically: every present entry of at most 1 GiB inside the range (tables too) is frozen,
+//!   flushed for (`kvm_flush_remote_tlbs_gfn`, a full flush on VMX) and cleared, and a zapped
+//!   table's subtree is freed;
+//! * [`TdpMmuPageFault`] — `kvm_tdp_page_fault()` → `kvm_tdp_mmu_map()`: the
+//!   `mmu_invalidate_seq` snapshot, the memslot lookup, the read lock, `is_page_fault_stale()`,
+//!   then the walk that links missing tables and installs the leaf with the memory type
+//!   `vmx_get_mt_mask()` gives (and, when guest MTRRs are honoured, at most the level over
+//!   which they give one type: `kvm_mtrr_check_gfn_range_consistency`).
+//!
+//! Simplifications: the fault's walk, its table links and the leaf install are one atomic step
+//! under the read lock (in the kernel each is a `cmpxchg` that fails and retries the fault if an
+//! atomic zap changed the entry meanwhile; the only concurrent writers under the read lock are
+//! patch 12's zaps, whose freeze this step honours by retrying); a zapped table's subtree is
+//! freed right after its flush (the kernel frees it after an RCU grace period, which the
+//! atomic fault step cannot be inside); no shadow MMU beside the TDP MMU (the rmap part of
+//! `kvm_zap_gfn_range` finds nothing); no NX huge pages, no dirty logging, no 1 GiB leaves.
+
+use crate::counters::Counter;
+use crate::frame::{Flow, Frame};
+use crate::kvm::kvm_main::FlushRemoteTlbs;
+use crate::kvm::mmu::fault::{Emulation, FaultTarget};
+use crate::kvm::mmu::rwlock::RwlockWait;
+use crate::kvm::mmu::tdp_iter::TdpIter;
+use crate::kvm::mmu::ShadowPage;
+use crate::machine::Machine;
+use crate::mem::Loc;
+use crate::options::ZapLock;
+use shootdown_engine::Env;
+use shootdown_hw::ept::{ept_index, gfns_per_entry, Gfn, SpId, SpteKind, EPT_ROOT_LEVEL};
+use shootdown_hw::CpuId;
+
+/// `KVM_ADDRESS_SPACE_NUM` on x86: the walk of `kvm_zap_gfn_range` visits both.
+pub const KVM_ADDRESS_SPACE_NUM: u8 = 2;
+/// `tdp_mmu_max_gfn_exclusive()`: one past the largest gfn the host's physical-address width
+/// (46 bits) allows; a zap of `[0, ~0)` walks up to here.
+pub const TDP_MMU_MAX_GFN_EXCLUSIVE: Gfn = 1 << (46 - 12);
+/// `KVM_MAX_HUGEPAGE_LEVEL`: patch 12 zaps entries of at most this level (1 GiB) whole.
+const KVM_MAX_HUGEPAGE_LEVEL: u8 = 3;
+
+/// A TDP MMU root (`struct kvm_mmu_page` with `role.level` = the root level, on
+/// `kvm->arch.tdp_mmu_roots`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TdpRoot {
+    pub sp: SpId,
+    pub as_id: u8,
+    /// `role.invalid`.
+    pub invalid: bool,
+    /// `tdp_mmu_root_count`: vCPUs using it.
+    pub refcount: u32,
+}
+
+/// `kvm_zap_gfn_range(kvm, start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ZapGfnRange {
+    pub pc: ZapGfnRangePc,
+    pub start: Gfn,
+    pub end: Gfn,
+    /// `flush`: SPTEs were zapped and not yet flushed for.
+    pub flush: bool,
+    /// The address space and the position in the root list of the walk.
+    pub as_id: u8,
+    pub root: u8,
+    pub iter: TdpIter,
+    /// Where a lock acquisition is.
+    pub lock: RwlockWait,
+}
+
+/// The steps of `kvm_zap_gfn_range()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZapGfnRangePc {
+    /// `write_lock(&kvm->mmu_lock)`.
+    Lock,
+    /// `kvm_mmu_invalidate_begin(kvm, 0, -1ul)`; the rmap part (nothing without a shadow MMU).
+    Begin,
+    /// Patch 12: `write_unlock`.
+    DowngradeLock,
+    /// Patch 12: `read_lock`.
+    ReadLock,
+    /// The next root of the address space (`for_each_tdp_mmu_root_yield_safe`), or the next
+    /// address space, or the end of the walk.
+    NextRoot,
+    /// One iteration of `tdp_mmu_zap_leafs()`: the yield check, then zap the entry if it is a
+    /// present leaf.
+    Walk,
+    /// `tdp_mmu_iter_cond_resched()`, flush done: `rcu_read_unlock`, drop the lock.
+    Yield,
+    /// Take the lock again (`cond_resched_rwlock_*`), `rcu_read_lock`, restart the walk.
+    Relock,
+    /// Patch 12: the frozen entry was flushed for: clear it; a table's subtree is freed.
+    ClearFrozen,
+    /// Patch 12: `read_unlock`.
+    UpgradeLock,
+    /// Patch 12: `write_lock` again for the end.
+    WriteLockEnd,
+    /// `if (flush) kvm_flush_remote_tlbs_range()`.
+    Flush,
+    /// `kvm_mmu_invalidate_end()`; `write_unlock`; return.
+    End,
+}
+
+impl ZapGfnRange {
+    pub fn call(start: Gfn, end: Gfn) -> Frame {
+        Frame::ZapGfnRange(Box::new(ZapGfnRange {
+            pc: ZapGfnRangePc::Lock,
+            start,
+            end,
+            flush: false,
+            as_id: 0,
+            root: 0,
+            iter: TdpIter::default(),
+            lock: RwlockWait::Fast,
+        }))
+    }
+}
+
+/// `kvm_tdp_page_fault()` with the TDP MMU (`kvm_tdp_mmu_page_fault` in later kernels).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TdpMmuPageFault {
+    pub pc: TdpMmuPageFaultPc,
+    pub gfn: Gfn,
+    pub write: bool,
+    /// `fault->mmu_seq`.
+    pub mmu_seq: u64,
+    pub target: FaultTarget,
+    pub lock: RwlockWait,
+}
+
+/// The steps of the TDP MMU fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TdpMmuPageFaultPc {
+    /// `fault->mmu_seq = kvm->mmu_invalidate_seq`; `kvm_faultin_pfn()` (memslot lookup).
+    Lookup,
+    /// `read_lock(&kvm->mmu_lock)`.
+    Lock,
+    /// `is_page_fault_stale()`, `kvm_tdp_mmu_map()`, `read_unlock`.
+    Map,
+}
+
+impl TdpMmuPageFault {
+    pub fn call(gfn: Gfn, write: bool) -> Frame {
+        Frame::TdpMmuPageFault(Box::new(TdpMmuPageFault {
+            pc: TdpMmuPageFaultPc::Lookup,
+            gfn,
+            write,
+            mmu_seq: 0,
+            target: FaultTarget::NoSlot,
+            lock: RwlockWait::Fast,
+        }))
+    }
+}
+
+impl Machine {
+    /// `tdp_mmu_alloc_sp()` + `tdp_mmu_init_sp()`: a new page-table page of VM `vm` (never
+    /// shared: a TDP MMU table belongs to one root's tree).
+    fn tdp_mmu_alloc_sp<E: Env>(&mut self, vm: usize, gfn: Gfn, level: u8, env: &mut E) -> SpId {
+        let sp = self.ept.alloc(level, gfn);
+        self.perf.counters.inc(Counter::KvmMmuCacheMiss);
+        self.charge(env, |c| c.sp_alloc);
+        let mmu = &mut self.kvm_mut(vm).mmu;
+        let gen = mmu.mmu_valid_gen;
+        let base = self.ept.page(sp).gfn;
+        self.kvm_mut(vm).mmu.pages.insert(
+            sp,
+            ShadowPage {
+                gfn: base,
+                level,
+                invalid: false,
+                mmu_valid_gen: gen,
+                root_count: 0,
+                mmio_cached: false,
+                active: true,
+                freed: false,
+            },
+        );
+        sp
+    }
+
+    /// `kvm_tdp_mmu_get_vcpu_root_hpa()`: the valid root of address space `as_id`, made if
+    /// there is none, with a reference taken (`mmu_lock` held for write).
+    pub(crate) fn kvm_tdp_mmu_get_vcpu_root<E: Env>(
+        &mut self,
+        vm: usize,
+        as_id: u8,
+        env: &mut E,
+    ) -> SpId {
+        if let Some(r) = self
+            .kvm_mut(vm)
+            .tdp_roots
+            .iter_mut()
+            .find(|r| r.as_id == as_id && !r.invalid)
+        {
+            r.refcount += 1;
+            return r.sp;
+        }
+        let sp = self.tdp_mmu_alloc_sp(vm, 0, EPT_ROOT_LEVEL, env);
+        self.kvm_mut(vm).tdp_roots.push(TdpRoot {
+            sp,
+            as_id,
+            invalid: false,
+            refcount: 1,
+        });
+        sp
+    }
+
+    /// The roots `kvm_zap_gfn_range` walks in address space `as_id`, in list order.
+    fn tdp_roots_of(&self, vm: usize, as_id: u8) -> impl Iterator<Item = SpId> + '_ {
+        self.kvm(vm)
+            .tdp_roots
+            .iter()
+            .filter(move |r| r.as_id == as_id)
+            .map(|r| r.sp)
+    }
+
+    /// Free a table unlinked by an atomic zap and every table below it (`handle_removed_pt`,
+    /// then `tdp_mmu_free_sp_rcu_callback`).
+    fn tdp_mmu_free_subtree<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) {
+        let children: Vec<SpId> = self
+            .ept
+            .page(sp)
+            .entries
+            .values()
+            .filter_map(|e| match e.kind {
+                SpteKind::Table(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        for c in children {
+            self.tdp_mmu_free_subtree(vm, c, env);
+        }
+        self.ept.free(sp);
+        self.charge(env, |c| c.sp_free);
+        if let Some(p) = self.kvm_mut(vm).mmu.pages.get_mut(&sp) {
+            p.freed = true;
+            p.invalid = true;
+            p.active = false;
+        }
+    }
+
+    /// One step of `kvm_zap_gfn_range()` by agent `me`.
+    pub(crate) fn zap_gfn_range_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut ZapGfnRange,
+        env: &mut E,
+    ) -> Flow {
+        use ZapGfnRangePc::*;
+        let vm = self.vm_of(me);
+        let shared = self.opts.zap_gfn_range_lock == ZapLock::Read;
+        match s.pc {
+            Lock => {
+                if let Some(spin) = self.mmu_write_lock(me, &mut s.lock, env) {
+                    return spin;
+                }
+                s.pc = Begin;
+                Flow::Next
+            }
+            Begin => {
+                // kvm_mmu_invalidate_begin(kvm, 0, -1ul): every fault that raced retries.
+                self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
+                self.kvm_mut(vm).mmu_invalidate_range = (0, u64::MAX);
+                self.perf.counters.inc(Counter::KvmZapGfnRange);
+                let (a, b) = (s.start, s.end);
+                self.say(|| {
+                    format!("kvm_zap_gfn_range([{a:#x}, {b:#x})): kvm_mmu_invalidate_begin(0, ~0)")
+                });
+                s.pc = if shared { DowngradeLock } else { NextRoot };
+                Flow::Next
+            }
+            DowngradeLock => {
+                self.mmu_write_unlock(me, env);
+                self.say(|| "patch 12: write_unlock(&kvm->mmu_lock)".into());
+                s.pc = ReadLock;
+                Flow::Next
+            }
+            ReadLock => {
+                if let Some(spin) = self.mmu_read_lock(me, &mut s.lock, env) {
+                    return spin;
+                }
+                s.pc = NextRoot;
+                Flow::Next
+            }
+            NextRoot => {
+                let root = self.tdp_roots_of(vm, s.as_id).nth(s.root as usize);
+                match root {
+                    Some(sp) => {
+                        s.iter = TdpIter::start(sp, 1, s.start);
+                        s.pc = Walk;
+                    }
+                    None if s.as_id + 1 < KVM_ADDRESS_SPACE_NUM => {
+                        s.as_id += 1;
+                        s.root = 0;
+                    }
+                    None => s.pc = if shared { UpgradeLock } else { Flush },
+                }
+                Flow::Next
+            }
+            Walk => self.zap_walk_step(me, s, env),
+            Yield => {
+                if shared {
+                    self.mmu_read_unlock(me, env);
+                } else {
+                    self.mmu_write_unlock(me, env);
+                }
+                self.perf.counters.inc(Counter::KvmTdpMmuYields);
+                self.charge(env, |c| c.mmu_lock_yield);
+                let g = s.iter.next_last_level_gfn;
+                self.say(|| {
+                    format!("tdp_mmu_iter_cond_resched: mmu_lock contended: yield at gfn {g:#x}")
+                });
+                s.pc = Relock;
+                Flow::Next
+            }
+            Relock => {
+                let spin = if shared {
+                    self.mmu_read_lock(me, &mut s.lock, env)
+                } else {
+                    self.mmu_write_lock(me, &mut s.lock, env)
+                };
+                if let Some(spin) = spin {
+                    return spin;
+                }
+                s.iter.yielded = true;
+                s.flush = false;
+                s.iter.next(&self.ept);
+                s.pc = Walk;
+                Flow::Next
+            }
+            ClearFrozen => {
+                let (sp, idx) = s.iter.sptep();
+                let old = self.ept.spte(sp, idx).kind;
+                let SpteKind::Frozen(was) = old else {
+                    unreachable!("only this zap freezes the entry")
+                };
+                self.set_spte(vm, sp, idx, SpteKind::None);
+                if let Some(child) = was {
+                    self.tdp_mmu_free_subtree(vm, child, env);
+                }
+                self.say(|| format!("clear the frozen SPTE (EPT page #{sp} entry {idx})"));
+                s.iter.next(&self.ept);
+                s.pc = Walk;
+                Flow::Next
+            }
+            UpgradeLock => {
+                self.mmu_read_unlock(me, env);
+                self.say(|| "patch 12: read_unlock(&kvm->mmu_lock)".into());
+                s.pc = WriteLockEnd;
+                Flow::Next
+            }
+            WriteLockEnd => {
+                if let Some(spin) = self.mmu_write_lock(me, &mut s.lock, env) {
+                    return spin;
+                }
+                s.pc = End;
+                Flow::Next
+            }
+            Flush => {
+                s.pc = End;
+                if s.flush {
+                    self.say(|| "kvm_flush_remote_tlbs_range (a full flush on VMX)".into());
+                    s.flush = false;
+                    return Flow::Call(FlushRemoteTlbs::call());
+                }
+                Flow::Next
+            }
+            End => {
+                let vm32 = vm as u32;
+                self.rmw(env, me, Loc::MmuNotifierSeq(vm32), |c| c + 1);
+                self.rmw(env, me, Loc::MmuNotifierCount(vm32), |c| c - 1);
+                self.mmu_write_unlock(me, env);
+                self.say(|| "kvm_mmu_invalidate_end; write_unlock(&kvm->mmu_lock)".into());
+                Flow::Return
+            }
+        }
+    }
+
+    /// Would the zap's next step only wait for `mmu_lock`?
+    pub(crate) fn zap_gfn_range_waits(&self, me: usize, s: &ZapGfnRange) -> bool {
+        use ZapGfnRangePc::*;
+        let shared = self.opts.zap_gfn_range_lock == ZapLock::Read;
+        match s.pc {
+            Lock | WriteLockEnd => self.mmu_rwlock_waits(me, s.lock, true),
+            ReadLock => self.mmu_rwlock_waits(me, s.lock, false),
+            Relock => self.mmu_rwlock_waits(me, s.lock, !shared),
+            _ => false,
+        }
+    }
+
+    /// One iteration of `tdp_mmu_zap_leafs()` (write lock) or of patch 12's
+    /// `zap_gfn_range_atomic()` (read lock).
+    fn zap_walk_step<E: Env>(&mut self, me: usize, s: &mut ZapGfnRange, env: &mut E) -> Flow {
+        let vm = self.vm_of(me);
+        let shared = self.opts.zap_gfn_range_lock == ZapLock::Read;
+        let end = s.end.min(TDP_MMU_MAX_GFN_EXCLUSIVE);
+        if !s.iter.valid || s.iter.gfn >= end {
+            s.root += 1;
+            s.pc = ZapGfnRangePc::NextRoot;
+            return Flow::Next;
+        }
+        self.perf.counters.inc(Counter::KvmTdpIterSteps);
+        self.charge(env, |c| c.tdp_iter_step);
+        // tdp_mmu_iter_cond_resched(kvm, &iter, flush, shared): yield only after progress.
+        if s.iter.made_progress() && self.mmu_rwlock_contended(me, env) {
+            s.pc = ZapGfnRangePc::Yield;
+            if s.flush {
+                s.flush = false;
+                self.say(|| "tdp_mmu_iter_cond_resched: flush before yielding".into());
+                return Flow::Call(FlushRemoteTlbs::call());
+            }
+            return Flow::Next;
+        }
+        let (sp, idx) = s.iter.sptep();
+        let spte = self.ept.spte(sp, idx);
+        let level = s.iter.level;
+        let gfn = s.iter.gfn;
+        if shared {
+            // Zap whole entries of at most 1 GiB that lie inside the range, tables included.
+            let inside = gfn >= s.start && gfn + gfns_per_entry(level) <= s.end;
+            if spte.is_present() && level <= KVM_MAX_HUGEPAGE_LEVEL && inside {
+                let child = match spte.kind {
+                    SpteKind::Table(c) => Some(c),
+                    _ => None,
+                };
+                // tdp_mmu_zap_spte_atomic(): freeze, flush, clear.
+                self.set_spte(vm, sp, idx, SpteKind::Frozen(child));
+                self.perf.counters.inc(Counter::KvmTdpSptesZapped);
+                self.charge(env, |c| c.spte_zap);
+                self.say(|| {
+                    format!("freeze the SPTE of gfn {gfn:#x} (level {level}); kvm_flush_remote_tlbs_gfn")
+                });
+                s.pc = ZapGfnRangePc::ClearFrozen;
+                return Flow::Call(FlushRemoteTlbs::call());
+            }
+            s.iter.next(&self.ept);
+            return Flow::Next;
+        }
+        if matches!(spte.kind, SpteKind::Leaf { .. }) {
+            self.set_spte(vm, sp, idx, SpteKind::None);
+            self.perf.counters.inc(Counter::KvmTdpSptesZapped);
+            self.charge(env, |c| c.spte_zap);
+            s.flush = true;
+            self.say(|| format!("zap the leaf SPTE of gfn {gfn:#x} (level {level})"));
+        }
+        s.iter.next(&self.ept);
+        Flow::Next
+    }
+
+    /// One step of the TDP MMU fault path on vCPU `v`.
+    pub(crate) fn tdp_mmu_page_fault_step<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &mut TdpMmuPageFault,
+        env: &mut E,
+    ) -> Flow {
+        use TdpMmuPageFaultPc::*;
+        let vm = self.vm_of(v);
+        let gfn = s.gfn;
+        match s.pc {
+            Lookup => {
+                self.perf.counters.inc(Counter::KvmEptViolations);
+                self.charge(env, |c| c.ept_violation);
+                s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
+                s.target = self.fault_target(vm, gfn, s.write);
+                let seq = s.mmu_seq;
+                self.say(|| format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}"));
+                match s.target {
+                    FaultTarget::Ram { .. } => {}
+                    // A write to a ROM slot: emulated, nothing mapped.
+                    FaultTarget::RomWrite => {
+                        self.host_mut().vcpus[v].emulate = Some(Emulation::RomWrite { gfn });
+                        return Flow::Return;
+                    }
+                    // No slot: emulated as MMIO. (The TDP MMU's MMIO SPTEs are not modelled:
+                    // every access to such a frame exits.)
+                    FaultTarget::NoSlot => {
+                        let derived = self.kvm(vm).address_spaces[0].active_set().version;
+                        self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
+                        return Flow::Return;
+                    }
+                }
+                s.pc = Lock;
+                Flow::Next
+            }
+            Lock => {
+                if let Some(spin) = self.mmu_read_lock(v, &mut s.lock, env) {
+                    return spin;
+                }
+                s.pc = Map;
+                Flow::Next
+            }
+            Map => {
+                // is_page_fault_stale() → mmu_invalidate_retry_hva(kvm, mmu_seq, hva).
+                let count = self.load(env, v, Loc::MmuNotifierCount(vm as u32));
+                let seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
+                let (rs, re) = self.kvm(vm).mmu_invalidate_range;
+                let FaultTarget::Ram { pfn, .. } = s.target else {
+                    unreachable!("Lookup returned for anything but RAM")
+                };
+                // The model's host maps guest memory at hva = its host frame << 12.
+                let hva = pfn << 12;
+                if (count != 0 && hva >= rs && hva < re) || seq != s.mmu_seq {
+                    self.mmu_read_unlock(v, env);
+                    self.perf.counters.inc(Counter::KvmFaultRetries);
+                    self.say(|| {
+                        format!(
+                            "is_page_fault_stale (in progress {count}, seq {seq}): RET_PF_RETRY"
+                        )
+                    });
+                    return Flow::Return;
+                }
+                let what = self.kvm_tdp_mmu_map(v, s, env);
+                self.charge(env, |c| c.spte_install);
+                self.mmu_read_unlock(v, env);
+                self.say(|| format!("kvm_tdp_mmu_map: {what}; read_unlock(&kvm->mmu_lock)"));
+                Flow::Return
+            }
+        }
+    }
+
+    /// `kvm_tdp_mmu_map()`: walk from the vCPU's root, link missing tables and install the leaf
+    /// at the fault's level (see the module's simplifications). Returns what it did.
+    fn kvm_tdp_mmu_map<E: Env>(&mut self, v: CpuId, s: &TdpMmuPageFault, env: &mut E) -> String {
+        let vm = self.vm_of(v);
+        let Some(mut sp) = self.host_ref().vcpus[v].root else {
+            return "no root: RET_PF_RETRY".into();
+        };
+        let FaultTarget::Ram {
+            pfn,
+            writable,
+            level,
+        } = s.target
+        else {
+            unreachable!("Lookup returned for anything but RAM")
+        };
+        let gfn = s.gfn;
+        let goal = self.tdp_max_level(v, gfn, level);
+        for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
+            let idx = ept_index(l, gfn);
+            match self.ept.spte(sp, idx).kind {
+                SpteKind::Table(child) => sp = child,
+                SpteKind::Frozen(_) => return format!("gfn {gfn:#x}: a frozen SPTE: RET_PF_RETRY"),
+                SpteKind::None | SpteKind::Mmio { .. } => {
+                    let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, env);
+                    self.set_spte(vm, sp, idx, SpteKind::Table(child));
+                    sp = child;
+                }
+                // A huge leaf where a table is wanted (an MTRR change narrowed the level):
+                // the kernel splits or zaps it (with a flush); here the fault is retried after
+                // zapping it.
+                SpteKind::Leaf { .. } => {
+                    return format!("gfn {gfn:#x}: a huge SPTE where a table goes: RET_PF_RETRY")
+                }
+            }
+        }
+        let idx = ept_index(goal, gfn);
+        let span = gfns_per_entry(goal);
+        let leaf_pfn = pfn - (gfn % span);
+        let memtype = self.vmx_get_mt_mask(v, gfn);
+        let kind = SpteKind::Leaf {
+            pfn: leaf_pfn,
+            writable,
+            memtype,
+        };
+        let old = self.ept.spte(sp, idx).kind;
+        if old == kind {
+            return format!("gfn {gfn:#x} already mapped: RET_PF_SPURIOUS");
+        }
+        if matches!(
+            old,
+            SpteKind::Frozen(_) | SpteKind::Leaf { .. } | SpteKind::Table(_)
+        ) {
+            return format!("gfn {gfn:#x}: the SPTE changed under the walk: RET_PF_RETRY");
+        }
+        self.set_spte(vm, sp, idx, kind);
+        self.perf.counters.inc(Counter::KvmMmuPfFixed);
+        let size = if goal == 2 { "2 MiB" } else { "4 KiB" };
+        format!(
+            "map gfn {gfn:#x} -> pfn {leaf_pfn:#x} ({size}, memtype {}, EPT page #{sp} entry {idx})",
+            crate::kvm::vmx::memtype_text(memtype)
+        )
+    }
+
+    /// The fault's goal level: the memslot's (`level`), lowered while guest MTRRs are honoured
+    /// until the vCPU's MTRRs give the whole huge page one type
+    /// (`kvm_mtrr_check_gfn_range_consistency`).
+    fn tdp_max_level(&self, v: CpuId, gfn: Gfn, level: u8) -> u8 {
+        if level < 2 || !self.honors_guest_mtrrs(self.vm_of(v)) {
+            return level;
+        }
+        let n = gfns_per_entry(2);
+        let base = gfn / n * n;
+        if self.host_ref().vcpus[v].mtrr.uniform(base, n) {
+            2
+        } else {
+            1
+        }
+    }
+}
