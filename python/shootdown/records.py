@@ -130,6 +130,8 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
     "published_change_pct",
     "violations",
     "fitted",
+    "counters",
+    "published_counters",
 )
 
 #: Columns of a records frame, in order.
@@ -153,6 +155,12 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
 #: read (experiment, then its profile chain) · ``modified`` bool: the overrides changed the
 #: configuration compared (anything but rows, repetitions, RNG seed and labels), so
 #: ``direction_ok`` is None and the published numbers are the unmodified configuration's.
+#:
+#: Reported counters (before the provenance): ``layout`` how tables lay the experiment out
+#: ("rows" or "variants_as_rows") · ``builds_on`` the variant this one adds patches to, or None
+#: · ``counters`` / ``published_counters`` the experiment's reported counters (seed 004's "zap
+#: cnt"), simulated mean and published value, as JSON objects keyed by the counter's label
+#: (``{"zap cnt": 84.0}``; "{}" when the experiment reports none).
 RECORD_COLUMNS: Tuple[str, ...] = (
     "seed",
     "experiment",
@@ -180,6 +188,10 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     "direction_ok",
     "violations",
     "fitted",
+    "layout",
+    "builds_on",
+    "counters",
+    "published_counters",
     # provenance, "profile" being already above
     *(c for c in PROVENANCE_COLUMNS if c != "profile"),
 )
@@ -196,6 +208,7 @@ _FLOAT_RECORD_COLUMNS = (
 )
 _OBJECT_RECORD_COLUMNS = (
     "seed",
+    "builds_on",
     "row",
     "direction",
     "published_direction",
@@ -378,6 +391,16 @@ def summarize(points: pd.DataFrame, plan: Optional[Plan] = None) -> pd.DataFrame
 
     values: Dict[Tuple[Hashable, str], List[float]] = {}
     violations: Dict[Tuple[Hashable, str], int] = {}
+    reported = plan["experiment"].get("counters") or []
+    label_of = {c["counter"]: c.get("label") or c["counter"] for c in reported}
+    counter_values: Dict[Tuple[Hashable, str], Dict[str, List[float]]] = {}
+    for name, label in label_of.items():
+        col = COUNTER_PREFIX + name
+        if col not in points:
+            continue
+        for row, variant, value in zip(points["row"], points["variant"], points[col]):
+            key = (row_key(row), str(variant))
+            counter_values.setdefault(key, {}).setdefault(label, []).append(float(value))
     if len(points):
         viol_col: Any = points["violations"] if "violations" in points else [[]] * len(points)
         for row, variant, value, viol in zip(
@@ -417,6 +440,17 @@ def summarize(points: pd.DataFrame, plan: Optional[Plan] = None) -> pd.DataFrame
                     "published_change_pct": math.nan if is_base else change_pct(pub, base_pub),
                     "violations": violations.get(key, 0),
                     "fitted": ",".join(cell.get("fitted") or []) if cell else "",
+                    "counters": json.dumps(
+                        {k: statistics.fmean(v) for k, v in counter_values.get(key, {}).items()},
+                        sort_keys=True,
+                    ),
+                    "published_counters": json.dumps(
+                        {
+                            label_of.get(k, k): v
+                            for k, v in ((cell.get("counters") or {}) if cell else {}).items()
+                        },
+                        sort_keys=True,
+                    ),
                 }
             )
     frame = pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
@@ -448,6 +482,7 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
         if rec["baseline"]:
             base_by_row[row_key(rec["row"])] = rec
 
+    builds_on = {v["name"]: v.get("builds_on") for v in plan["variants"]}
     out: List[Dict[str, Any]] = []
     for rec in summary_rows:
         base = base_by_row.get(row_key(rec["row"]))
@@ -492,6 +527,10 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
                 "violations": int(rec["violations"]),
                 "fitted": str(rec.get("fitted") or ""),
                 **{k: v for k, v in prov.items() if k != "profile"},
+                "layout": exp.get("layout") or "rows",
+                "builds_on": builds_on.get(rec["variant"]),
+                "counters": str(rec.get("counters") or "{}"),
+                "published_counters": str(rec.get("published_counters") or "{}"),
             }
         )
     return _records_frame(out)

@@ -25,6 +25,7 @@ its title, ``(modified: --set KEY=VALUE, …)``; its published columns are heade
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Union
@@ -32,7 +33,7 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Unio
 import pandas as pd
 
 from .provenance import modifying_sets, split_sets
-from .records import POINT_PROVENANCE_COLUMNS, is_missing, row_key, to_dicts
+from .records import POINT_PROVENANCE_COLUMNS, _num, is_missing, row_key, to_dicts
 from .schema import BenchResult, CheckResult, ScenarioInfo
 
 __all__ = [
@@ -238,6 +239,131 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(sim: Any, pub: Any) -> str:
+    s, p = _num(sim), _num(pub)
+    if math.isnan(s) or math.isnan(p) or p == 0:
+        return ""
+    return f"{s / p:.2f}"
+
+
+def _counter_cell(value: Any) -> str:
+    v = _num(value)
+    if math.isnan(v):
+        return ""
+    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
+    """A table the way seed 004's cover letter lays it out: a line per variant; per row (vCPU
+    count) the simulated metric, the published one and their ratio, then each reported counter
+    simulated and published; ``*`` marks a cell a profile cost was fitted on. Below it: how
+    many predicted cells land within 2× and within 25 % of the published, how many counter
+    cells equal the published, and whether each variant moves the metric the way the seed
+    does against the variant it builds on."""
+    first = recs[0]
+    modified = any(bool(r.get("modified")) for r in recs)
+    changes = modifying_sets(split_sets(first.get("sets"))) if modified else []
+    title = _title(first, changes)
+    pub = "seed's pub" if modified else "pub"
+    variants = _unique(((r["variant"], r["label"]) for r in recs), key=lambda v: v[0])
+    rows = _unique((r["row"] for r in recs), key=row_key)
+    cell = {(row_key(r["row"]), r["variant"]): r for r in recs}
+    counters = _unique(k for r in recs for k in json.loads(r.get("counters") or "{}"))
+    metric = str(first.get("metric") or "value")
+    sim_dec = choose_decimals(r["simulated"] for r in recs)
+    pub_dec = choose_decimals(r["published"] for r in recs)
+    rk_name = str(first.get("row_key") or "row")
+
+    header = ["variant"]
+    for row in rows:
+        header += [f"{metric} ({rk_name}={row})", pub, "sim/pub"]
+        for c in counters:
+            header += [f"{c}", pub]
+    body: List[List[str]] = []
+    predicted: List[float] = []
+    counter_cells = counter_equal = 0
+    for name, label in variants:
+        line = [label]
+        for row in rows:
+            r = cell.get((row_key(row), name), {})
+            sim, p = r.get("simulated"), r.get("published")
+            line += [
+                format_number(sim, sim_dec) + ("*" if r.get("fitted") else ""),
+                format_number(p, pub_dec) if not is_missing(p) else "",
+                _ratio(sim, p),
+            ]
+            if not r.get("fitted") and not is_missing(p) and not is_missing(sim) and _num(p) != 0:
+                predicted.append(_num(sim) / _num(p))
+            got = json.loads(r.get("counters") or "{}")
+            want = json.loads(r.get("published_counters") or "{}")
+            for c in counters:
+                line += [_counter_cell(got.get(c)), _counter_cell(want.get(c))]
+                if c in want and c in got:
+                    counter_cells += 1
+                    counter_equal += int(abs(float(got[c]) - float(want[c])) < 1e-9)
+        body.append(line)
+    lines = [title, ""] + _render(header, body)
+    fitted = _unique(k for r in recs for k in str(r.get("fitted") or "").split(",") if k)
+    if fitted:
+        lines += [
+            "",
+            f"* fitted: profile {first.get('profile')} fits {', '.join(fitted)} on this cell;"
+            " every other cell is a prediction",
+        ]
+    if modified:
+        lines += [
+            "",
+            f"modified: --set changed the configuration; the {pub} columns are the published",
+            "numbers of the unmodified one, not comparable with this run",
+        ]
+        return "\n".join(lines)
+    if predicted:
+        within2 = sum(1 for x in predicted if 0.5 <= x <= 2.0)
+        within25 = sum(1 for x in predicted if 0.75 <= x <= 1.25)
+        lines += [
+            "",
+            f"predicted {metric} cells: {within2} of {len(predicted)} within 2x of the published,"
+            f" {within25} within 25%",
+        ]
+    if counter_cells:
+        bad = counter_cells - counter_equal
+        lines.append(
+            f"{', '.join(counters)}: {counter_equal} of {counter_cells} cells equal the published"
+            + (f", {bad} MISMATCH" if bad else "")
+        )
+    # Each variant against the one it builds on, per row: does the metric move as published?
+    judged = bad_dirs = 0
+    mismatches: List[str] = []
+    for row in rows:
+        for name, label in variants:
+            r = cell.get((row_key(row), name), {})
+            parent = r.get("builds_on")
+            q = cell.get((row_key(row), parent), {}) if parent else {}
+            if not q or any(is_missing(x) for x in (r.get("published"), q.get("published"))):
+                continue
+            sim_up = _num(r["simulated"]) > _num(q["simulated"])
+            pub_up = _num(r["published"]) > _num(q["published"])
+            judged += 1
+            if sim_up != pub_up:
+                bad_dirs += 1
+                mismatches.append(f"{label} vs {q.get('label')} at {rk_name}={row}")
+    if judged:
+        lines.append(
+            f"{metric} vs the variant each builds on: {judged - bad_dirs} of {judged} directions"
+            " match" + (f", {bad_dirs} MISMATCH ({'; '.join(mismatches)})" if bad_dirs else "")
+        )
+        seed = first.get("seed")
+        if (bad_dirs or (predicted and len(predicted) > within2)) and seed:
+            lines.append(f"the cells that miss, and why: docs/reproduction.md, section 'Seed {seed}'")
+    violations = sum(int(r.get("violations") or 0) for r in recs)
+    if violations:
+        lines.append(
+            f"invariant violations in simulated runs: {violations} "
+            "(shootdown run FILE --points --format json lists them)"
+        )
+    return "\n".join(lines)
+
+
 def format_table(records: pd.DataFrame) -> str:
     """Seed-style text tables, one per experiment and configuration in ``records`` (see the
     module docstring).
@@ -256,7 +382,13 @@ def format_table(records: pd.DataFrame) -> str:
         return (r["experiment"], r.get("sets") or "", bool(r.get("quick")))
 
     keys = _unique((block(r) for r in recs))
-    blocks = [_format_experiment([r for r in recs if block(r) == k]) for k in keys]
+
+    def fmt(rs: List[Dict[str, Any]]) -> str:
+        if rs[0].get("layout") == "variants_as_rows":
+            return _format_variants_as_rows(rs)
+        return _format_experiment(rs)
+
+    blocks = [fmt([r for r in recs if block(r) == k]) for k in keys]
     return "\n\n".join(blocks) + "\n"
 
 
