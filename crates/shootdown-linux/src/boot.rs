@@ -18,10 +18,30 @@ use shootdown_engine::{Env, Park};
 use shootdown_hw::CpuId;
 
 impl Machine {
-    /// A new word of guest memory for a lock or a rendezvous; returns its id.
-    pub fn add_guest_word(&mut self) -> u32 {
+    /// A new word of guest memory for a lock or a rendezvous, on guest page `gfn`, if it is guest
+    /// memory (which every
+    /// attempt reads through the vCPU's TLB and EPT, so a spinning vCPU re-faults the page after
+    /// a zap, as spinning code does); returns its id.
+    pub fn add_guest_word(&mut self, gfn: Option<u64>) -> u32 {
         self.guest_words.push(0);
+        self.guest_word_pages.push(gfn);
         (self.guest_words.len() - 1) as u32
+    }
+
+    /// Read the page of guest word `w` as the guest does; `false` if that exited to KVM (an EPT
+    /// violation: the op is retried after the fault).
+    fn touch_guest_word<E: Env>(&mut self, cpu: CpuId, w: u32, env: &mut E) -> bool {
+        let Some(gfn) = self.guest_word_pages[w as usize] else {
+            return true;
+        };
+        match self.user_access(cpu, gfn, false, env) {
+            Ok(()) => true,
+            Err(crate::user::Fault::Exit(exit)) => {
+                self.vm_exit_to_kvm(cpu, exit, env);
+                false
+            }
+            Err(crate::user::Fault::PageFault) => unreachable!("boot scripts map their lock page"),
+        }
     }
 
     /// One step of a boot operation of task `t` on vCPU `cpu`.
@@ -62,6 +82,9 @@ impl Machine {
                 self.vm_exit_to_kvm(cpu, Exit::Cr0Cd { cd }, env);
             }
             UserOp::GuestSpinLock { lock } => {
+                if !self.touch_guest_word(cpu, lock, env) {
+                    return Park::Run;
+                }
                 let loc = Loc::GuestWord(lock);
                 let me = cpu as u64 + 1;
                 let old = self.rmw(env, cpu, loc, |v| if v == 0 { me } else { v });
@@ -78,6 +101,9 @@ impl Machine {
                 self.tasks[t].pc += 1;
             }
             UserOp::Rendezvous { word, parties } => {
+                if !self.touch_guest_word(cpu, word, env) {
+                    return Park::Run;
+                }
                 let loc = Loc::GuestWord(word);
                 let parties = parties as u64;
                 let target = match self.tasks[t].op_base {

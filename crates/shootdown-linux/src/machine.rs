@@ -76,8 +76,9 @@ pub struct Machine {
     pub next_pfn: u32,
     /// The host under the guests: None for a native machine (`host/`, `kvm/`).
     pub host: Option<Box<Host>>,
-    /// Guest memory words boot scripts lock and meet on (`boot.rs`).
+    /// Guest memory words boot scripts lock and meet on (`boot.rs`), and the guest page of each.
     pub guest_words: Vec<u64>,
+    pub guest_word_pages: Vec<Option<u64>>,
     pub perf: Unhashed<Perf>,
 }
 
@@ -124,6 +125,7 @@ impl Machine {
             next_pfn: 1 << 24,
             host: None,
             guest_words: Vec::new(),
+            guest_word_pages: Vec::new(),
             perf: Unhashed(Perf::new(profile.clone(), n, topo.nr_cpus())),
             topo,
         };

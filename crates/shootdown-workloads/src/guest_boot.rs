@@ -9,6 +9,13 @@
 //!   `variable` ranges (`{ base, size, type }` or `{ base, mask, type }`);
 //! * `memslots` — guest RAM and ROM (`{ gpa, size, huge, readonly }`), which the EPT maps;
 //! * `sequences.NAME` — a list of steps a phase can `run`;
+//! * `locks.NAME` — the guest physical address of each guest lock the steps take, and
+//!   `rendezvous_gpa` the one of the word the phases end on; with `spin_refault = true` a vCPU
+//!   spinning on them reads that page through its TLB and EPT on every attempt, so it re-faults
+//!   the page after a zap (and retries while one is in progress) as spinning code does. Off by
+//!   default: the scripts model the boot's MTRR events, and re-access of the other working sets
+//!   after a zap is not modelled either (docs/reproduction.md, seed 004, shows both). `"none"`
+//!   marks a lock outside guest memory, such as the VMM's;
 //! * `phases` — in order; each has the steps of the BSP (`bsp`), of every AP (`ap`), and of
 //!   single vCPUs (`vcpu = { INDEX = [...] }`, which replace the role's steps); a phase ends when
 //!   every vCPU finished its steps (a rendezvous), which is how firmware broadcasts and waits.
@@ -45,6 +52,10 @@ const REGION_PAGES: u64 = 512;
 /// What a step turns into for one vCPU.
 struct Ctx<'a> {
     states: &'a BTreeMap<String, MtrrState>,
+    /// Waiters re-read their lock's page through the EPT (`spin_refault`).
+    spin_refault: bool,
+    /// `locks.NAME`: the guest page of each lock.
+    lock_pages: &'a toml::Table,
     sequences: &'a toml::Table,
     locks: &'a mut BTreeMap<String, u32>,
     /// Guest frames a step touches (to map in the guest page tables).
@@ -295,7 +306,21 @@ impl Ctx<'_> {
         if let Some(&w) = self.locks.get(name) {
             return Ok(w);
         }
-        let w = self.machine.add_guest_word();
+        let Some(gpa) = self.lock_pages.get(name) else {
+            return err(
+                key,
+                format!("lock '{name}' has no page: add workload.locks.{name} = GPA"),
+            );
+        };
+        // "none": a lock that is not guest memory (the VMM's), taken without a guest access.
+        let gfn = if gpa.as_str() == Some("none") || !self.spin_refault {
+            None
+        } else {
+            let g = int(gpa, &format!("locks.{name}"))? >> 12;
+            self.touched.push((g, 1));
+            Some(g)
+        };
+        let w = self.machine.add_guest_word(gfn);
         self.locks.insert(name.to_string(), w);
         Ok(w)
     }
@@ -435,7 +460,9 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     }
     let noncoherent = p.boolean("noncoherent_dma", true)?;
     let ghz = p.num("cpu_ghz", 3.1, 100.0)?;
-    for k in ["mtrrs", "memslots", "sequences", "phases"] {
+    let rendezvous_gpa = p.int("rendezvous_gpa", 0x7000, 0..=i64::MAX)? as u64;
+    let spin_refault = p.boolean("spin_refault", false)?;
+    for k in ["mtrrs", "memslots", "sequences", "phases", "locks"] {
         p.mark_used(k);
     }
     let empty = toml::Table::new();
@@ -511,13 +538,22 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let mut progs: Vec<Vec<UserOp>> = vec![Vec::new(); vcpus];
     let mut locks = BTreeMap::new();
     let mut touched = Vec::new();
-    let rendezvous = m.add_guest_word();
+    let locks_table = match t.get("locks") {
+        Some(v) => table(v, "locks")?,
+        None => &empty,
+    };
+    let rendezvous = m.add_guest_word(spin_refault.then_some(rendezvous_gpa >> 12));
+    if spin_refault {
+        touched.push((rendezvous_gpa >> 12, 1));
+    }
     for (i, ph) in phases.iter().enumerate() {
         let key = format!("phases[{i}]");
         let ph = table(ph, &key)?;
         only_keys(ph, &key, &["name", "bsp", "ap", "vcpu"])?;
         let mut ctx = Ctx {
             states: &states,
+            spin_refault,
+            lock_pages: locks_table,
             sequences,
             locks: &mut locks,
             touched: &mut touched,
