@@ -465,3 +465,123 @@ fn fitted_costs_mark_their_cells() {
     );
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+/// Seed 004's boot scripts and MTRR states: a malformed one names the key and the reason.
+#[test]
+fn boot_scripts_and_mtrr_settings_are_checked() {
+    let ovmf = std::fs::read_to_string(repo().join("experiments/seeds/seed004-ovmf.toml"))
+        .unwrap()
+        .replace("name = \"seed004-ovmf\"", "name = \"t4\"");
+    load_text("boot-good.toml", &ovmf, &[]).unwrap();
+    // An unknown memory type.
+    expect(
+        "boot-memtype.toml",
+        &ovmf.replacen(
+            "{ base = 0x80000000, size = 0x80000000, type = \"uc\" }",
+            "{ base = 0x80000000, size = 0x80000000, type = \"uncached\" }",
+            1,
+        ),
+        &[],
+        "workload.mtrrs.ovmf.variable[0].type",
+        "unknown memory type 'uncached' (expected uc | wc | wt | wp | wb)",
+    );
+    // Overlapping variable ranges, one of them with a mask that is not contiguous.
+    expect(
+        "boot-mask.toml",
+        &ovmf.replacen(
+            "variable = [{ base = 0x80000000, size = 0x80000000, type = \"uc\" }]",
+            "variable = [{ base = 0x80000000, size = 0x80000000, type = \"uc\" }, { base = 0x80000000, mask = 0x3fff7fff0000, type = \"wb\" }]",
+            1,
+        ),
+        &[],
+        "workload.mtrrs.ovmf.variable",
+        "variable range 1: mask 0x3fff7fff0800 is not contiguous from the top",
+    );
+    // A base not aligned to its size.
+    expect(
+        "boot-align.toml",
+        &ovmf.replacen(
+            "{ base = 0x80000000, size = 0x80000000, type = \"uc\" }",
+            "{ base = 0x40000000, size = 0x80000000, type = \"uc\" }",
+            1,
+        ),
+        &[],
+        "workload.mtrrs.ovmf.variable",
+        "is not aligned to the size",
+    );
+    // A vCPU index past the VM's vCPUs (rows are 8 and 16 vCPUs).
+    expect(
+        "boot-vcpu.toml",
+        &ovmf.replacen(
+            "ap = [{ cd = 0 }]",
+            "ap = [{ cd = 0 }]\nvcpu = { 17 = [{ cd = 0 }] }",
+            1,
+        ),
+        &[],
+        "workload.phases[3].vcpu.17",
+        "vCPU index 17 out of range (the VM has 8 vCPUs)",
+    );
+    // A step that is none of the known ones, an unknown MSR, a sequence that does not exist.
+    expect(
+        "boot-step.toml",
+        &ovmf.replacen("ap = [{ cd = 0 }]", "ap = [{ cdd = 0 }]", 1),
+        &[],
+        "workload.phases[3].ap[0]",
+        "a step needs one of cd, wrmsr",
+    );
+    expect(
+        "boot-msr.toml",
+        &ovmf.replacen(
+            "{ wrmsr = \"MTRRdefType\", value = 0 }",
+            "{ wrmsr = \"MTRRdeftype\", value = 0 }",
+            1,
+        ),
+        &[],
+        "workload.sequences.ovmf_set_all_wb[1].wrmsr",
+        "unknown MTRR MSR 'MTRRdeftype'",
+    );
+    expect(
+        "boot-value.toml",
+        &ovmf.replacen(
+            "{ wrmsr = \"MTRRdefType\", value = 0 }",
+            "{ wrmsr = \"MTRRdefType\", value = 0xc02 }",
+            1,
+        ),
+        &[],
+        "workload.sequences.ovmf_set_all_wb[1].value",
+        "MTRRdefType 0xc02: unknown memory type 2",
+    );
+    expect(
+        "boot-run.toml",
+        &ovmf.replacen("{ run = \"ovmf_set\" }", "{ run = \"ovmf_sett\" }", 1),
+        &[],
+        "run",
+        "no sequence 'ovmf_sett'",
+    );
+    expect(
+        "boot-fixed.toml",
+        &ovmf.replacen(
+            "{ from = 0xa0000, to = 0x100000, type = \"uc\" }",
+            "{ from = 0xa1000, to = 0x100000, type = \"uc\" }",
+            1,
+        ),
+        &[],
+        "workload.mtrrs.ovmf_legacy_uc.fixed[1]",
+        "splits the fixed sub-range",
+    );
+    expect(
+        "boot-lock.toml",
+        &ovmf.replacen("cache_disable_lock = 0x2a00000", "", 1),
+        &[],
+        "lock",
+        "lock 'cache_disable_lock' has no page",
+    );
+    // An experiment that reports a counter the model does not have.
+    expect(
+        "boot-counter.toml",
+        &ovmf.replacen("kvm.mtrr_zap_requests\", label", "kvm.mtrr_zaps\", label", 1),
+        &[],
+        "experiment.counters[0].counter",
+        "unknown counter 'kvm.mtrr_zaps'",
+    );
+}
