@@ -11,6 +11,10 @@ use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
 use shootdown_linux::host::HostOp;
 use shootdown_linux::kvm::memslot::Memslot;
+use shootdown_linux::kvm::mtrr::{
+    MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MAXPHYADDR, MTRR_DEF_TYPE_E,
+    MTRR_PHYS_MASK_VALID,
+};
 use shootdown_linux::options::MUTANT_NAMES;
 use shootdown_linux::{Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
 use std::collections::BTreeMap;
@@ -76,6 +80,40 @@ pub struct KvmSpec {
     /// Host threads, in order (agents after the vCPUs).
     #[serde(default)]
     pub threads: Vec<HostThreadSpec>,
+    /// A device without snoop control is assigned from the start: KVM honours the guest's
+    /// memory types (seed 004).
+    #[serde(default)]
+    pub noncoherent_dma: bool,
+    /// The host's physical-address width: the TDP MMU's walks end at gfn 2^(bits - 12)
+    /// (`tdp_mmu_max_gfn_exclusive`; 46 by default, scenarios narrow it to keep walks short).
+    pub host_phys_bits: Option<u32>,
+    /// A second address space (SMM) whose TDP MMU root exists beside the normal one.
+    #[serde(default)]
+    pub smm: bool,
+    /// Every vCPU's MTRRs when the run starts (default: disabled).
+    pub mtrrs: Option<MtrrsSpec>,
+    /// Every vCPU's CR0.CD when the run starts.
+    #[serde(default)]
+    pub cr0_cd: bool,
+}
+
+/// `[kvm.mtrrs]`: MTRRs enabled with a default type and variable ranges (no fixed ranges).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtrrsSpec {
+    pub default: String,
+    #[serde(default)]
+    pub variable: Vec<VarMtrrSpec>,
+}
+
+/// A variable MTRR: `size` bytes (a power of two) at byte address `base`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VarMtrrSpec {
+    pub base: u64,
+    pub size: u64,
+    #[serde(rename = "type")]
+    pub ty: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -119,6 +157,8 @@ pub enum HostOpSpec {
         #[serde(default = "one")]
         npages: u64,
     },
+    /// VFIO assigns a device without snoop control (KVM zaps: seed 004's patch 5).
+    AssignNoncoherentDma,
     Compute {
         ns: u64,
     },
@@ -127,6 +167,45 @@ pub enum HostOpSpec {
         times: Option<u32>,
     },
     Exit,
+}
+
+/// The MTRR state `[kvm.mtrrs]` describes; errors are (key, reason).
+fn mtrr_state(mt: &MtrrsSpec) -> Result<MtrrState, (String, String)> {
+    let ty = |s: &str, key: &str| {
+        MemType::parse(s).ok_or_else(|| {
+            (
+                key.to_string(),
+                format!(
+                    "unknown memory type '{s}' (expected {})",
+                    MemType::NAMES.join(" | ")
+                ),
+            )
+        })
+    };
+    let mut st = MtrrState {
+        deftype: MTRR_DEF_TYPE_E | ty(&mt.default, "default")? as u64,
+        ..Default::default()
+    };
+    if mt.variable.len() > KVM_NR_VAR_MTRR {
+        return Err((
+            "variable".into(),
+            format!("at most {KVM_NR_VAR_MTRR} ranges"),
+        ));
+    }
+    for (i, v) in mt.variable.iter().enumerate() {
+        if !v.size.is_power_of_two() || v.size < 4096 {
+            return Err((
+                format!("variable[{i}].size"),
+                "must be a power of two of at least 4 KiB".into(),
+            ));
+        }
+        st.var[i] = VarRange {
+            base: v.base | ty(&v.ty, &format!("variable[{i}].type"))? as u64,
+            mask: (((1u64 << MAXPHYADDR) - 1) & !(v.size - 1)) | MTRR_PHYS_MASK_VALID,
+        };
+    }
+    st.check().map_err(|r| ("variable".to_string(), r))?;
+    Ok(st)
 }
 
 /// Guest frames the model's 4-level EPT can map (a 48-bit guest physical address space).
@@ -178,6 +257,7 @@ impl HostOpSpec {
             },
             HostOpSpec::MemslotDelete { id } => HostOp::MemslotDelete { id },
             HostOpSpec::InvalidateGfns { gfn, npages } => HostOp::InvalidateGfns { gfn, npages },
+            HostOpSpec::AssignNoncoherentDma => HostOp::AssignNoncoherentDma,
             HostOpSpec::Compute { ns } => HostOp::Compute { ns },
             HostOpSpec::Loop { to, times } => HostOp::Loop { to, times },
             HostOpSpec::Exit => HostOp::Exit,
@@ -349,6 +429,15 @@ pub enum OpSpec {
     CopyPages {
         pages: u64,
     },
+    /// Seed 004: the guest writes an MTRR MSR (by number).
+    Wrmsr {
+        msr: u32,
+        value: u64,
+    },
+    /// Seed 004: the guest sets CR0.CD.
+    SetCr0Cd {
+        cd: bool,
+    },
     Loop {
         to: u16,
         times: Option<u32>,
@@ -402,6 +491,8 @@ impl OpSpec {
             OpSpec::Event => UserOp::Event,
             OpSpec::Mark => UserOp::Mark,
             OpSpec::CopyPages { pages } => UserOp::CopyPages { pages },
+            OpSpec::Wrmsr { msr, value } => UserOp::Wrmsr { msr, value },
+            OpSpec::SetCr0Cd { cd } => UserOp::SetCr0Cd { cd },
             OpSpec::Loop { to, times } => UserOp::Loop { to, times },
             OpSpec::Exit => UserOp::Exit,
         }
@@ -671,6 +762,17 @@ impl Scenario {
                         .into(),
                 ));
             }
+            if let Some(b) = k.host_phys_bits {
+                if !(22..=46).contains(&b) {
+                    return Err(err(
+                        "kvm.host_phys_bits",
+                        format!("must be between 22 and 46 (got {b})"),
+                    ));
+                }
+            }
+            if let Some(mt) = &k.mtrrs {
+                mtrr_state(mt).map_err(|(key, r)| err(&format!("kvm.mtrrs.{key}"), r))?;
+            }
             let mut ids: Vec<u16> = Vec::new();
             let mut ranges: Vec<(u64, u64)> = Vec::new();
             for (i, sl) in k.memslots.iter().enumerate() {
@@ -900,6 +1002,17 @@ impl Scenario {
                 })
                 .collect();
             m.enable_kvm_mmu(0, slots);
+            let mtrrs = match &k.mtrrs {
+                Some(mt) => mtrr_state(mt).expect("checked at load"),
+                None => MtrrState::default(),
+            };
+            m.set_guest_memtypes(0, k.noncoherent_dma, mtrrs, k.cr0_cd);
+            if let Some(b) = k.host_phys_bits {
+                m.set_tdp_max_gfn(0, 1 << (b - 12));
+            }
+            if k.smm && m.opts.tdp_mmu {
+                m.add_tdp_root(0, 1);
+            }
             for r in &k.prefault {
                 m.prefault_ept(0, r.start, r.npages);
             }

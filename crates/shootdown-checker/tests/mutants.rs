@@ -15,6 +15,24 @@ type Pinned = (
 );
 const MUTANTS: &[Pinned] = &[
     (
+        "kvm_tdp_zap_roots",
+        "tdp_zap_yield_drops_prior_flush",
+        Some("K12"),
+        "sc",
+        "INV-FLUSH-OWED",
+        39,
+        1339,
+    ),
+    (
+        "kvm_noncoherent_fault",
+        "zap_gfn_range_no_invalidate",
+        Some("K14"),
+        "sc",
+        "INV-MEMTYPE",
+        32,
+        2626,
+    ),
+    (
         "khugepaged_collapse",
         "flush_tlb_range_without_freed_tables",
         None,
@@ -216,8 +234,15 @@ const MUTANTS: &[Pinned] = &[
 
 /// Scenarios where the protocol as the kernel wrote it violates an invariant (documented
 /// findings): (scenario, memory model, invariant, counterexample steps, states).
-const FINDINGS: &[(&str, &str, &str, usize, u64)] =
-    &[("kvm_mmio_wrap", "sc", "INV-MMIO", 55, 9269)];
+const FINDINGS: &[(&str, &str, &str, usize, u64)] = &[
+    ("kvm_mmio_wrap", "sc", "INV-MMIO", 55, 9269),
+    // Seed 004's patch 9 as posted (kernel-model.md §5.2's suspected window), alone and with
+    // patch 10, under both memory models.
+    ("kvm_mtrr_zap_list", "sc", "INV-MEMTYPE", 57, 11264),
+    ("kvm_mtrr_zap_list", "tso", "INV-MEMTYPE", 59, 16602),
+    ("kvm_mtrr_zap_list_fine", "sc", "INV-MEMTYPE", 54, 7762),
+    ("kvm_mtrr_zap_list_fine", "tso", "INV-MEMTYPE", 56, 11442),
+];
 
 #[test]
 fn every_mutant_is_found_with_a_pinned_counterexample() {
@@ -327,7 +352,9 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     for (n, _) in shootdown_linux::options::MUTANT_NAMES {
         assert!(names.contains(n), "mutant {n} has no pinned scenario");
     }
-    for bug in ["N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10"] {
+    for bug in [
+        "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14",
+    ] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }
 }

@@ -93,6 +93,23 @@ fn fixed_kvm_mmio_and_zap_yield_verify_tso() {
     ]);
 }
 
+/// Seed 004's TDP MMU: a zap over two roots with a fault contending (`kvm_tdp_zap_roots`),
+/// two vCPUs clearing CR0.CD at once with Base2's write-lock zaps and with patch 12's read-lock
+/// zaps, and a non-coherent device's assignment racing a fault (`kvm_noncoherent_fault`).
+#[test]
+fn fixed_tdp_mmu_and_memtype_zaps_verify() {
+    verify(&[
+        ("kvm_tdp_zap_roots", "sc", 11311, 20974),
+        ("kvm_tdp_zap_roots", "tso", 15523, 33343),
+        ("kvm_mtrr_cd_toggle", "sc", 11123, 20358),
+        ("kvm_mtrr_cd_toggle", "tso", 15185, 32082),
+        ("kvm_mtrr_cd_toggle_shared", "sc", 15059, 28618),
+        ("kvm_mtrr_cd_toggle_shared", "tso", 20071, 43506),
+        ("kvm_noncoherent_fault", "sc", 2938, 5382),
+        ("kvm_noncoherent_fault", "tso", 3891, 8116),
+    ]);
+}
+
 #[test]
 fn fixed_kvm_slot_zap_verifies_tso() {
     verify(&[("kvm_slot_zap", "tso", 2150463, 7346267)]);

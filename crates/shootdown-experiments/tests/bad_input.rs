@@ -579,7 +579,11 @@ fn boot_scripts_and_mtrr_settings_are_checked() {
     // An experiment that reports a counter the model does not have.
     expect(
         "boot-counter.toml",
-        &ovmf.replacen("kvm.mtrr_zap_requests\", label", "kvm.mtrr_zaps\", label", 1),
+        &ovmf.replacen(
+            "kvm.mtrr_zap_requests\", label",
+            "kvm.mtrr_zaps\", label",
+            1,
+        ),
         &[],
         "experiment.counters[0].counter",
         "unknown counter 'kvm.mtrr_zaps'",

@@ -8,8 +8,8 @@ use std::path::Path;
 const ZAP_CNT: &str = "kvm.mtrr_zap_requests";
 
 fn experiment(name: &str) -> Experiment {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../../experiments/seeds/{name}.toml"));
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../experiments/seeds/{name}.toml"));
     load(&path, &[]).unwrap()
 }
 
@@ -74,9 +74,16 @@ fn zap_counts_equal_the_published_ones_and_cycles_keep_the_seeds_orderings() {
 #[test]
 fn the_fitted_cell_is_marked_and_reproduced() {
     let e = experiment("seed004-ovmf");
-    let fitted: Vec<_> = e.published.iter().filter(|p| !p.fitted.is_empty()).collect();
+    let fitted: Vec<_> = e
+        .published
+        .iter()
+        .filter(|p| !p.fitted.is_empty())
+        .collect();
     assert_eq!(fitted.len(), 1);
-    assert_eq!((fitted[0].variant.as_str(), fitted[0].row.as_u64()), ("p12", Some(8)));
+    assert_eq!(
+        (fitted[0].variant.as_str(), fitted[0].row.as_u64()),
+        ("p12", Some(8))
+    );
     assert_eq!(fitted[0].fitted, vec!["tdp_iter_step".to_string()]);
     let idx: Vec<usize> = e
         .points(false)

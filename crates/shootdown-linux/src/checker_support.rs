@@ -198,7 +198,8 @@ impl Machine {
                 | Frame::ZapMemslot(_)
                 | Frame::ZapGfnRange(_)
                 | Frame::TdpMmuPageFault(_)
-                | Frame::MtrrZapRequest(_) => {}
+                | Frame::MtrrZapRequest(_)
+                | Frame::NoncoherentDmaStart(_) => {}
             }
             f
         };

@@ -17,7 +17,7 @@ use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
 use crate::kvm::mmu::page::{CommitZap, MmuLoad, MmuUnload};
 use crate::kvm::mmu::tdp_mmu::{TdpMmuPageFault, ZapGfnRange};
 use crate::kvm::mmu::zap::ZapMemslot;
-use crate::kvm::mtrr_zap::MtrrZapRequest;
+use crate::kvm::mtrr_zap::{MtrrZapRequest, NoncoherentDmaStart};
 use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
 use crate::sched::{RwSemDown, Schedule};
@@ -86,6 +86,7 @@ pub enum Frame {
     ZapGfnRange(Box<ZapGfnRange>),
     TdpMmuPageFault(Box<TdpMmuPageFault>),
     MtrrZapRequest(Box<MtrrZapRequest>),
+    NoncoherentDmaStart(NoncoherentDmaStart),
 }
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -142,6 +143,7 @@ impl Frame {
             Frame::TdpMmuPageFault(_) => "kvm_tdp_page_fault",
             Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",
             Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
+            Frame::NoncoherentDmaStart(_) => "kvm_arch_register_noncoherent_dma",
             Frame::Syscall(s) => s.name(),
         }
     }
@@ -173,6 +175,7 @@ impl Frame {
             Frame::ZapGfnRange(s) => format!("{:?}", s.pc),
             Frame::TdpMmuPageFault(s) => format!("{:?}", s.pc),
             Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
+            Frame::NoncoherentDmaStart(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),
         }
     }

@@ -221,6 +221,12 @@ locations! {
         read(m) = m.guest_words[id as usize];
         write(m, x) = m.guest_words[id as usize] = x;
     }
+    /// KVM: `kvm->arch.noncoherent_dma_count` (as 0 or 1).
+    NoncoherentDma(vm: u32) {
+        line(m) = (20u64 << 56) | 2 << 40 | vm as u64;
+        read(m) = m.kvm(vm as usize).noncoherent_dma as u64;
+        write(m, x) = m.kvm_mut(vm as usize).noncoherent_dma = x != 0;
+    }
     /// KVM (seed 004's patch 9): `kvm->arch.mtrr_zap_list_lock`.
     MtrrZapListLock(vm: u32) {
         line(m) = (20u64 << 56) | vm as u64;

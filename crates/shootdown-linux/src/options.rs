@@ -447,6 +447,16 @@ mutants! {
     /// khugepaged's `pmdp_collapse_flush()` skips lazy CPUs and then frees the page table
     /// their paging-structure caches may still point to.
     flush_tlb_range_without_freed_tables = "",
+    /// K12 (1af4a96025b3, fixed by a835429cda91 in v5.12): the TDP MMU's GFN-range zap walks
+    /// each root with a flush flag of its own, and a yield flushes only that root's: SPTEs
+    /// zapped in an earlier root stay unflushed while `mmu_lock` is dropped.
+    tdp_zap_yield_drops_prior_flush = "K12",
+    /// K14 (fixed by 6d3085e4d89a in v6.1), in the catalog recipe's second form:
+    /// `kvm_zap_gfn_range()` marks no invalidation in progress (the code before edb298c663fc;
+    /// from it to v6.0 the mark was a GFN range compared with host virtual addresses, which only
+    /// a ranged zap misses). A fault that decided from the old state installs its SPTE while
+    /// the zap has yielded, behind the walk.
+    zap_gfn_range_no_invalidate = "K14",
     /// Seeded: `zap_huge_pmd()` clears the PMD leaf without `tlb_remove_pmd_tlb_entry()`, so
     /// the gather records neither the range nor `cleared_pmds`; an unmap of only 2 MiB pages
     /// then flushes nothing.

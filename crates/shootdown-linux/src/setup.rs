@@ -169,11 +169,46 @@ impl Machine {
         self.kvm_mut(vm).noncoherent_dma = on;
     }
 
+    /// The guest memory-type state of VM `vm` when a run starts: non-coherent DMA, and every
+    /// vCPU's MTRRs and CR0.CD.
+    pub fn set_guest_memtypes(
+        &mut self,
+        vm: usize,
+        noncoherent: bool,
+        mtrrs: crate::kvm::mtrr::MtrrState,
+        cr0_cd: bool,
+    ) {
+        self.kvm_mut(vm).noncoherent_dma = noncoherent;
+        for v in self.host_ref().vm_cpus(vm) {
+            let vc = &mut self.host_mut().vcpus[v];
+            vc.mtrr = mtrrs;
+            vc.cr0_cd = cr0_cd;
+        }
+    }
+
+    /// `tdp_mmu_max_gfn_exclusive()` of VM `vm` (the host's physical-address width).
+    pub fn set_tdp_max_gfn(&mut self, vm: usize, max_gfn: u64) {
+        self.kvm_mut(vm).max_gfn = max_gfn;
+    }
+
+    /// A TDP MMU root of address space `as_id` (2nd one: SMM) for VM `vm`, as if a vCPU had
+    /// entered that mode before the run.
+    pub fn add_tdp_root(&mut self, vm: usize, as_id: u8) {
+        let mut env = crate::describe::NullEnv;
+        self.kvm_tdp_mmu_get_vcpu_root(vm, as_id, &mut env);
+    }
+
     /// Populate VM `vm`'s EPT for guest frames `[start, start + npages)` as faults would have
     /// (memory the guest touched before the run): the shared direct root and its tables, 2 MiB
     /// leaves where the memslot allows them.
     pub fn prefault_ept(&mut self, vm: usize, start: u64, npages: u64) {
         let mut env = crate::describe::NullEnv;
+        if self.opts.tdp_mmu {
+            self.tdp_prefault(vm, start, npages, &mut env);
+            self.kvm_mut(vm).mmu.last_zap = 0;
+            self.perf.counters = crate::counters::Counters::new();
+            return;
+        }
         let root = self.kvm_mmu_get_page(vm, 0, shootdown_hw::ept::EPT_ROOT_LEVEL, &mut env);
         let mut gfn = start;
         while gfn < start + npages {

@@ -199,6 +199,7 @@ impl Machine {
             Frame::ZapGfnRange(s) => self.zap_gfn_range_step(cpu, s, env),
             Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
+            Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
         }
     }
 

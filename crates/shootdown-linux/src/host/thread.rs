@@ -35,6 +35,9 @@ pub enum HostOp {
         gfn: Gfn,
         npages: u64,
     },
+    /// The VMM assigns a device without snoop control (VFIO registers it with KVM): KVM starts
+    /// honouring the guest's memory types and zaps (seed 004's patch 5).
+    AssignNoncoherentDma,
     /// Userspace work of the VMM between its ioctls.
     Compute {
         ns: u64,

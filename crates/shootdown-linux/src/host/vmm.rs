@@ -113,6 +113,17 @@ impl Machine {
                     env,
                 );
             }
+            HostOp::AssignNoncoherentDma => {
+                advance(self);
+                self.say(|| "VFIO: assign a device without snoop control".into());
+                self.push_host_frame(
+                    a,
+                    Frame::NoncoherentDmaStart(crate::kvm::mtrr_zap::NoncoherentDmaStart {
+                        pc: crate::kvm::mtrr_zap::NoncoherentDmaPc::Start,
+                    }),
+                    env,
+                );
+            }
             HostOp::Compute { ns } => {
                 advance(self);
                 if env.timed() {

@@ -139,6 +139,9 @@ pub struct Vcpu {
     pub mtrr: mtrr::MtrrState,
     /// Guest CR0.CD (1 at reset).
     pub cr0_cd: bool,
+    /// Oracle: guest frames whose memory type this vCPU's last MTRR write or CR0.CD change may
+    /// have changed; checked (INV-MEMTYPE) when it next enters the guest.
+    pub memtype_check: Option<(Gfn, Gfn)>,
 }
 
 impl Vcpu {
@@ -162,6 +165,7 @@ impl Vcpu {
             emulate: None,
             mtrr: mtrr::MtrrState::default(),
             cr0_cd: true,
+            memtype_check: None,
         }
     }
 
@@ -204,9 +208,12 @@ pub struct Kvm {
     pub mtrr_zap_list: Vec<mtrr::GfnRange>,
     pub mtrr_zap_list_lock: u64,
     pub mtrr_zapping: u64,
-    /// `kvm_arch_has_noncoherent_dma()`: a device without snoop control is assigned, so KVM
-    /// honours the guest's memory types (seed 004).
+    /// `kvm_arch_has_noncoherent_dma()` (`Loc::NoncoherentDma`): a device without snoop
+    /// control is assigned, so KVM honours the guest's memory types (seed 004).
     pub noncoherent_dma: bool,
+    /// `tdp_mmu_max_gfn_exclusive()`: one past the largest gfn the host's physical-address
+    /// width allows (2^34 with 46 bits; checker scenarios narrow it to keep walks short).
+    pub max_gfn: Gfn,
 }
 
 impl Kvm {
@@ -228,6 +235,7 @@ impl Kvm {
             mtrr_zap_list_lock: 0,
             mtrr_zapping: 0,
             noncoherent_dma: false,
+            max_gfn: mmu::tdp_mmu::TDP_MMU_MAX_GFN_EXCLUSIVE,
         }
     }
 }

@@ -32,6 +32,24 @@ use crate::options::{CdZapRange, MtrrZap};
 use shootdown_engine::{Env, Time};
 use shootdown_hw::CpuId;
 
+/// A host thread assigns a device without snoop control to the VM
+/// (`kvm_arch_register_noncoherent_dma`): the count goes from 0 to 1, so KVM starts honouring
+/// the guest's memory types and zaps every leaf made without them
+/// (`kvm_noncoherent_dma_assignment_start_or_stop`, patch 5 of seed 004, v6.7; part of Base1).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NoncoherentDmaStart {
+    pub pc: NoncoherentDmaPc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NoncoherentDmaPc {
+    /// `atomic_inc_return(&kvm->arch.noncoherent_dma_count) == 1`, then
+    /// `kvm_zap_gfn_range(kvm, 0, ~0)`.
+    Start,
+    /// Back from the zap: return (the oracle checks every leaf).
+    Done,
+}
+
 /// A zap request from a trigger site.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MtrrZapRequest {
@@ -144,7 +162,20 @@ impl Machine {
             };
             format!("kvm_mtrr_set_msr({} = {value:#x}): {what}", m.name())
         });
+        if let Some(r) = range {
+            self.note_memtype_change(v, r);
+        }
         range.map(|r| self.zap_request(v, vec![r], env))
+    }
+
+    /// Oracle: vCPU `v` changed the memory type of frames `r` and asked for them to be zapped;
+    /// INV-MEMTYPE is checked when it next enters the guest.
+    fn note_memtype_change(&mut self, v: CpuId, r: GfnRange) {
+        let vc = &mut self.host_mut().vcpus[v];
+        vc.memtype_check = Some(match vc.memtype_check {
+            Some((a, b)) => (a.min(r.0), b.max(r.1)),
+            None => r,
+        });
     }
 
     /// `kvm_set_cr0()` by vCPU `v` changing CR0.CD to `cd`, then `kvm_post_set_cr0()`: the
@@ -197,6 +228,7 @@ impl Machine {
         });
         // Patch 10 with nothing to zap still goes through kvm_zap_or_wait_mtrr_zap_list (and
         // is counted at the trigger site like every other request).
+        self.note_memtype_change(v, (0, GFN_ALL_END));
         Some(self.zap_request(v, ranges, env))
     }
 
@@ -238,6 +270,8 @@ impl Machine {
                     return Flow::Next;
                 }
                 let (a, b) = s.ranges.remove(0);
+                let t = ranges_text(&[(a, b)]);
+                self.say(|| format!("kvm_zap_gfn_range {t}"));
                 Flow::Call(ZapGfnRange::call(a, b))
             }
             Queue => {
@@ -306,10 +340,36 @@ impl Machine {
                 Flow::Next
             }
             Done => {
+                self.say(|| "the request returns".into());
                 if env.timed() {
                     let ns = env.now().saturating_sub(s.began).0 / 1000;
                     self.perf.counters.add(Counter::KvmMtrrZapNs, ns);
                 }
+                Flow::Return
+            }
+        }
+    }
+
+    /// One step of a non-coherent device's assignment by host thread `a`.
+    pub(crate) fn noncoherent_dma_step<E: Env>(
+        &mut self,
+        a: usize,
+        s: &mut NoncoherentDmaStart,
+        env: &mut E,
+    ) -> Flow {
+        let vm = self.vm_of(a) as u32;
+        match s.pc {
+            NoncoherentDmaPc::Start => {
+                self.rmw(env, a, Loc::NoncoherentDma(vm), |_| 1);
+                self.say(|| {
+                    "kvm_arch_register_noncoherent_dma: count 0 -> 1: kvm_zap_gfn_range(0, ~0)"
+                        .into()
+                });
+                s.pc = NoncoherentDmaPc::Done;
+                Flow::Call(ZapGfnRange::call(0, GFN_ALL_END))
+            }
+            NoncoherentDmaPc::Done => {
+                self.check_memtype(None, (0, GFN_ALL_END));
                 Flow::Return
             }
         }

@@ -8,10 +8,18 @@
 //! * `INV-MMIO` — no access is emulated as MMIO from an MMIO SPTE or MMIO-cache entry derived
 //!   from memslots older than those the vCPU's SRCU read section sees, where those map RAM;
 //! * `INV-SLOT` — when a memslot deletion returns, no SPTE maps a frame of the slot, no vCPU
-//!   can still use a translation of one, and no shadow page of the slot is left behind.
+//!   can still use a translation of one, and no shadow page of the slot is left behind;
+//! * `INV-MEMTYPE` (kernel-model.md §5.4 T1, T2) — when a vCPU whose MTRR write or CR0.CD
+//!   toggle made a zap request enters the guest again, no TDP MMU leaf it created in the range
+//!   the change affects carries a memory type other than the one its state now gives every
+//!   frame the leaf maps; and when a non-coherent device's assignment (and its zap) returns, no
+//!   leaf at all does. (A change that makes no request is not judged: with
+//!   `KVM_X86_QUIRK_CD_NW_CLEARED`, v6.5 by design leaves the WB+IPAT leaves made under
+//!   CR0.CD=1 in place when the guest clears it.)
 
 use crate::frame::Frame;
 use crate::kvm::memslot::Memslot;
+use crate::kvm::vmx::memtype_text;
 use crate::kvm::Request;
 use crate::machine::Machine;
 use shootdown_engine::Violation;
@@ -157,6 +165,47 @@ impl Machine {
             self.violate(Violation {
                 invariant: "INV-SLOT",
                 detail: format!("memslot deletion returned, but {detail}"),
+            });
+        }
+    }
+
+    /// Oracle `INV-MEMTYPE`: every live TDP MMU leaf overlapping `range` (made by vCPU `by`,
+    /// or by anyone) carries the memory type its maker's state now gives each frame it maps.
+    pub(crate) fn check_memtype(&mut self, by: Option<usize>, (start, end): (Gfn, Gfn)) {
+        let Some(vm) = self.host.as_ref().map(|_| by.map_or(0, |v| self.vm_of(v))) else {
+            return;
+        };
+        let mut bad = None;
+        for (&(sp, idx), &maker) in &self.kvm(vm).mmu.memtype_origin {
+            if by.is_some_and(|v| v != maker as usize) || !self.ept.is_alive(sp) {
+                continue;
+            }
+            let page = self.ept.page(sp);
+            let SpteKind::Leaf { memtype, .. } = self.ept.spte(sp, idx).kind else {
+                continue;
+            };
+            let n = gfns_per_entry(page.level);
+            let g = page.gfn + idx as u64 * n;
+            if g >= end || g + n <= start {
+                continue;
+            }
+            if let Some(why) = self.leaf_memtype_wrong(maker as usize, g, n, memtype) {
+                bad = Some(format!(
+                    "vcpu{maker}'s SPTE for gfns {g:#x}..{:#x} has memory type {}, but {why}",
+                    g + n,
+                    memtype_text(memtype)
+                ));
+                break;
+            }
+        }
+        if let Some(detail) = bad {
+            let when = match by {
+                Some(v) => format!("vcpu{v} re-enters the guest after its MTRR / CR0.CD change"),
+                None => "the non-coherent DMA assignment returned".to_string(),
+            };
+            self.violate(Violation {
+                invariant: "INV-MEMTYPE",
+                detail: format!("{when}: {detail}"),
             });
         }
     }

@@ -52,6 +52,26 @@ impl Machine {
         mt_bits(vc.mtrr.memtype(gfn), false)
     }
 
+    /// Why a leaf of memory type `bits` mapping gfns `[g, g + n)` is not what vCPU `v`'s state
+    /// now gives them (`None` if it is): a different type, or (a huge leaf) frames the vCPU's
+    /// MTRRs give different types.
+    pub(crate) fn leaf_memtype_wrong(&self, v: CpuId, g: Gfn, n: u64, bits: u8) -> Option<String> {
+        let want = self.vmx_get_mt_mask(v, g);
+        if want != bits {
+            return Some(format!("vcpu{v}'s state now gives {}", memtype_text(want)));
+        }
+        let vm = self.vm_of(v);
+        let vc = &self.host_ref().vcpus[v];
+        let by_mtrrs =
+            self.kvm(vm).noncoherent_dma && self.opts.mtrr_zap != MtrrZap::Mainline && !vc.cr0_cd;
+        if n > 1 && by_mtrrs && !vc.mtrr.uniform(g, n) {
+            return Some(format!(
+                "vcpu{v}'s MTRRs give its frames more than one type"
+            ));
+        }
+        None
+    }
+
     /// Cost of one VM exit + entry on this host, with the VMX-instruction error checks of
     /// `vmcs_accesses_per_exit` VMREAD/VMWRITEs.
     pub fn vm_exit_cost(&self) -> Time {

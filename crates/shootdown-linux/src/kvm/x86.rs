@@ -372,6 +372,9 @@ impl Machine {
                 let root = self.host_ref().vcpus[v].root.expect("a root before entry");
                 self.cpus[v].tlb.set_ept_tag(ept_tag(root));
                 self.host_mut().vcpus[v].irqs_off = false;
+                if let Some(range) = self.host_mut().vcpus[v].memtype_check.take() {
+                    self.check_memtype(Some(v), range);
+                }
                 self.say(|| format!("no request: VM entry (EPTP = EPT page #{root})"));
                 self.vm_enter(v);
                 Flow::Return

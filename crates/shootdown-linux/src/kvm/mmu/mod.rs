@@ -64,6 +64,9 @@ pub struct KvmMmu {
     pub mmu_valid_gen: u64,
     /// v5.0 `kvm->arch.zapped_obsolete_pages`: pages the fast zap prepared but has not freed.
     pub zapped_obsolete: Vec<SpId>,
+    /// Oracle: the vCPU whose state gave each TDP MMU leaf its memory type (`vmx_get_mt_mask`
+    /// is per vCPU).
+    pub memtype_origin: BTreeMap<(SpId, u16), u32>,
     /// Oracle: the memslot-set version each MMIO SPTE was derived from.
     pub mmio_origin: BTreeMap<(SpId, u16), u64>,
     /// Oracle: epoch of the latest SPTE zap or unlink, and of the latest remote flush that began

@@ -87,6 +87,7 @@ impl Machine {
         if !matches!(kind, SpteKind::Mmio { .. }) {
             mmu.mmio_origin.remove(&(sp, idx));
         }
+        mmu.memtype_origin.remove(&(sp, idx));
         old
     }
 

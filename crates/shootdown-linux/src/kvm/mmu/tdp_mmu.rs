@@ -77,6 +77,9 @@ pub struct ZapGfnRange {
     pub iter: TdpIter,
     /// Where a lock acquisition is.
     pub lock: RwlockWait,
+    /// K12 mutant: the flush owed for the roots walked before the current one, which the
+    /// current root's yields do not see.
+    pub prior_flush: bool,
 }
 
 /// The steps of `kvm_zap_gfn_range()`.
@@ -123,6 +126,7 @@ impl ZapGfnRange {
             root: 0,
             iter: TdpIter::default(),
             lock: RwlockWait::Fast,
+            prior_flush: false,
         }))
     }
 }
@@ -137,6 +141,9 @@ pub struct TdpMmuPageFault {
     pub mmu_seq: u64,
     pub target: FaultTarget,
     pub lock: RwlockWait,
+    /// `kvm_arch_has_noncoherent_dma()` as the fault read it before taking the lock (for its
+    /// maximum level: `kvm_tdp_page_fault` lowers it only when guest MTRRs are honoured).
+    pub honors: bool,
 }
 
 /// The steps of the TDP MMU fault.
@@ -159,7 +166,18 @@ impl TdpMmuPageFault {
             mmu_seq: 0,
             target: FaultTarget::NoSlot,
             lock: RwlockWait::Fast,
+            honors: false,
         }))
+    }
+}
+
+/// What the walk sees in an entry, in words.
+fn entry_text(k: SpteKind) -> &'static str {
+    match k {
+        SpteKind::None | SpteKind::Mmio { .. } => "not present",
+        SpteKind::Frozen(_) => "frozen",
+        SpteKind::Table(_) => "a table: step down",
+        SpteKind::Leaf { .. } => "a leaf",
     }
 }
 
@@ -269,9 +287,12 @@ impl Machine {
                 Flow::Next
             }
             Begin => {
-                // kvm_mmu_invalidate_begin(kvm, 0, -1ul): every fault that raced retries.
-                self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
-                self.kvm_mut(vm).mmu_invalidate_range = (0, u64::MAX);
+                // kvm_mmu_invalidate_begin(kvm, 0, -1ul): every fault that raced retries. (K14:
+                // no mark at all.)
+                if !self.opts.mutants.zap_gfn_range_no_invalidate {
+                    self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
+                    self.kvm_mut(vm).mmu_invalidate_range = (0, u64::MAX);
+                }
                 self.perf.counters.inc(Counter::KvmZapGfnRange);
                 let (a, b) = (s.start, s.end);
                 self.say(|| {
@@ -299,12 +320,24 @@ impl Machine {
                     Some(sp) => {
                         s.iter = TdpIter::start(sp, 1, s.start);
                         s.pc = Walk;
+                        let a = s.as_id;
+                        self.say(|| format!("walk root EPT page #{sp} (address space {a})"));
+                        // K12: each root's walk starts with a flush flag of its own.
+                        if self.opts.mutants.tdp_zap_yield_drops_prior_flush {
+                            s.prior_flush |= s.flush;
+                            s.flush = false;
+                        }
                     }
                     None if s.as_id + 1 < KVM_ADDRESS_SPACE_NUM => {
                         s.as_id += 1;
                         s.root = 0;
+                        let a = s.as_id;
+                        self.say(|| format!("address space {a}"));
                     }
-                    None => s.pc = if shared { UpgradeLock } else { Flush },
+                    None => {
+                        s.pc = if shared { UpgradeLock } else { Flush };
+                        self.say(|| "every root walked".into());
+                    }
                 }
                 Flow::Next
             }
@@ -369,9 +402,10 @@ impl Machine {
             }
             Flush => {
                 s.pc = End;
-                if s.flush {
+                if s.flush || s.prior_flush {
                     self.say(|| "kvm_flush_remote_tlbs_range (a full flush on VMX)".into());
                     s.flush = false;
+                    s.prior_flush = false;
                     return Flow::Call(FlushRemoteTlbs::call());
                 }
                 Flow::Next
@@ -379,7 +413,9 @@ impl Machine {
             End => {
                 let vm32 = vm as u32;
                 self.rmw(env, me, Loc::MmuNotifierSeq(vm32), |c| c + 1);
-                self.rmw(env, me, Loc::MmuNotifierCount(vm32), |c| c - 1);
+                if !self.opts.mutants.zap_gfn_range_no_invalidate {
+                    self.rmw(env, me, Loc::MmuNotifierCount(vm32), |c| c - 1);
+                }
                 self.mmu_write_unlock(me, env);
                 self.say(|| "kvm_mmu_invalidate_end; write_unlock(&kvm->mmu_lock)".into());
                 Flow::Return
@@ -404,10 +440,11 @@ impl Machine {
     fn zap_walk_step<E: Env>(&mut self, me: usize, s: &mut ZapGfnRange, env: &mut E) -> Flow {
         let vm = self.vm_of(me);
         let shared = self.opts.zap_gfn_range_lock == ZapLock::Read;
-        let end = s.end.min(TDP_MMU_MAX_GFN_EXCLUSIVE);
+        let end = s.end.min(self.kvm(vm).max_gfn);
         if !s.iter.valid || s.iter.gfn >= end {
             s.root += 1;
             s.pc = ZapGfnRangePc::NextRoot;
+            self.say(|| "end of this root's walk".into());
             return Flow::Next;
         }
         self.perf.counters.inc(Counter::KvmTdpIterSteps);
@@ -420,6 +457,10 @@ impl Machine {
                 self.say(|| "tdp_mmu_iter_cond_resched: flush before yielding".into());
                 return Flow::Call(FlushRemoteTlbs::call());
             }
+            self.say(|| {
+                "tdp_mmu_iter_cond_resched: contended after progress: yield (no flush pending)"
+                    .into()
+            });
             return Flow::Next;
         }
         let (sp, idx) = s.iter.sptep();
@@ -444,6 +485,12 @@ impl Machine {
                 s.pc = ZapGfnRangePc::ClearFrozen;
                 return Flow::Call(FlushRemoteTlbs::call());
             }
+            self.say(|| {
+                format!(
+                    "tdp_iter: gfn {gfn:#x} level {level}: {}",
+                    entry_text(spte.kind)
+                )
+            });
             s.iter.next(&self.ept);
             return Flow::Next;
         }
@@ -453,6 +500,13 @@ impl Machine {
             self.charge(env, |c| c.spte_zap);
             s.flush = true;
             self.say(|| format!("zap the leaf SPTE of gfn {gfn:#x} (level {level})"));
+        } else {
+            self.say(|| {
+                format!(
+                    "tdp_iter: gfn {gfn:#x} level {level}: {}",
+                    entry_text(spte.kind)
+                )
+            });
         }
         s.iter.next(&self.ept);
         Flow::Next
@@ -473,6 +527,8 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
+                s.honors = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0
+                    && self.opts.mtrr_zap != crate::options::MtrrZap::Mainline;
                 s.target = self.fault_target(vm, gfn, s.write);
                 let seq = s.mmu_seq;
                 self.say(|| format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}"));
@@ -546,7 +602,7 @@ impl Machine {
             unreachable!("Lookup returned for anything but RAM")
         };
         let gfn = s.gfn;
-        let goal = self.tdp_max_level(v, gfn, level);
+        let goal = self.tdp_max_level(v, gfn, level, s.honors);
         for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
             let idx = ept_index(l, gfn);
             match self.ept.spte(sp, idx).kind {
@@ -585,6 +641,10 @@ impl Machine {
             return format!("gfn {gfn:#x}: the SPTE changed under the walk: RET_PF_RETRY");
         }
         self.set_spte(vm, sp, idx, kind);
+        self.kvm_mut(vm)
+            .mmu
+            .memtype_origin
+            .insert((sp, idx), v as u32);
         self.perf.counters.inc(Counter::KvmMmuPfFixed);
         let size = if goal == 2 { "2 MiB" } else { "4 KiB" };
         format!(
@@ -593,11 +653,64 @@ impl Machine {
         )
     }
 
+    /// Populate every root of VM `vm` for gfns `[start, start + npages)` as vCPU 0's faults
+    /// would have (setup before a run: memory the guest touched before).
+    pub(crate) fn tdp_prefault<E: Env>(&mut self, vm: usize, start: Gfn, npages: u64, env: &mut E) {
+        let v0 = self.kvm(vm).vcpus.start;
+        if !self.kvm(vm).tdp_roots.iter().any(|r| r.as_id == 0) {
+            self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env);
+        }
+        let roots: Vec<SpId> = self.kvm(vm).tdp_roots.iter().map(|r| r.sp).collect();
+        let honors = self.honors_guest_mtrrs(vm);
+        let mut gfn = start;
+        while gfn < start + npages {
+            let target = self.fault_target(vm, gfn, false);
+            let FaultTarget::Ram {
+                pfn,
+                writable,
+                level,
+            } = target
+            else {
+                gfn += 1;
+                continue;
+            };
+            let goal = self.tdp_max_level(v0, gfn, level, honors);
+            let span = gfns_per_entry(goal);
+            for &root in &roots {
+                let mut sp = root;
+                for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
+                    let idx = ept_index(l, gfn);
+                    sp = match self.ept.spte(sp, idx).kind {
+                        SpteKind::Table(child) => child,
+                        _ => {
+                            let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, env);
+                            self.set_spte(vm, sp, idx, SpteKind::Table(child));
+                            child
+                        }
+                    };
+                }
+                let idx = ept_index(goal, gfn);
+                let memtype = self.vmx_get_mt_mask(v0, gfn);
+                let kind = SpteKind::Leaf {
+                    pfn: pfn - (gfn % span),
+                    writable,
+                    memtype,
+                };
+                self.set_spte(vm, sp, idx, kind);
+                self.kvm_mut(vm)
+                    .mmu
+                    .memtype_origin
+                    .insert((sp, idx), v0 as u32);
+            }
+            gfn = gfn / span * span + span;
+        }
+    }
+
     /// The fault's goal level: the memslot's (`level`), lowered while guest MTRRs are honoured
     /// until the vCPU's MTRRs give the whole huge page one type
     /// (`kvm_mtrr_check_gfn_range_consistency`).
-    fn tdp_max_level(&self, v: CpuId, gfn: Gfn, level: u8) -> u8 {
-        if level < 2 || !self.honors_guest_mtrrs(self.vm_of(v)) {
+    fn tdp_max_level(&self, v: CpuId, gfn: Gfn, level: u8, honors: bool) -> u8 {
+        if level < 2 || !honors {
             return level;
         }
         let n = gfns_per_entry(2);
