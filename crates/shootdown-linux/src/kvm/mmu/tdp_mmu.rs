@@ -39,6 +39,7 @@ use crate::kvm::mmu::ShadowPage;
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::ZapLock;
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::ept::{ept_index, gfns_per_entry, Gfn, SpId, SpteKind, EPT_ROOT_LEVEL};
 use shootdown_hw::CpuId;
@@ -351,6 +352,14 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmTdpMmuYields);
                 self.charge(env, |c| c.mmu_lock_yield);
                 let g = s.iter.next_last_level_gfn;
+                if env.tracing() {
+                    // The convoy on the timeline: a mark per yield on each zapper's track.
+                    env.trace(TraceEvent::Instant {
+                        agent: me,
+                        name: "mmu_lock yield",
+                        detail: Some(format!("gfn {g:#x}")),
+                    });
+                }
                 self.say(|| {
                     format!("tdp_mmu_iter_cond_resched: mmu_lock contended: yield at gfn {g:#x}")
                 });
