@@ -458,8 +458,11 @@ impl Machine {
         }
         self.perf.counters.inc(Counter::KvmTdpIterSteps);
         self.charge(env, |c| c.tdp_iter_step);
-        // tdp_mmu_iter_cond_resched(kvm, &iter, flush, shared): yield only after progress.
-        if s.iter.made_progress() && self.mmu_rwlock_contended(me, env) {
+        // tdp_mmu_iter_cond_resched(kvm, &iter, flush, shared): yield only after progress,
+        // when mmu_lock is contended or the host wants the pCPU (need_resched()).
+        if s.iter.made_progress()
+            && (self.mmu_rwlock_contended(me, env) || self.need_resched(me, env))
+        {
             s.pc = ZapGfnRangePc::Yield;
             if s.flush {
                 s.flush = false;
@@ -519,6 +522,18 @@ impl Machine {
         }
         s.iter.next(&self.ept);
         Flow::Next
+    }
+
+    /// `need_resched()` on agent `me`'s host CPU: the host scheduler wants the pCPU of a vCPU
+    /// thread (its time slice is over with another thread waiting, housekeeping is due, or a
+    /// wake-up preempts it). Timed driver only (the explorer gives every vCPU its own pCPU);
+    /// host threads other than vCPUs never see it. Simplified: the zap then yields `mmu_lock`
+    /// as `cond_resched_rwlock_write()` does, but the thread is descheduled only at its next
+    /// return to the guest (where the model's host preempts vCPU threads).
+    fn need_resched<E: Env>(&self, me: usize, env: &E) -> bool {
+        env.timed()
+            && me < self.cpus.len()
+            && self.host_preempt_due(me, env.now() + env.elapsed())
     }
 
     /// One step of the TDP MMU fault path on vCPU `v`.
