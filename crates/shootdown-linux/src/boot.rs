@@ -53,29 +53,10 @@ impl Machine {
         env: &mut E,
     ) -> Park {
         match op {
-            UserOp::Wrmsr { msr, value } => {
+            UserOp::Wrmsr { msr, value } | UserOp::SetMsr { msr, value } => {
+                let host = matches!(op, UserOp::SetMsr { .. });
                 self.tasks[t].pc += 1;
-                self.vm_exit_to_kvm(
-                    cpu,
-                    Exit::Wrmsr {
-                        msr,
-                        value,
-                        host: false,
-                    },
-                    env,
-                );
-            }
-            UserOp::SetMsr { msr, value } => {
-                self.tasks[t].pc += 1;
-                self.vm_exit_to_kvm(
-                    cpu,
-                    Exit::Wrmsr {
-                        msr,
-                        value,
-                        host: true,
-                    },
-                    env,
-                );
+                self.vm_exit_to_kvm(cpu, Exit::Wrmsr { msr, value, host }, env);
             }
             UserOp::SetCr0Cd { cd } => {
                 self.tasks[t].pc += 1;

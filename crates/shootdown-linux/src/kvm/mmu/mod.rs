@@ -76,6 +76,24 @@ pub struct KvmMmu {
 }
 
 impl KvmMmu {
+    /// Record a new page `sp` mapping from `gfn` at `level` (valid, of the current generation).
+    pub fn add_page(&mut self, sp: SpId, gfn: Gfn, level: u8) {
+        let gen = self.mmu_valid_gen;
+        self.pages.insert(
+            sp,
+            ShadowPage {
+                gfn,
+                level,
+                invalid: false,
+                mmu_valid_gen: gen,
+                root_count: 0,
+                mmio_cached: false,
+                active: true,
+                freed: false,
+            },
+        );
+    }
+
     /// `is_obsolete_sp()`: created before the last fast invalidate.
     pub fn is_obsolete(&self, sp: SpId) -> bool {
         self.pages[&sp].mmu_valid_gen != self.mmu_valid_gen

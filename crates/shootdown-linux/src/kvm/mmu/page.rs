@@ -8,7 +8,6 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::FlushRemoteTlbs;
-use crate::kvm::mmu::ShadowPage;
 use crate::machine::Machine;
 use shootdown_engine::Env;
 use shootdown_hw::ept::{gfns_per_entry, Gfn, SpId, SpteKind, EPT_ENTRIES, EPT_ROOT_LEVEL};
@@ -40,20 +39,7 @@ impl Machine {
         self.perf.counters.inc(Counter::KvmMmuCacheMiss);
         self.charge(env, |c| c.sp_alloc);
         let mmu = &mut self.kvm_mut(vm).mmu;
-        let gen = mmu.mmu_valid_gen;
-        mmu.pages.insert(
-            sp,
-            ShadowPage {
-                gfn: base,
-                level,
-                invalid: false,
-                mmu_valid_gen: gen,
-                root_count: 0,
-                mmio_cached: false,
-                active: true,
-                freed: false,
-            },
-        );
+        mmu.add_page(sp, base, level);
         mmu.active.push_front(sp);
         mmu.hash.entry((base, level)).or_default().push(sp);
         sp

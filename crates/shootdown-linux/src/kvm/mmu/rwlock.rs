@@ -90,6 +90,15 @@ impl Machine {
         self.store(env, me, Loc::MmuWaitLock(vm as u32), 0);
     }
 
+    /// Into the slow path: count the contention and queue on `wait_lock` next.
+    fn rwlock_slowpath(&mut self, w: &mut RwlockWait, text: &'static str) {
+        self.perf
+            .counters
+            .inc(crate::counters::Counter::KvmMmuLockContended);
+        self.say(|| text.into());
+        *w = RwlockWait::Queued;
+    }
+
     /// One step of `read_lock(&kvm->mmu_lock)` by `me`; `Some(spin)` while it waits (call again
     /// after the wake-up).
     pub(crate) fn mmu_read_lock<E: Env>(
@@ -112,11 +121,10 @@ impl Machine {
                 }
                 // queued_read_lock_slowpath(): take the reader back and queue.
                 self.rmw(env, me, cnts, |c| c - QR_BIAS);
-                self.perf
-                    .counters
-                    .inc(crate::counters::Counter::KvmMmuLockContended);
-                self.say(|| "read_lock(&kvm->mmu_lock): a writer holds or waits: queue".into());
-                *w = RwlockWait::Queued;
+                self.rwlock_slowpath(
+                    w,
+                    "read_lock(&kvm->mmu_lock): a writer holds or waits: queue",
+                );
                 self.mmu_read_lock(me, w, env)
             }
             RwlockWait::Queued => {
@@ -161,11 +169,7 @@ impl Machine {
                     self.say(|| "write_lock(&kvm->mmu_lock)".into());
                     return None;
                 }
-                self.perf
-                    .counters
-                    .inc(crate::counters::Counter::KvmMmuLockContended);
-                self.say(|| "write_lock(&kvm->mmu_lock): held: queue".into());
-                *w = RwlockWait::Queued;
+                self.rwlock_slowpath(w, "write_lock(&kvm->mmu_lock): held: queue");
                 self.mmu_write_lock(me, w, env)
             }
             RwlockWait::Queued => {

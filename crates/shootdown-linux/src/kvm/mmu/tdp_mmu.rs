@@ -35,7 +35,6 @@ use crate::kvm::kvm_main::FlushRemoteTlbs;
 use crate::kvm::mmu::fault::{Emulation, FaultTarget};
 use crate::kvm::mmu::rwlock::RwlockWait;
 use crate::kvm::mmu::tdp_iter::TdpIter;
-use crate::kvm::mmu::ShadowPage;
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::ZapLock;
@@ -189,22 +188,8 @@ impl Machine {
         let sp = self.ept.alloc(level, gfn);
         self.perf.counters.inc(Counter::KvmMmuCacheMiss);
         self.charge(env, |c| c.sp_alloc);
-        let mmu = &mut self.kvm_mut(vm).mmu;
-        let gen = mmu.mmu_valid_gen;
         let base = self.ept.page(sp).gfn;
-        self.kvm_mut(vm).mmu.pages.insert(
-            sp,
-            ShadowPage {
-                gfn: base,
-                level,
-                invalid: false,
-                mmu_valid_gen: gen,
-                root_count: 0,
-                mmio_cached: false,
-                active: true,
-                freed: false,
-            },
-        );
+        self.kvm_mut(vm).mmu.add_page(sp, base, level);
         sp
     }
 
@@ -531,9 +516,7 @@ impl Machine {
     /// as `cond_resched_rwlock_write()` does, but the thread is descheduled only at its next
     /// return to the guest (where the model's host preempts vCPU threads).
     fn need_resched<E: Env>(&self, me: usize, env: &E) -> bool {
-        env.timed()
-            && me < self.cpus.len()
-            && self.host_preempt_due(me, env.now() + env.elapsed())
+        env.timed() && me < self.cpus.len() && self.host_preempt_due(me, env.now() + env.elapsed())
     }
 
     /// One step of the TDP MMU fault path on vCPU `v`.
