@@ -398,6 +398,7 @@ impl Machine {
                 let Some(v) = vcpus.clone().nth(s.i) else {
                     s.pc = Kick;
                     s.i = 0;
+                    self.say(|| format!("{name} requested of every vCPU"));
                     return Flow::Next;
                 };
                 // smp_wmb(); set_bit(): a locked op.

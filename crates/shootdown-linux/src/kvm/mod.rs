@@ -22,6 +22,11 @@
 //! `vcpu_enter_guest` handshake with `vcpu->mode` and requests. Its guest accesses then walk
 //! the EPT too; an EPT violation or misconfiguration exits to KVM, whose fault path runs as
 //! frames on the vCPU's host stack.
+//!
+//! **TDP MMU and guest memory types** (seed 004; kernel-model.md §4.6, §5): with `tdp_mmu` the
+//! EPT is the TDP MMU's (`mmu::tdp_mmu`, `mmu_lock` a rwlock); [`mtrr`] is the guest's MTRRs and
+//! the memory types they give, [`mtrr_zap`] the zaps an MTRR write or a CR0.CD toggle asks for
+//! (and patch 9's serialized list), `vmx::vmx_get_mt_mask` the type baked into each leaf.
 
 pub mod kvm_main;
 pub mod memslot;

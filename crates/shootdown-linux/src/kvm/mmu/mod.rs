@@ -9,7 +9,9 @@
 //!   (`kvm_mmu_commit_zap_page`) shadow pages; roots (`kvm_mmu_load` / `kvm_mmu_unload`);
 //! * [`zap`] — what a memslot deletion zaps: `zap_all`, `fast_invalidate`, `slot_only`, and
 //!   `kvm_mmu_remote_flush_or_zap`;
-//! * [`lock`] — `mmu_lock`, with the oracle's check that no flush is owed when it is released.
+//! * [`lock`] — `mmu_lock`, with the oracle's check that no flush is owed when it is released;
+//! * the TDP MMU (v5.10+, seed 004): [`rwlock`] (`mmu_lock` as a queued rwlock), [`tdp_iter`]
+//!   (the walk), [`tdp_mmu`] (roots, `kvm_zap_gfn_range`, the read-lock fault).
 //!
 //! The EPT pages themselves (what the hardware walks) are `shootdown_hw::ept`; this is KVM's
 //! software view of them. Simplifications: direct MMU only (no shadow paging of guest page
