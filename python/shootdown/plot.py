@@ -341,9 +341,14 @@ def _layout(panels: List[_Panel], caption_lines: int) -> Tuple[Any, List[Any], A
     ncols = min(len(panels), 2) if narrow else 1
     nrows = math.ceil(len(panels) / ncols)
     caption_in = 0.1 + caption_lines * _SMALL * 1.3 / 72.0
-    height = nrows * _PANEL_H_IN + caption_in
+    # A legend under a narrow panel takes a line per series beyond the first few.
+    variants = max(len(p.variants) for p in panels)
+    legend_in = 0.16 * max(0, 2 * variants - 6) if narrow else 0.0
+    height = nrows * (_PANEL_H_IN + legend_in) + caption_in
     fig = Figure(figsize=(_WIDTH_IN, height), layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=[nrows * _PANEL_H_IN, caption_in])
+    top, bottom = fig.subfigures(
+        2, 1, height_ratios=[nrows * (_PANEL_H_IN + legend_in), caption_in]
+    )
     subs = [sub for line in top.subfigures(nrows, ncols, squeeze=False) for sub in line]
     title_chars = int(_WIDTH_IN / ncols * 72.0 / (_FONT * 0.55))
     titles = [panel.title(title_chars) for panel in panels]
@@ -763,10 +768,36 @@ def _draw_values(ax: Any, panel: _Panel, narrow: bool) -> None:
                 )
             )
             left += step
+    if len(series) > 4:
+        # Many variants: one legend entry per variant, and the two marker styles once.
+        handles = [
+            Line2D([], [], color=f"C{k}", marker="o", linestyle="none", markersize=4,
+                   label=f"{label} (n = {_ns([c.get('n') for c in cells])})")
+            for k, (_name, label, cells, _pub, _has) in enumerate(series)
+        ] + [
+            Line2D([], [], color="0.3", marker="o", linestyle="none", markersize=4,
+                   label="filled: simulated"),
+            Line2D([], [], color="0.3", marker="D", markerfacecolor="white",
+                   linestyle="none", markersize=4, label="open: published"),
+        ]
     _row_axis(ax, panel, 0.0 if len(xs) > 2 else 0.15)
-    ax.set_ylim(bottom=0.0, top=largest * 1.12 if largest > 0 else 1.0)
-    ax.set_ylabel(f"{panel.value_label()}\n{panel.better()}", fontsize=_FONT)
-    ax.yaxis.set_major_formatter(_plain_formatter(largest))
+    positive = [
+        v
+        for *_x, cells, pub, _h in series
+        for v in [_num(c.get("simulated")) for c in cells] + pub
+        if not math.isnan(v) and v > 0
+    ]
+    by_variant = bool(panel.recs) and panel.recs[0].get("layout") == "variants_as_rows"
+    if by_variant and positive and max(positive) / min(positive) > 30:
+        # A table of variants whose values span decades (seed 004's span three): a log axis,
+        # on which a zero (a variant that never does the thing measured) is not drawn.
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=min(positive) / 2, top=max(positive) * 2)
+        ax.set_ylabel(f"{panel.value_label()}, log scale\n{panel.better()}", fontsize=_FONT)
+    else:
+        ax.set_ylim(bottom=0.0, top=largest * 1.12 if largest > 0 else 1.0)
+        ax.set_ylabel(f"{panel.value_label()}\n{panel.better()}", fontsize=_FONT)
+        ax.yaxis.set_major_formatter(_plain_formatter(largest))
     _legend(ax, handles, narrow)
 
 
