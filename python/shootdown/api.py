@@ -305,8 +305,9 @@ def check(
         max_states: state bound of the exhaustive search.
         sample: sample this many schedules instead of exploring all of them.
         seed: RNG seed of the sampling strategies.
-        strategy: ``"bfs"``, ``"random"`` or ``"pct"``; default ``"random"`` when ``sample``
-            is given, else ``"bfs"``.
+        strategy: ``"bfs"`` (shortest counterexamples), ``"dfs"`` (the same verdicts with a
+            fingerprint-only visited set: far less memory), ``"random"`` or ``"pct"``; default
+            ``"random"`` when ``sample`` is given, else ``"bfs"``.
         progress: show a live line (states, states/s, frontier, depth) on stderr while
             exploring; display only (the CLI turns it on when stderr is a terminal).
 

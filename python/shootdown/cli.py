@@ -134,6 +134,7 @@ class MemoryModel(str, Enum):
 
 class Strategy(str, Enum):
     bfs = "bfs"
+    dfs = "dfs"
     random = "random"
     pct = "pct"
 
@@ -394,7 +395,7 @@ def check(
     ),
     seed: int = typer.Option(0, "--seed", help="RNG seed for sampling."),
     strategy: Optional[Strategy] = typer.Option(
-        None, "--strategy", help="bfs, random or pct (default: random with --sample, else bfs)."
+        None, "--strategy", help="bfs (shortest counterexamples), dfs (the same verdicts in far less memory), random or pct (default: random with --sample, else bfs)."
     ),
     fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
 ) -> None:

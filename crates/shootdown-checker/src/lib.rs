@@ -16,6 +16,7 @@
 //! See `docs/checker.md`.
 
 pub mod describe;
+pub mod dfs;
 pub mod error;
 pub mod explore;
 pub mod reduce;
@@ -47,6 +48,9 @@ pub struct CheckOptions {
     /// When POR found a violation, re-run without it (bounded by the depth found) so the
     /// counterexample is a globally shortest one.
     pub shortest: bool,
+    /// Depth-first search with a fingerprint-only visited set ([`dfs`]): far less memory, a
+    /// counterexample that need not be the shortest.
+    pub dfs: bool,
 }
 
 impl Default for CheckOptions {
@@ -56,6 +60,7 @@ impl Default for CheckOptions {
             por: true,
             symmetry: false,
             shortest: true,
+            dfs: false,
         }
     }
 }
@@ -116,9 +121,14 @@ pub fn check_scenario(
         max_depth: None,
         por: opts.por,
     };
-    let mut ex = explore(&init, &red, limits);
+    let mut ex = if opts.dfs {
+        dfs::explore_dfs(&init, &red, limits)
+    } else {
+        explore(&init, &red, limits)
+    };
     let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
-    if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 {
+    if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 && !opts.dfs
+    {
         let again = explore(
             &init,
             &red,
@@ -136,6 +146,12 @@ pub fn check_scenario(
         }
     }
     let mut notes = Vec::new();
+    if opts.dfs && ex.verdict == Verdict::Violation {
+        notes.push(
+            "depth-first: this counterexample need not be the shortest (the default breadth-first search finds a shortest one)"
+                .to_string(),
+        );
+    }
     if ex.verdict == Verdict::BoundReached {
         // How far it got; the bound that would finish is not known in advance.
         notes.push(format!(
@@ -169,7 +185,7 @@ pub fn check_scenario(
             vec![]
         },
         setup: setup_steps(setup),
-        strategy: "bfs".into(),
+        strategy: if opts.dfs { "dfs" } else { "bfs" }.into(),
         reductions,
         notes,
     })
@@ -178,7 +194,8 @@ pub fn check_scenario(
 /// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
 /// [--sample N --seed S --strategy random|pct]`.
 ///
-/// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `random` or `pct`.
+/// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `dfs` (exhaustive,
+/// depth-first, in far less memory), `random` or `pct`.
 pub fn check(
     scenario_path: &Path,
     mutant: Option<&str>,
@@ -239,7 +256,7 @@ pub fn check(
         }
     }
     let mut r = check_dispatch(&sc, &file, mutant, mem, max_states, sample, seed, strategy)?;
-    if r.verdict == "bound-reached" && r.strategy != "bfs" {
+    if r.verdict == "bound-reached" && !matches!(r.strategy.as_str(), "bfs" | "dfs") {
         notes.push(format!(
             "sampling never proves anything: no violation in the schedules tried ({} states)",
             r.states
@@ -271,7 +288,17 @@ fn check_dispatch(
                 ..CheckOptions::default()
             },
         ),
-        ("bfs", Some(_)) => Err(CheckError::new(
+        ("dfs", None) => check_scenario(
+            sc,
+            mutant,
+            mem,
+            CheckOptions {
+                max_states,
+                dfs: true,
+                ..CheckOptions::default()
+            },
+        ),
+        ("bfs" | "dfs", Some(_)) => Err(CheckError::new(
             file,
             "strategy",
             "--sample needs --strategy random or pct",
@@ -319,7 +346,7 @@ fn check_dispatch(
         (other, _) => Err(CheckError::new(
             file,
             "strategy",
-            format!("expected bfs, random or pct, got '{other}'"),
+            format!("expected bfs, dfs, random or pct, got '{other}'"),
         )),
     }
 }
