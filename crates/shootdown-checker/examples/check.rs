@@ -58,6 +58,7 @@ fn main() {
                 por: !args.iter().any(|a| a == "--no-por"),
                 symmetry: !args.iter().any(|a| a == "--no-symmetry"),
                 shortest: true,
+                dfs: args.iter().any(|a| a == "--dfs"),
             },
         )
     } else {
