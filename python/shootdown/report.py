@@ -151,6 +151,29 @@ def _title(first: Dict[str, Any], changes: List[str]) -> str:
     return title
 
 
+def _fitted_note(recs: List[Dict[str, Any]]) -> List[str]:
+    """The footnote naming the profile costs fitted on the ``*`` cells, if any."""
+    fitted = _unique(k for r in recs for k in str(r.get("fitted") or "").split(",") if k)
+    if not fitted:
+        return []
+    return [
+        "",
+        f"* fitted: profile {recs[0].get('profile')} fits {', '.join(fitted)} on this cell;"
+        " every other cell is a prediction",
+    ]
+
+
+def _violations_note(recs: List[Dict[str, Any]]) -> List[str]:
+    """The line counting the invariant violations of the simulated runs, if any."""
+    violations = sum(int(r.get("violations") or 0) for r in recs)
+    if not violations:
+        return []
+    return [
+        f"invariant violations in simulated runs: {violations} "
+        "(shootdown run FILE --points --format json lists them)"
+    ]
+
+
 def _format_experiment(recs: List[Dict[str, Any]]) -> str:
     first = recs[0]
     modified = any(bool(r.get("modified")) for r in recs)
@@ -209,13 +232,7 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
         body.append(line)
 
     lines = [title, ""] + _render(header, body)
-    fitted = _unique(k for r in recs for k in str(r.get("fitted") or "").split(",") if k)
-    if fitted:
-        lines += [
-            "",
-            f"* fitted: profile {first.get('profile')} fits {', '.join(fitted)} on this cell;"
-            " every other cell is a prediction",
-        ]
+    lines += _fitted_note(recs)
     judged = [r["direction_ok"] for r in recs if r.get("direction_ok") is not None]
     if modified and has_pub:
         lines += [
@@ -230,12 +247,7 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
         seed = recs[0].get("seed")
         if bad and seed:
             lines.append(f"why each mismatch: docs/reproduction.md, section 'Seed {seed}'")
-    violations = sum(int(r.get("violations") or 0) for r in recs)
-    if violations:
-        lines.append(
-            f"invariant violations in simulated runs: {violations} "
-            "(shootdown run FILE --points --format json lists them)"
-        )
+    lines += _violations_note(recs)
     return "\n".join(lines)
 
 
@@ -303,20 +315,14 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
                     counter_equal += int(abs(float(got[c]) - float(want[c])) < 1e-9)
         body.append(line)
     lines = [title, ""] + _render(header, body)
-    fitted = _unique(k for r in recs for k in str(r.get("fitted") or "").split(",") if k)
-    if fitted:
-        lines += [
-            "",
-            f"* fitted: profile {first.get('profile')} fits {', '.join(fitted)} on this cell;"
-            " every other cell is a prediction",
-        ]
+    lines += _fitted_note(recs)
     if modified:
         lines += [
             "",
             f"modified: --set changed the configuration; the {pub} columns are the published",
             "numbers of the unmodified one, not comparable with this run",
         ]
-        return "\n".join(lines)
+        return "\n".join(lines + _violations_note(recs))
     if predicted:
         within2 = sum(1 for x in predicted if 0.5 <= x <= 2.0)
         within25 = sum(1 for x in predicted if 0.75 <= x <= 1.25)
@@ -355,12 +361,7 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
         seed = first.get("seed")
         if (bad_dirs or (predicted and len(predicted) > within2)) and seed:
             lines.append(f"the cells that miss, and why: docs/reproduction.md, section 'Seed {seed}'")
-    violations = sum(int(r.get("violations") or 0) for r in recs)
-    if violations:
-        lines.append(
-            f"invariant violations in simulated runs: {violations} "
-            "(shootdown run FILE --points --format json lists them)"
-        )
+    lines += _violations_note(recs)
     return "\n".join(lines)
 
 

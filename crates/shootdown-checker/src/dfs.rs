@@ -11,7 +11,7 @@
 //! check that on every scenario and mutant.
 
 use crate::explore::{deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict};
-use shootdown_engine::Model;
+use shootdown_engine::{Model, Violation};
 use std::time::Instant;
 
 /// One level of the current path: its state, the actions still to try from it (taken from
@@ -22,6 +22,120 @@ struct Level<M: Model> {
     via: Option<M::Action>,
 }
 
+/// The search's counters and visited set.
+struct Search<'r, R> {
+    red: &'r R,
+    limits: Limits,
+    visited: FpSet,
+    transitions: u64,
+    reduced: u64,
+    depth: u32,
+    env: ExploreEnv,
+}
+
+/// A violation found from a state: the actions that reach it, and what broke.
+type Found<A> = (Vec<A>, Violation);
+
+/// How a search ended: its verdict, and for a violation what broke and the actions to it.
+type Ending<A> = (Verdict, Option<Violation>, Vec<A>);
+
+impl<R> Search<'_, R> {
+    /// Apply `a` to a copy of `s`: the successor, or the violation it reports.
+    fn successor<M: Model>(&mut self, s: &M, a: M::Action) -> Result<M, Violation> {
+        let mut t = s.clone();
+        let out = t.apply(a, &mut self.env);
+        self.transitions += 1;
+        match out.violation.or_else(|| t.check_state()) {
+            Some(v) => Err(v),
+            None => Ok(t),
+        }
+    }
+
+    /// The actions to try from a newly visited `s`, in breadth-first search's order (popped
+    /// from the back): the persistent singleton when its successor is new, else every enabled
+    /// action. Or the violation found on the way — a deadlock, or one the reduction's
+    /// look-ahead step reports — with the actions that reach it from `s`.
+    fn todo<M: Model>(&mut self, s: &M) -> Result<Vec<M::Action>, Found<M::Action>>
+    where
+        R: Reduction<M>,
+    {
+        let mut en = Vec::new();
+        s.enabled(&mut en);
+        if en.is_empty() && !s.finished() {
+            return Err((vec![], deadlock()));
+        }
+        if self.limits.por {
+            if let Some(a) = self.red.persistent_singleton(s, &en) {
+                let t = self.successor(s, a).map_err(|v| (vec![a], v))?;
+                if !self.visited.contains(&self.red.fingerprint(&t)) {
+                    self.reduced += 1;
+                    return Ok(vec![a]);
+                }
+            }
+        }
+        en.reverse();
+        Ok(en)
+    }
+
+    fn run<M: Model>(&mut self, init: &M) -> Ending<M::Action>
+    where
+        R: Reduction<M>,
+    {
+        self.visited.insert(self.red.fingerprint(init));
+        if let Some(v) = init.check_state() {
+            return (Verdict::Violation, Some(v), vec![]);
+        }
+        let violation = |stack: &[Level<M>], tail: Vec<M::Action>, v| {
+            let mut path: Vec<M::Action> = stack.iter().filter_map(|l| l.via).collect();
+            path.extend(tail);
+            (Verdict::Violation, Some(v), path)
+        };
+        let mut stack = vec![];
+        match self.todo(init) {
+            Ok(todo) => stack.push(Level {
+                state: init.clone(),
+                todo,
+                via: None,
+            }),
+            Err((tail, v)) => {
+                self.depth = tail.len() as u32;
+                return violation(&stack, tail, v);
+            }
+        }
+        while let Some(top) = stack.last_mut() {
+            let Some(a) = top.todo.pop() else {
+                stack.pop();
+                continue;
+            };
+            let s = top.state.clone();
+            let t = match self.successor(&s, a) {
+                Ok(t) => t,
+                Err(v) => return violation(&stack, vec![a], v),
+            };
+            if !self.visited.insert(self.red.fingerprint(&t)) {
+                continue;
+            }
+            if self.visited.len() as u64 > self.limits.max_states {
+                return (Verdict::BoundReached, None, vec![]);
+            }
+            self.depth = self.depth.max(stack.len() as u32);
+            match self.todo(&t) {
+                Ok(todo) => stack.push(Level {
+                    state: t,
+                    todo,
+                    via: Some(a),
+                }),
+                Err((tail, v)) => {
+                    let mut path = vec![a];
+                    path.extend(tail);
+                    return violation(&stack, path, v);
+                }
+            }
+        }
+        (Verdict::Verified, None, vec![])
+    }
+}
+
 /// Explore depth-first from `init`; see the module documentation.
 pub fn explore_dfs<M: Model, R: Reduction<M>>(
     init: &M,
@@ -29,178 +143,28 @@ pub fn explore_dfs<M: Model, R: Reduction<M>>(
     limits: Limits,
 ) -> Exploration<M::Action> {
     let t0 = Instant::now();
-    let mut visited = FpSet::default();
-    let mut transitions = 0u64;
-    let mut reduced = 0u64;
-    let mut depth = 0u32;
-    let mut env = ExploreEnv;
-    let done = |verdict, violation, path, states: usize, transitions, reduced, depth, v: &FpSet| {
-        Exploration {
-            verdict,
-            violation,
-            path,
-            states: states as u64,
-            transitions,
-            seconds: t0.elapsed().as_secs_f64(),
-            depth,
-            reduced,
-            peak_frontier: depth as usize,
-            index_bytes: v.capacity() * (std::mem::size_of::<u128>() + 1),
-        }
+    let mut x = Search {
+        red,
+        limits,
+        visited: FpSet::default(),
+        transitions: 0,
+        reduced: 0,
+        depth: 0,
+        env: ExploreEnv,
     };
-    visited.insert(red.fingerprint(init));
-    if let Some(v) = init.check_state() {
-        return done(Verdict::Violation, Some(v), vec![], 1, 0, 0, 0, &visited);
+    let (verdict, violation, path) = x.run(init);
+    // A bound stops the search with one state too many stored.
+    let states = x.visited.len() - usize::from(verdict == Verdict::BoundReached);
+    Exploration {
+        verdict,
+        violation,
+        path,
+        states: states as u64,
+        transitions: x.transitions,
+        seconds: t0.elapsed().as_secs_f64(),
+        depth: x.depth,
+        reduced: x.reduced,
+        peak_frontier: x.depth as usize,
+        index_bytes: x.visited.capacity() * (std::mem::size_of::<u128>() + 1),
     }
-    // The actions to try from `s` (in the order breadth-first search tries them, popped from
-    // the back), or the violation one of them reports while the reduction looks ahead.
-    let mut todo_of = |s: &M,
-                       visited: &FpSet,
-                       transitions: &mut u64,
-                       reduced: &mut u64|
-     -> Result<Vec<M::Action>, (M::Action, shootdown_engine::Violation)> {
-        let mut en = Vec::new();
-        s.enabled(&mut en);
-        if limits.por {
-            if let Some(a) = red.persistent_singleton(s, &en) {
-                let mut t = s.clone();
-                let out = t.apply(a, &mut env);
-                *transitions += 1;
-                if let Some(v) = out.violation.or_else(|| t.check_state()) {
-                    return Err((a, v));
-                }
-                if !visited.contains(&red.fingerprint(&t)) {
-                    *reduced += 1;
-                    return Ok(vec![a]);
-                }
-            }
-        }
-        en.reverse();
-        Ok(en)
-    };
-    let path_of =
-        |stack: &[Level<M>]| -> Vec<M::Action> { stack.iter().filter_map(|l| l.via).collect() };
-    let first = match todo_of(init, &visited, &mut transitions, &mut reduced) {
-        Ok(t) => t,
-        Err((a, v)) => {
-            return done(
-                Verdict::Violation,
-                Some(v),
-                vec![a],
-                1,
-                transitions,
-                0,
-                1,
-                &visited,
-            )
-        }
-    };
-    if first.is_empty() && !init.finished() {
-        return done(
-            Verdict::Violation,
-            Some(deadlock()),
-            vec![],
-            1,
-            0,
-            0,
-            0,
-            &visited,
-        );
-    }
-    let mut stack = vec![Level {
-        state: init.clone(),
-        todo: first,
-        via: None,
-    }];
-    let mut env = ExploreEnv;
-    while let Some(top) = stack.last_mut() {
-        let Some(a) = top.todo.pop() else {
-            stack.pop();
-            continue;
-        };
-        let mut t = top.state.clone();
-        let out = t.apply(a, &mut env);
-        transitions += 1;
-        if let Some(v) = out.violation.or_else(|| t.check_state()) {
-            let mut p = path_of(&stack);
-            p.push(a);
-            let n = visited.len();
-            return done(
-                Verdict::Violation,
-                Some(v),
-                p,
-                n,
-                transitions,
-                reduced,
-                depth,
-                &visited,
-            );
-        }
-        if !visited.insert(red.fingerprint(&t)) {
-            continue;
-        }
-        if visited.len() as u64 > limits.max_states {
-            let n = visited.len() - 1;
-            return done(
-                Verdict::BoundReached,
-                None,
-                vec![],
-                n,
-                transitions,
-                reduced,
-                depth,
-                &visited,
-            );
-        }
-        depth = depth.max(stack.len() as u32);
-        let todo = match todo_of(&t, &visited, &mut transitions, &mut reduced) {
-            Ok(todo) => todo,
-            Err((b, v)) => {
-                let mut p = path_of(&stack);
-                p.extend([a, b]);
-                let n = visited.len();
-                return done(
-                    Verdict::Violation,
-                    Some(v),
-                    p,
-                    n,
-                    transitions,
-                    reduced,
-                    depth,
-                    &visited,
-                );
-            }
-        };
-        if todo.is_empty() && !t.finished() {
-            let mut p = path_of(&stack);
-            p.push(a);
-            let n = visited.len();
-            return done(
-                Verdict::Violation,
-                Some(deadlock()),
-                p,
-                n,
-                transitions,
-                reduced,
-                depth,
-                &visited,
-            );
-        }
-        stack.push(Level {
-            state: t,
-            todo,
-            via: Some(a),
-        });
-    }
-    let n = visited.len();
-    done(
-        Verdict::Verified,
-        None,
-        vec![],
-        n,
-        transitions,
-        reduced,
-        depth,
-        &visited,
-    )
 }

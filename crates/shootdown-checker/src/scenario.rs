@@ -12,8 +12,7 @@ use shootdown_linux::describe::NullEnv;
 use shootdown_linux::host::HostOp;
 use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::kvm::mtrr::{
-    MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MAXPHYADDR, MTRR_DEF_TYPE_E,
-    MTRR_PHYS_MASK_VALID,
+    size_mask, MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MTRR_DEF_TYPE_E, MTRR_PHYS_MASK_VALID,
 };
 use shootdown_linux::options::MUTANT_NAMES;
 use shootdown_linux::{Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
@@ -193,15 +192,10 @@ fn mtrr_state(mt: &MtrrsSpec) -> Result<MtrrState, (String, String)> {
         ));
     }
     for (i, v) in mt.variable.iter().enumerate() {
-        if !v.size.is_power_of_two() || v.size < 4096 {
-            return Err((
-                format!("variable[{i}].size"),
-                "must be a power of two of at least 4 KiB".into(),
-            ));
-        }
+        let mask = size_mask(v.size).map_err(|r| (format!("variable[{i}].size"), r))?;
         st.var[i] = VarRange {
             base: v.base | ty(&v.ty, &format!("variable[{i}].type"))? as u64,
-            mask: (((1u64 << MAXPHYADDR) - 1) & !(v.size - 1)) | MTRR_PHYS_MASK_VALID,
+            mask: mask | MTRR_PHYS_MASK_VALID,
         };
     }
     st.check().map_err(|r| ("variable".to_string(), r))?;

@@ -316,6 +316,17 @@ impl Machine {
         }
     }
 
+    /// Count one workload event (the metric; `shootdown profile`'s unit), and, from the start
+    /// of the measurement, when it happened.
+    pub(crate) fn count_event<E: Env>(&mut self, env: &E) {
+        self.perf.counters.inc(Counter::Events);
+        if env.now() >= self.perf.measure_from {
+            self.perf.events_measured += 1;
+            self.perf.first_event_at.get_or_insert(env.now());
+            self.perf.last_event_at = env.now();
+        }
+    }
+
     /// One step of user mode for the current task.
     pub(crate) fn user_step<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
         let t = self.cpus[cpu].curr as usize;
@@ -513,12 +524,7 @@ impl Machine {
                 )
             }
             UserOp::Event => {
-                self.perf.counters.inc(Counter::Events);
-                if env.now() >= self.perf.measure_from {
-                    self.perf.events_measured += 1;
-                    self.perf.first_event_at.get_or_insert(env.now());
-                    self.perf.last_event_at = env.now();
-                }
+                self.count_event(env);
                 self.tasks[t].pc += 1;
             }
             UserOp::Mark => {

@@ -38,7 +38,7 @@ use crate::{Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
 use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::kvm::mtrr::{
-    kvm_mtrr_valid, MemType, MtrrMsr, MtrrState, VarRange, FIXED_MTRRS, KVM_NR_VAR_MTRR,
+    kvm_mtrr_valid, size_mask, MemType, MtrrMsr, MtrrState, VarRange, FIXED_MTRRS, KVM_NR_VAR_MTRR,
     MAXPHYADDR, MTRR_DEF_TYPE_E, MTRR_DEF_TYPE_FE, MTRR_PHYS_MASK_VALID,
 };
 use shootdown_linux::{Counter, Machine, UserOp};
@@ -103,6 +103,12 @@ fn array<'a>(v: &'a toml::Value, key: &str) -> Result<&'a Vec<toml::Value>, Para
             format!("expected an array, got {}", v.type_str()),
         )
     })
+}
+
+/// `t[name]`, or the error that the key `k.name` is missing.
+fn field<'a>(t: &'a toml::Table, k: &str, name: &str) -> Result<&'a toml::Value, ParamError> {
+    t.get(name)
+        .ok_or_else(|| (format!("{k}.{name}"), "missing".to_string()))
 }
 
 fn only_keys(t: &toml::Table, key: &str, allowed: &[&str]) -> Result<(), ParamError> {
@@ -177,15 +183,11 @@ fn mtrr_state(t: &toml::Table, key: &str) -> Result<MtrrState, ParamError> {
             let k = format!("{key}.fixed[{i}]");
             let r = table(r, &k)?;
             only_keys(r, &k, &["from", "to", "type"])?;
-            let get = |n: &str| {
-                r.get(n)
-                    .ok_or_else(|| (format!("{k}.{n}"), "missing".to_string()))
-            };
             let (from, to) = (
-                int(get("from")?, &format!("{k}.from"))?,
-                int(get("to")?, &format!("{k}.to"))?,
+                int(field(r, &k, "from")?, &format!("{k}.from"))?,
+                int(field(r, &k, "to")?, &format!("{k}.to"))?,
             );
-            let ty = memtype(get("type")?, &format!("{k}.type"))?;
+            let ty = memtype(field(r, &k, "type")?, &format!("{k}.type"))?;
             if from >= to || to > 0x10_0000 {
                 return err(
                     k,
@@ -224,27 +226,11 @@ fn mtrr_state(t: &toml::Table, key: &str) -> Result<MtrrState, ParamError> {
             let k = format!("{key}.variable[{i}]");
             let r = table(r, &k)?;
             only_keys(r, &k, &["base", "size", "mask", "type"])?;
-            let base = int(
-                r.get("base")
-                    .ok_or_else(|| (format!("{k}.base"), "missing".to_string()))?,
-                &format!("{k}.base"),
-            )?;
-            let ty = memtype(
-                r.get("type")
-                    .ok_or_else(|| (format!("{k}.type"), "missing".to_string()))?,
-                &format!("{k}.type"),
-            )?;
+            let base = int(field(r, &k, "base")?, &format!("{k}.base"))?;
+            let ty = memtype(field(r, &k, "type")?, &format!("{k}.type"))?;
             let mask = match (r.get("size"), r.get("mask")) {
-                (Some(sz), None) => {
-                    let sz = int(sz, &format!("{k}.size"))?;
-                    if !sz.is_power_of_two() || sz < 4096 {
-                        return err(
-                            format!("{k}.size"),
-                            format!("{sz:#x} is not a power of two of at least 4 KiB"),
-                        );
-                    }
-                    ((1u64 << MAXPHYADDR) - 1) & !(sz - 1)
-                }
+                (Some(sz), None) => size_mask(int(sz, &format!("{k}.size"))?)
+                    .or_else(|r| err(format!("{k}.size"), r))?,
                 (None, Some(m)) => int(m, &format!("{k}.mask"))? & !MTRR_PHYS_MASK_VALID,
                 _ => return err(k, "give exactly one of size and mask"),
             };
@@ -489,16 +475,8 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         let k = format!("memslots[{i}]");
         let s = table(s, &k)?;
         only_keys(s, &k, &["gpa", "size", "huge", "readonly"])?;
-        let gpa = int(
-            s.get("gpa")
-                .ok_or_else(|| (format!("{k}.gpa"), "missing".to_string()))?,
-            &format!("{k}.gpa"),
-        )?;
-        let size = int(
-            s.get("size")
-                .ok_or_else(|| (format!("{k}.size"), "missing".to_string()))?,
-            &format!("{k}.size"),
-        )?;
+        let gpa = int(field(s, &k, "gpa")?, &format!("{k}.gpa"))?;
+        let size = int(field(s, &k, "size")?, &format!("{k}.size"))?;
         if gpa % 4096 != 0 || size == 0 || size % 4096 != 0 {
             return err(k, "gpa and size must be page-aligned and the size non-zero");
         }

@@ -220,6 +220,15 @@ pub fn kvm_mtrr_valid(msr: MtrrMsr, data: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The `MTRRphysMask` address bits (V clear) of a variable range of `size` bytes, which must be
+/// a power of two of at least 4 KiB.
+pub fn size_mask(size: u64) -> Result<u64, String> {
+    if !size.is_power_of_two() || size < 4096 {
+        return Err(format!("{size:#x} is not a power of two of at least 4 KiB"));
+    }
+    Ok(((1u64 << MAXPHYADDR) - 1) & !(size - 1))
+}
+
 /// One variable range (`struct kvm_mtrr_range`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct VarRange {
@@ -492,7 +501,7 @@ mod tests {
     fn var(base: u64, size: u64, ty: MemType) -> VarRange {
         VarRange {
             base: base | ty as u64,
-            mask: (((1u64 << MAXPHYADDR) - 1) & !(size - 1)) | MTRR_PHYS_MASK_VALID,
+            mask: size_mask(size).unwrap() | MTRR_PHYS_MASK_VALID,
         }
     }
 

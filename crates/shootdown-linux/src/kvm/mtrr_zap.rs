@@ -237,10 +237,7 @@ impl Machine {
     fn zap_request<E: Env>(&mut self, v: CpuId, ranges: Vec<GfnRange>, env: &mut E) -> Frame {
         self.perf.counters.inc(Counter::KvmMtrrZapRequests);
         // A zap request is seed 004's workload event (`shootdown profile`: time per request).
-        self.perf.counters.inc(Counter::Events);
-        if env.now() >= self.perf.measure_from {
-            self.perf.events_measured += 1;
-        }
+        self.count_event(env);
         let vm = self.vm_of(v);
         let ranges = if self.opts.mtrr_zap_split {
             let slots: Vec<(u64, u64)> = self

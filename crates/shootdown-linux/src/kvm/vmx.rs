@@ -26,7 +26,12 @@ impl Machine {
     /// kvm_arch_has_noncoherent_dma(kvm)`): KVM bakes the guest's memory types into SPTEs
     /// (never from v6.11).
     pub(crate) fn honors_guest_mtrrs(&self, vm: usize) -> bool {
-        self.opts.mtrr_zap != MtrrZap::Mainline && self.kvm(vm).noncoherent_dma
+        self.honors_guest_mtrrs_with(self.kvm(vm).noncoherent_dma)
+    }
+
+    /// The same test with the non-coherent DMA count as a caller read it.
+    pub(crate) fn honors_guest_mtrrs_with(&self, noncoherent_dma: bool) -> bool {
+        self.opts.mtrr_zap != MtrrZap::Mainline && noncoherent_dma
     }
 
     /// `vmx_get_mt_mask(vcpu, gfn, is_mmio)` for RAM: WB+IPAT without non-coherent DMA; with
@@ -60,10 +65,8 @@ impl Machine {
         if want != bits {
             return Some(format!("vcpu{v}'s state now gives {}", memtype_text(want)));
         }
-        let vm = self.vm_of(v);
         let vc = &self.host_ref().vcpus[v];
-        let by_mtrrs =
-            self.kvm(vm).noncoherent_dma && self.opts.mtrr_zap != MtrrZap::Mainline && !vc.cr0_cd;
+        let by_mtrrs = self.honors_guest_mtrrs(self.vm_of(v)) && !vc.cr0_cd;
         if n > 1 && by_mtrrs && !vc.mtrr.uniform(g, n) {
             return Some(format!(
                 "vcpu{v}'s MTRRs give its frames more than one type"

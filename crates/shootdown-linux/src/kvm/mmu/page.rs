@@ -292,36 +292,39 @@ impl Machine {
                 s.pc = MmuLoadPc::Alloc;
                 Flow::Next
             }
-            MmuLoadPc::Alloc if self.opts.tdp_mmu => {
-                // mmu_alloc_direct_roots() → kvm_tdp_mmu_get_vcpu_root_hpa(), write_unlock.
-                let vm = self.vm_of(v);
-                let root = self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env);
-                self.charge(env, |c| c.mmu_root_load);
-                self.mmu_write_unlock(v, env);
-                self.host_mut().vcpus[v].root = Some(root);
-                self.cpus[v].tlb.set_ept_tag(ept_tag(root));
-                self.invept_single(v, root, env);
-                self.say(|| {
-                    format!("kvm_mmu_load: TDP MMU root = EPT page #{root}, write_unlock; INVEPT single-context")
-                });
-                Flow::Return
-            }
             MmuLoadPc::Alloc => {
+                // mmu_alloc_direct_roots(): the TDP MMU's root of the address space
+                // (kvm_tdp_mmu_get_vcpu_root_hpa), or the legacy MMU's direct root page.
                 let vm = self.vm_of(v);
-                let root = self.kvm_mmu_get_page(vm, 0, EPT_ROOT_LEVEL, env);
-                self.kvm_mut(vm)
-                    .mmu
-                    .pages
-                    .get_mut(&root)
-                    .expect("root")
-                    .root_count += 1;
+                let tdp = self.opts.tdp_mmu;
+                let root = if tdp {
+                    self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env)
+                } else {
+                    let root = self.kvm_mmu_get_page(vm, 0, EPT_ROOT_LEVEL, env);
+                    self.kvm_mut(vm)
+                        .mmu
+                        .pages
+                        .get_mut(&root)
+                        .expect("root")
+                        .root_count += 1;
+                    root
+                };
                 self.charge(env, |c| c.mmu_root_load);
-                self.mmu_lock_release(v, env);
+                if tdp {
+                    self.mmu_write_unlock(v, env);
+                } else {
+                    self.mmu_lock_release(v, env);
+                }
                 self.host_mut().vcpus[v].root = Some(root);
                 self.cpus[v].tlb.set_ept_tag(ept_tag(root));
                 self.invept_single(v, root, env);
+                let (kind, unlock) = if tdp {
+                    ("TDP MMU ", "write_unlock")
+                } else {
+                    ("", "unlock")
+                };
                 self.say(|| {
-                    format!("kvm_mmu_load: root = EPT page #{root}, unlock; INVEPT single-context of the new EPTP")
+                    format!("kvm_mmu_load: {kind}root = EPT page #{root}, {unlock}; INVEPT single-context of the new EPTP")
                 });
                 Flow::Return
             }

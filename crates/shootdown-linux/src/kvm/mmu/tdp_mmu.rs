@@ -534,8 +534,8 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
-                s.honors = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0
-                    && self.opts.mtrr_zap != crate::options::MtrrZap::Mainline;
+                let noncoherent = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0;
+                s.honors = self.honors_guest_mtrrs_with(noncoherent);
                 s.target = self.fault_target(vm, gfn, s.write);
                 let seq = s.mmu_seq;
                 self.say(|| format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}"));
