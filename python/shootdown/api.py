@@ -294,6 +294,7 @@ def check(
     seed: int = 0,
     strategy: Optional[str] = None,
     progress: bool = False,
+    symmetry: bool = True,
 ) -> CheckResult:
     """Model-check a scenario with the explorer.
 
@@ -310,6 +311,8 @@ def check(
             ``"random"`` when ``sample`` is given, else ``"bfs"``.
         progress: show a live line (states, states/s, frontier, depth) on stderr while
             exploring; display only (the CLI turns it on when stderr is a terminal).
+        symmetry: reduce by the scenario's declared ``symmetric`` CPU groups (exhaustive
+            strategies; sound where the kernel's CPU-id order matters, see docs/checker.md).
 
     Returns:
         ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
@@ -335,6 +338,7 @@ def check(
         None if sample is None else _int_option(resolved, "sample", sample, 1),
         _int_option(resolved, "seed", seed, 0),
         strategy,
+        bool(symmetry),
     )
     seconds = float(result.get("seconds") or 0.0)
     result["states_per_s"] = result["states"] / seconds if seconds > 0 else None

@@ -397,6 +397,9 @@ def check(
     strategy: Optional[Strategy] = typer.Option(
         None, "--strategy", help="bfs (shortest counterexamples), dfs (the same verdicts in far less memory), random or pct (default: random with --sample, else bfs)."
     ),
+    no_symmetry: bool = typer.Option(
+        False, "--no-symmetry", help="Do not reduce by the scenario's symmetric CPU groups."
+    ),
     fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
 ) -> None:
     """Model-check a scenario (exit 0 verified, 1 violation, 3 bound reached)."""
@@ -420,6 +423,7 @@ def check(
         seed=seed,
         strategy=None if strategy is None else strategy.value,
         progress=sys.stderr.isatty(),
+        symmetry=not no_symmetry,
     )
     text = (
         json.dumps(result, indent=2, ensure_ascii=False)

@@ -267,9 +267,13 @@ class FakeNative:
         sample: Optional[int],
         seed: int,
         strategy: str,
+        symmetry: bool = True,
     ) -> str:
         self.calls.append(
-            ("check", (scenario, mutant, memory_model, max_states, sample, seed, strategy))
+            (
+                "check",
+                (scenario, mutant, memory_model, max_states, sample, seed, strategy, symmetry),
+            )
         )
         if not Path(scenario).exists():
             raise _err(scenario, "", "no such file")

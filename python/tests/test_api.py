@@ -121,9 +121,11 @@ def test_check_resolves_names_and_defaults(fake_native, data_home) -> None:
     assert res["verdict"] == "verified"
     fn, args = fake_native.calls[-1]
     assert args[0] == str(data_home / "scenarios" / "lazy-switch.toml")
-    assert args[2:] == ("sc", 1_000_000, None, 0, "bfs")
+    assert args[2:] == ("sc", 1_000_000, None, 0, "bfs", True)
     shootdown.check("lazy-switch", sample=10, seed=3)
-    assert fake_native.calls[-1][1][4:] == (10, 3, "random")
+    assert fake_native.calls[-1][1][4:] == (10, 3, "random", True)
+    shootdown.check("lazy-switch", symmetry=False)
+    assert fake_native.calls[-1][1][7] is False
     with pytest.raises(shootdown.ConfigError, match="no such scenario"):
         shootdown.check("nope")
 

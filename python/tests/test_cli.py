@@ -145,7 +145,10 @@ def test_check_exit_codes_and_text(runner, fake_native, data_home) -> None:
     sampled = invoke(
         runner, "check", "pv-flush", "--sample", "100", "--seed", "7", "--strategy", "pct"
     )
-    assert sampled.exit_code == 0 and fake_native.calls[-1][1][4:] == (100, 7, "pct")
+    assert sampled.exit_code == 0 and fake_native.calls[-1][1][4:] == (100, 7, "pct", True)
+
+    plain = invoke(runner, "check", "lazy-switch", "--no-symmetry")
+    assert plain.exit_code == 0 and fake_native.calls[-1][1][7] is False
 
 
 def test_check_errors(runner, fake_native, data_home) -> None:

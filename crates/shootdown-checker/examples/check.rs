@@ -4,6 +4,11 @@
 use shootdown_checker::*;
 use std::path::Path;
 
+/// The explorer clones and drops states by the million; mimalloc's thread-local free lists make
+/// that ~25 % cheaper than glibc's malloc (docs/performance.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let get = |k: &str| {
@@ -70,6 +75,7 @@ fn main() {
             sample,
             seed,
             &strategy,
+            true,
         )
     };
     match res {

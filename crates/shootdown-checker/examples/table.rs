@@ -21,7 +21,17 @@ fn main() {
             runs.push((Some(m.name.clone()), m.bug.clone(), m.memory_model.clone()));
         }
         for (mutant, bug, mm) in runs {
-            let r = check(&path, mutant.as_deref(), &mm, 30_000_000, None, 0, "bfs").unwrap();
+            let r = check(
+                &path,
+                mutant.as_deref(),
+                &mm,
+                30_000_000,
+                None,
+                0,
+                "bfs",
+                true,
+            )
+            .unwrap();
             println!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} |",
                 info.scenario,

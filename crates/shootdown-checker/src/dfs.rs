@@ -15,11 +15,19 @@ use shootdown_engine::{Model, Violation};
 use std::time::Instant;
 
 /// One level of the current path: its state, the actions still to try from it (taken from
-/// the back), and the action that led to it.
+/// the back), the action that led to it, and whether the path to it passes through a
+/// symmetric image ([`Reduction::images`]).
 struct Level<M: Model> {
     state: M,
-    todo: Vec<M::Action>,
+    todo: Vec<Todo<M>>,
     via: Option<M::Action>,
+    alt: bool,
+}
+
+/// An action to try from a level's state — or from a symmetric image of it.
+enum Todo<M: Model> {
+    Act(M::Action),
+    Image(Box<M>, M::Action),
 }
 
 /// The search's counters and visited set.
@@ -30,24 +38,32 @@ struct Search<'r, R> {
     transitions: u64,
     reduced: u64,
     depth: u32,
+    images: u64,
     env: ExploreEnv,
 }
 
 /// A violation found from a state: the actions that reach it, and what broke.
 type Found<A> = (Vec<A>, Violation);
 
-/// How a search ended: its verdict, and for a violation what broke and the actions to it.
-type Ending<A> = (Verdict, Option<Violation>, Vec<A>);
+/// How a search ended: its verdict, and for a violation what broke, the actions to it and
+/// whether they pass through a symmetric image.
+type Ending<A> = (Verdict, Option<Violation>, Vec<A>, bool);
 
 impl<R> Search<'_, R> {
-    /// Apply `a` to a copy of `s`: the successor, or the violation it reports.
-    fn successor<M: Model>(&mut self, s: &M, a: M::Action) -> Result<M, Violation> {
+    /// Apply `a` to a copy of `s`: the successor and the CPU orders the step fixed, or the
+    /// violation it reports.
+    fn successor<M: Model>(
+        &mut self,
+        s: &M,
+        a: M::Action,
+    ) -> Result<(M, Vec<Vec<usize>>), Violation> {
         let mut t = s.clone();
         let out = t.apply(a, &mut self.env);
         self.transitions += 1;
+        let orders = self.env.take_orders();
         match out.violation.or_else(|| t.check_state()) {
             Some(v) => Err(v),
-            None => Ok(t),
+            None => Ok((t, orders)),
         }
     }
 
@@ -55,7 +71,7 @@ impl<R> Search<'_, R> {
     /// from the back): the persistent singleton when its successor is new, else every enabled
     /// action. Or the violation found on the way — a deadlock, or one the reduction's
     /// look-ahead step reports — with the actions that reach it from `s`.
-    fn todo<M: Model>(&mut self, s: &M) -> Result<Vec<M::Action>, Found<M::Action>>
+    fn todo<M: Model>(&mut self, s: &M) -> Result<Vec<Todo<M>>, Found<M::Action>>
     where
         R: Reduction<M>,
     {
@@ -66,15 +82,14 @@ impl<R> Search<'_, R> {
         }
         if self.limits.por {
             if let Some(a) = self.red.persistent_singleton(s, &en) {
-                let t = self.successor(s, a).map_err(|v| (vec![a], v))?;
+                let (t, _) = self.successor(s, a).map_err(|v| (vec![a], v))?;
                 if !self.visited.contains(&self.red.fingerprint(&t)) {
                     self.reduced += 1;
-                    return Ok(vec![a]);
+                    return Ok(vec![Todo::Act(a)]);
                 }
             }
         }
-        en.reverse();
-        Ok(en)
+        Ok(en.into_iter().rev().map(Todo::Act).collect())
     }
 
     fn run<M: Model>(&mut self, init: &M) -> Ending<M::Action>
@@ -83,12 +98,12 @@ impl<R> Search<'_, R> {
     {
         self.visited.insert(self.red.fingerprint(init));
         if let Some(v) = init.check_state() {
-            return (Verdict::Violation, Some(v), vec![]);
+            return (Verdict::Violation, Some(v), vec![], false);
         }
-        let violation = |stack: &[Level<M>], tail: Vec<M::Action>, v| {
+        let violation = |stack: &[Level<M>], tail: Vec<M::Action>, alt: bool, v| {
             let mut path: Vec<M::Action> = stack.iter().filter_map(|l| l.via).collect();
             path.extend(tail);
-            (Verdict::Violation, Some(v), path)
+            (Verdict::Violation, Some(v), path, alt)
         };
         let mut stack = vec![];
         match self.todo(init) {
@@ -96,43 +111,58 @@ impl<R> Search<'_, R> {
                 state: init.clone(),
                 todo,
                 via: None,
+                alt: false,
             }),
             Err((tail, v)) => {
                 self.depth = tail.len() as u32;
-                return violation(&stack, tail, v);
+                return violation(&stack, tail, false, v);
             }
         }
         while let Some(top) = stack.last_mut() {
-            let Some(a) = top.todo.pop() else {
+            let Some(next) = top.todo.pop() else {
                 stack.pop();
                 continue;
             };
-            let s = top.state.clone();
-            let t = match self.successor(&s, a) {
-                Ok(t) => t,
-                Err(v) => return violation(&stack, vec![a], v),
+            // An image's successor is one of the symmetric closure: flag the path. (The images
+            // of an image are images of the level's own state: not generated again.)
+            let (s, a, alt, image) = match next {
+                Todo::Act(a) => (top.state.clone(), a, top.alt, false),
+                Todo::Image(s, a) => (*s, a, true, true),
             };
+            let (t, orders) = match self.successor(&s, a) {
+                Ok(x) => x,
+                Err(v) => return violation(&stack, vec![a], alt, v),
+            };
+            if !orders.is_empty() && !image {
+                let images = self.red.images(&s, a, &orders);
+                let top = stack.last_mut().expect("current level");
+                for (is, ia) in images {
+                    top.todo.push(Todo::Image(Box::new(is), ia));
+                }
+            }
             if !self.visited.insert(self.red.fingerprint(&t)) {
                 continue;
             }
             if self.visited.len() as u64 > self.limits.max_states {
-                return (Verdict::BoundReached, None, vec![]);
+                return (Verdict::BoundReached, None, vec![], false);
             }
+            self.images += u64::from(alt);
             self.depth = self.depth.max(stack.len() as u32);
             match self.todo(&t) {
                 Ok(todo) => stack.push(Level {
                     state: t,
                     todo,
                     via: Some(a),
+                    alt,
                 }),
                 Err((tail, v)) => {
                     let mut path = vec![a];
                     path.extend(tail);
-                    return violation(&stack, path, v);
+                    return violation(&stack, path, alt, v);
                 }
             }
         }
-        (Verdict::Verified, None, vec![])
+        (Verdict::Verified, None, vec![], false)
     }
 }
 
@@ -150,9 +180,10 @@ pub fn explore_dfs<M: Model, R: Reduction<M>>(
         transitions: 0,
         reduced: 0,
         depth: 0,
-        env: ExploreEnv,
+        images: 0,
+        env: ExploreEnv::default(),
     };
-    let (verdict, violation, path) = x.run(init);
+    let (verdict, violation, path, approximate) = x.run(init);
     // A bound stops the search with one state too many stored.
     let states = x.visited.len() - usize::from(verdict == Verdict::BoundReached);
     Exploration {
@@ -166,5 +197,7 @@ pub fn explore_dfs<M: Model, R: Reduction<M>>(
         reduced: x.reduced,
         peak_frontier: x.depth as usize,
         index_bytes: x.visited.capacity() * (std::mem::size_of::<u128>() + 1),
+        images: x.images,
+        approximate,
     }
 }

@@ -56,14 +56,34 @@ pub trait Reduction<M: Model> {
     fn persistent_singleton(&self, _m: &M, _enabled: &[M::Action]) -> Option<M::Action> {
         None
     }
+    /// Renamed copies `(π(m), π(a))` of `m` and `a` to expand beside `a`, when applying `a` to
+    /// `m` fixed an order over CPUs (`orders`, reported through [`Env::cpu_order`]) that the
+    /// fingerprint treats as interchangeable. Their successors are what `a` does in the states
+    /// the fingerprint merged with `m`; exploring them too makes the search that of the
+    /// symmetric closure of the model (see `reduce.rs`). None by default.
+    fn images(&self, _m: &M, _a: M::Action, _orders: &[Vec<usize>]) -> Vec<(M, M::Action)> {
+        Vec::new()
+    }
 }
 
 /// No reduction at all.
 pub struct NoReduction;
 impl<M: Model> Reduction<M> for NoReduction {}
 
-/// The explorer's own driver environment: costs ignored, randomness fixed at 0.
-pub struct ExploreEnv;
+/// The explorer's own driver environment: costs ignored, randomness fixed at 0; it keeps the
+/// CPU orders a step fixed ([`Env::cpu_order`]) for the symmetry reduction.
+#[derive(Default)]
+pub struct ExploreEnv {
+    orders: Vec<Vec<usize>>,
+}
+
+impl ExploreEnv {
+    /// The CPU orders fixed since the last call.
+    pub fn take_orders(&mut self) -> Vec<Vec<usize>> {
+        std::mem::take(&mut self.orders)
+    }
+}
+
 impl Env for ExploreEnv {
     fn timed(&self) -> bool {
         false
@@ -82,6 +102,9 @@ impl Env for ExploreEnv {
         false
     }
     fn trace(&mut self, _: shootdown_engine::trace::TraceEvent) {}
+    fn cpu_order(&mut self, cpus: &[usize]) {
+        self.orders.push(cpus.to_vec());
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -144,6 +167,11 @@ pub struct Exploration<A> {
     pub peak_frontier: usize,
     /// Bytes of the visited set and parent table at the end (capacity-based).
     pub index_bytes: usize,
+    /// States stored that were reached through a symmetric image ([`Reduction::images`]).
+    pub images: u64,
+    /// The violation's path passes through a symmetric image: it is a run of the model's
+    /// symmetric closure, not necessarily of the model (the caller re-checks without symmetry).
+    pub approximate: bool,
 }
 
 /// The violation reported when no action is enabled and the model is not finished.
@@ -226,208 +254,217 @@ pub fn explore<M: Model, R: Reduction<M>>(
     red: &R,
     limits: Limits,
 ) -> Exploration<M::Action> {
-    let t0 = Instant::now();
-    let mut visited = FpSet::default();
-    // parents[id] = (parent id, action); id 0 is the initial state.
-    let mut parents: Vec<(u32, M::Action)> = Vec::new();
-    let mut queue: VecDeque<(u32, u32, M)> = VecDeque::new();
-    let mut transitions = 0u64;
-    let mut reduced = 0u64;
-    let mut peak = 0usize;
-    let mut depth = 0u32;
-    let mut enabled = Vec::new();
-    let mut env = ExploreEnv;
-    let mut progress = ProgressLine::new();
-
-    let result =
-        |verdict, violation, path, states, transitions, reduced, depth, peak, ib| Exploration {
-            verdict,
-            violation,
-            path,
-            states,
-            transitions,
-            seconds: t0.elapsed().as_secs_f64(),
-            depth,
-            reduced,
-            peak_frontier: peak,
-            index_bytes: ib,
-        };
-    let index_bytes = |v: &FpSet, p: &Vec<(u32, M::Action)>| {
-        v.capacity() * (std::mem::size_of::<u128>() + 1)
-            + p.capacity() * std::mem::size_of::<(u32, M::Action)>()
+    let mut b = Bfs {
+        red,
+        limits,
+        t0: Instant::now(),
+        visited: FpSet::default(),
+        parents: Vec::new(),
+        queue: VecDeque::new(),
+        transitions: 0,
+        reduced: 0,
+        images: 0,
+        peak: 0,
+        depth: 0,
+        env: ExploreEnv::default(),
     };
-
-    visited.insert(red.fingerprint(init));
-    enabled.clear();
-    init.enabled(&mut enabled);
-    let dummy = match enabled.first() {
-        Some(a) => *a,
-        None => {
-            let v = if init.finished() {
-                None
-            } else {
-                Some(deadlock())
-            };
-            let verdict = if v.is_some() {
-                Verdict::Violation
-            } else {
-                Verdict::Verified
-            };
-            return result(verdict, v, vec![], 1, 0, 0, 0, 0, 0);
-        }
-    };
-    parents.push((0, dummy));
-    if let Some(v) = init.check_state() {
-        return result(Verdict::Violation, Some(v), vec![], 1, 0, 0, 0, 0, 0);
-    }
-    queue.push_back((0, 0, init.clone()));
-
-    while let Some((id, d, s)) = queue.pop_front() {
-        depth = depth.max(d);
-        progress.tick(visited.len(), queue.len(), depth);
-        if limits.max_depth.is_some_and(|md| d >= md) {
-            continue;
-        }
-        enabled.clear();
-        s.enabled(&mut enabled);
-        if enabled.is_empty() {
-            if !s.finished() {
-                let ib = index_bytes(&visited, &parents);
-                return result(
-                    Verdict::Violation,
-                    Some(deadlock()),
-                    path_to(&parents, id),
-                    visited.len() as u64,
-                    transitions,
-                    reduced,
-                    depth,
-                    peak,
-                    ib,
-                );
-            }
-            continue;
-        }
-        // Apply `a` to a copy of `s`; a broken invariant ends the search with the path to it.
-        macro_rules! successor {
-            ($a:expr) => {{
-                let mut t = s.clone();
-                let out = t.apply($a, &mut env);
-                transitions += 1;
-                if let Some(v) = out.violation.or_else(|| t.check_state()) {
-                    let mut p = path_to(&parents, id);
-                    p.push($a);
-                    let ib = index_bytes(&visited, &parents);
-                    let n = visited.len() as u64;
-                    return result(
-                        Verdict::Violation,
-                        Some(v),
-                        p,
-                        n,
-                        transitions,
-                        reduced,
-                        depth,
-                        peak,
-                        ib,
-                    );
-                }
-                let f = red.fingerprint(&t);
-                (t, f)
-            }};
-        }
-        // Partial-order reduction: a persistent, invisible singleton whose successor is new.
-        let mut expand_all = true;
-        let mut single: Option<(M::Action, M, u128)> = None;
-        if limits.por {
-            if let Some(a) = red.persistent_singleton(&s, &enabled) {
-                let (t, f) = successor!(a);
-                if !visited.contains(&f) {
-                    expand_all = false;
-                    single = Some((a, t, f));
-                }
-            }
-        }
-        // Store a successor; when the state bound is hit, stop with `bound-reached`.
-        macro_rules! store_or_stop {
-            ($a:expr, $t:expr, $f:expr) => {
-                if !store(
-                    &mut visited,
-                    &mut parents,
-                    &mut queue,
-                    limits,
-                    id,
-                    d,
-                    $a,
-                    $t,
-                    $f,
-                ) {
-                    let n = visited.len() as u64 - 1;
-                    let ib = index_bytes(&visited, &parents);
-                    return result(
-                        Verdict::BoundReached,
-                        None,
-                        vec![],
-                        n,
-                        transitions,
-                        reduced,
-                        depth,
-                        peak,
-                        ib,
-                    );
-                }
-            };
-        }
-        if !expand_all {
-            reduced += 1;
-            let (a, t, f) = single.take().expect("reduced");
-            store_or_stop!(a, t, f);
+    let (verdict, violation, path, approximate) = b.run(init);
+    let states = b.visited.len() as u64 - u64::from(verdict == Verdict::BoundReached);
+    let depth_bound = limits.max_depth.is_some_and(|md| b.depth >= md);
+    Exploration {
+        verdict: if verdict == Verdict::Verified && depth_bound {
+            Verdict::BoundReached
         } else {
-            for &a in enabled.iter() {
-                let (t, f) = successor!(a);
-                store_or_stop!(a, t, f);
-            }
-        }
-        peak = peak.max(queue.len());
+            verdict
+        },
+        violation,
+        path,
+        states,
+        transitions: b.transitions,
+        seconds: b.t0.elapsed().as_secs_f64(),
+        depth: b.depth,
+        reduced: b.reduced,
+        peak_frontier: b.peak,
+        index_bytes: b.visited.capacity() * (std::mem::size_of::<u128>() + 1)
+            + b.parents.capacity() * std::mem::size_of::<(u32, M::Action)>(),
+        images: b.images,
+        approximate,
     }
-    let ib = index_bytes(&visited, &parents);
-    let verdict = if limits.max_depth.is_some_and(|md| depth >= md) {
-        Verdict::BoundReached
-    } else {
-        Verdict::Verified
-    };
-    result(
-        verdict,
-        None,
-        vec![],
-        visited.len() as u64,
-        transitions,
-        reduced,
-        depth,
-        peak,
-        ib,
-    )
 }
 
-/// Record a successor; false when the state bound is exceeded.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn store<M, A>(
-    visited: &mut FpSet,
-    parents: &mut Vec<(u32, A)>,
-    queue: &mut VecDeque<(u32, u32, M)>,
+/// A successor: its state, fingerprint and the CPU orders its step fixed.
+type Successor<M> = (M, u128, Vec<Vec<usize>>);
+
+/// A frontier entry: state id, depth, whether its path passes through a symmetric image, and
+/// the state.
+type Entry<M> = (u32, u32, bool, M);
+
+/// How a search ended: verdict, violation, the actions to it, and whether that path passes
+/// through a symmetric image.
+type Ending<A> = (Verdict, Option<Violation>, Vec<A>, bool);
+
+/// The breadth-first search's tables and counters.
+struct Bfs<'r, M: Model, R> {
+    red: &'r R,
     limits: Limits,
-    id: u32,
-    d: u32,
-    a: A,
-    t: M,
-    f: u128,
-) -> bool {
-    if visited.insert(f) {
-        if visited.len() as u64 > limits.max_states {
-            return false;
+    t0: Instant,
+    visited: FpSet,
+    /// `parents[id] = (parent id, action)`; id 0 is the initial state.
+    parents: Vec<(u32, M::Action)>,
+    queue: VecDeque<Entry<M>>,
+    transitions: u64,
+    reduced: u64,
+    images: u64,
+    peak: usize,
+    depth: u32,
+    env: ExploreEnv,
+}
+
+/// Why a successor was not stored: the search ends.
+enum Stop<A> {
+    /// A violation, with the path to it and whether that path passes through an image.
+    Violation(Violation, Vec<A>, bool),
+    /// The state bound.
+    Bound,
+}
+
+impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
+    /// Apply `a` to a copy of `s`: the successor, its fingerprint and the CPU orders the step
+    /// fixed — or the violation it reports, with its path (`id`'s, then `a`).
+    fn successor(
+        &mut self,
+        id: u32,
+        alt: bool,
+        s: &M,
+        a: M::Action,
+    ) -> Result<Successor<M>, Stop<M::Action>> {
+        let mut t = s.clone();
+        let out = t.apply(a, &mut self.env);
+        self.transitions += 1;
+        let orders = self.env.take_orders();
+        if let Some(v) = out.violation.or_else(|| t.check_state()) {
+            let mut p = path_to(&self.parents, id);
+            p.push(a);
+            return Err(Stop::Violation(v, p, alt));
         }
-        let nid = parents.len() as u32;
-        parents.push((id, a));
-        queue.push_back((nid, d + 1, t));
+        let f = self.red.fingerprint(&t);
+        Ok((t, f, orders))
     }
-    true
+
+    /// Store a successor if it is new.
+    fn store(
+        &mut self,
+        id: u32,
+        d: u32,
+        alt: bool,
+        a: M::Action,
+        t: M,
+        f: u128,
+    ) -> Result<(), Stop<M::Action>> {
+        if self.visited.insert(f) {
+            if self.visited.len() as u64 > self.limits.max_states {
+                return Err(Stop::Bound);
+            }
+            let nid = self.parents.len() as u32;
+            self.parents.push((id, a));
+            self.queue.push_back((nid, d + 1, alt, t));
+            self.images += u64::from(alt);
+        }
+        Ok(())
+    }
+
+    /// Expand `s` (state `id` at depth `d`) by `a`, and by the symmetric images of `a` if
+    /// the step fixed an order over interchangeable CPUs.
+    fn expand(
+        &mut self,
+        (id, d, alt): (u32, u32, bool),
+        s: &M,
+        a: M::Action,
+        first: Option<Successor<M>>,
+    ) -> Result<(), Stop<M::Action>> {
+        let (t, f, orders) = match first {
+            Some(x) => x,
+            None => self.successor(id, alt, s, a)?,
+        };
+        self.store(id, d, alt, a, t, f)?;
+        if !orders.is_empty() {
+            for (is, ia) in self.red.images(s, a, &orders) {
+                let (u, g, _) = self.successor(id, true, &is, ia)?;
+                self.store(id, d, true, ia, u, g)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, init: &M) -> Ending<M::Action> {
+        let mut progress = ProgressLine::new();
+        let mut enabled = Vec::new();
+        self.visited.insert(self.red.fingerprint(init));
+        init.enabled(&mut enabled);
+        let Some(&dummy) = enabled.first() else {
+            return if init.finished() {
+                (Verdict::Verified, None, vec![], false)
+            } else {
+                (Verdict::Violation, Some(deadlock()), vec![], false)
+            };
+        };
+        self.parents.push((0, dummy));
+        if let Some(v) = init.check_state() {
+            return (Verdict::Violation, Some(v), vec![], false);
+        }
+        self.queue.push_back((0, 0, false, init.clone()));
+        while let Some((id, d, alt, s)) = self.queue.pop_front() {
+            self.depth = self.depth.max(d);
+            progress.tick(self.visited.len(), self.queue.len(), self.depth);
+            if self.limits.max_depth.is_some_and(|md| d >= md) {
+                continue;
+            }
+            enabled.clear();
+            s.enabled(&mut enabled);
+            if enabled.is_empty() {
+                if !s.finished() {
+                    return (
+                        Verdict::Violation,
+                        Some(deadlock()),
+                        path_to(&self.parents, id),
+                        alt,
+                    );
+                }
+                continue;
+            }
+            match self.expand_state((id, d, alt), &s, &enabled) {
+                Ok(()) => {}
+                Err(Stop::Violation(v, p, approx)) => {
+                    return (Verdict::Violation, Some(v), p, approx)
+                }
+                Err(Stop::Bound) => return (Verdict::BoundReached, None, vec![], false),
+            }
+            self.peak = self.peak.max(self.queue.len());
+        }
+        (Verdict::Verified, None, vec![], false)
+    }
+
+    /// Expand one state: a persistent, invisible singleton whose successor is new
+    /// (partial-order reduction), else every enabled action.
+    fn expand_state(
+        &mut self,
+        key: (u32, u32, bool),
+        s: &M,
+        enabled: &[M::Action],
+    ) -> Result<(), Stop<M::Action>> {
+        let (id, _, alt) = key;
+        if self.limits.por {
+            if let Some(a) = self.red.persistent_singleton(s, enabled) {
+                let x = self.successor(id, alt, s, a)?;
+                if !self.visited.contains(&x.1) {
+                    self.reduced += 1;
+                    return self.expand(key, s, a, Some(x));
+                }
+            }
+        }
+        for &a in enabled {
+            self.expand(key, s, a, None)?;
+        }
+        Ok(())
+    }
 }

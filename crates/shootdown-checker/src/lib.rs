@@ -42,8 +42,8 @@ pub const DEFAULT_MAX_STATES: u64 = 5_000_000;
 pub struct CheckOptions {
     pub max_states: u64,
     pub por: bool,
-    /// CPU symmetry reduction over the scenario's `symmetric` groups. Off by default: the model
-    /// is not CPU-rename-invariant (see `reduce.rs`), so it under-approximates.
+    /// CPU symmetry reduction over the scenario's `symmetric` groups (on by default; sound
+    /// where the kernel's CPU-id order matters too, see `reduce.rs`).
     pub symmetry: bool,
     /// When POR found a violation, re-run without it (bounded by the depth found) so the
     /// counterexample is a globally shortest one.
@@ -58,7 +58,7 @@ impl Default for CheckOptions {
         CheckOptions {
             max_states: DEFAULT_MAX_STATES,
             por: true,
-            symmetry: false,
+            symmetry: true,
             shortest: true,
             dfs: false,
         }
@@ -116,36 +116,37 @@ pub fn check_scenario(
 ) -> Result<CheckResult, CheckError> {
     let (init, setup) = sc.build_traced(mutant, mem)?;
     let red = reduce::MachineReduction::new(sc, opts.symmetry);
-    let limits = Limits {
-        max_states: opts.max_states,
-        max_depth: None,
-        por: opts.por,
-    };
-    let mut ex = if opts.dfs {
-        dfs::explore_dfs(&init, &red, limits)
-    } else {
-        explore(&init, &red, limits)
-    };
-    let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
-    if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 && !opts.dfs
-    {
-        let again = explore(
-            &init,
-            &red,
-            Limits {
-                max_states: opts.max_states,
-                max_depth: Some(ex.path.len() as u32),
-                por: false,
-            },
-        );
-        states += again.states;
-        transitions += again.transitions;
-        seconds += again.seconds;
-        if again.verdict == Verdict::Violation {
-            ex = again;
-        }
+    if let Some(why) = red.asymmetry(&init) {
+        return Err(CheckError::new(
+            &sc.path.display().to_string(),
+            "symmetric",
+            why,
+        ));
     }
     let mut notes = Vec::new();
+    let mut run = search(&init, &red, opts);
+    let mut symmetric = red.symmetric();
+    if run.ex.verdict == Verdict::Violation && run.ex.approximate {
+        // Found in the symmetric closure through a renamed state: check the model itself.
+        let plain = search(&init, &reduce::MachineReduction::new(sc, false), opts);
+        notes.push(format!(
+            "symmetry: the violation found through a renamed state ({} states) was checked again without symmetry",
+            run.states
+        ));
+        run = Run {
+            states: run.states + plain.states,
+            transitions: run.transitions + plain.transitions,
+            seconds: run.seconds + plain.seconds,
+            ex: plain.ex,
+        };
+        symmetric = false;
+    }
+    let Run {
+        ex,
+        states,
+        transitions,
+        seconds,
+    } = run;
     if opts.dfs && ex.verdict == Verdict::Violation {
         notes.push(
             "depth-first: this counterexample need not be the shortest (the default breadth-first search finds a shortest one)"
@@ -166,7 +167,7 @@ pub fn check_scenario(
     if opts.por {
         reductions.push("por".to_string());
     }
-    if opts.symmetry && !sc.symmetric_groups().is_empty() {
+    if symmetric {
         reductions.push("symmetry".to_string());
     }
     Ok(CheckResult {
@@ -191,11 +192,61 @@ pub fn check_scenario(
     })
 }
 
+/// One exhaustive search and its totals (a shortest-counterexample re-run included).
+struct Run {
+    ex: Exploration<Action>,
+    states: u64,
+    transitions: u64,
+    seconds: f64,
+}
+
+/// Explore with `red`; when partial-order reduction found a violation, re-run without it up to
+/// that depth so the counterexample is a globally shortest one.
+fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) -> Run {
+    let limits = Limits {
+        max_states: opts.max_states,
+        max_depth: None,
+        por: opts.por,
+    };
+    let mut ex = if opts.dfs {
+        dfs::explore_dfs(init, red, limits)
+    } else {
+        explore(init, red, limits)
+    };
+    let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
+    if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 && !opts.dfs
+    {
+        let again = explore(
+            init,
+            red,
+            Limits {
+                max_states: opts.max_states,
+                max_depth: Some(ex.path.len() as u32),
+                por: false,
+            },
+        );
+        states += again.states;
+        transitions += again.transitions;
+        seconds += again.seconds;
+        if again.verdict == Verdict::Violation {
+            ex = again;
+        }
+    }
+    Run {
+        ex,
+        states,
+        transitions,
+        seconds,
+    }
+}
+
 /// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
-/// [--sample N --seed S --strategy random|pct]`.
+/// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
 ///
 /// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `dfs` (exhaustive,
-/// depth-first, in far less memory), `random` or `pct`.
+/// depth-first, in far less memory), `random` or `pct`. `symmetry`: reduce by the scenario's
+/// declared `symmetric` groups (the exhaustive strategies).
+#[allow(clippy::too_many_arguments)]
 pub fn check(
     scenario_path: &Path,
     mutant: Option<&str>,
@@ -204,6 +255,7 @@ pub fn check(
     sample: Option<u64>,
     seed: u64,
     strategy: &str,
+    symmetry: bool,
 ) -> Result<CheckResult, CheckError> {
     let file = scenario_path.display().to_string();
     let sc = Scenario::load(scenario_path)?;
@@ -255,7 +307,12 @@ pub fn check(
             ));
         }
     }
-    let mut r = check_dispatch(&sc, &file, mutant, mem, max_states, sample, seed, strategy)?;
+    let exhaustive = CheckOptions {
+        max_states,
+        symmetry,
+        ..CheckOptions::default()
+    };
+    let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
     if r.verdict == "bound-reached" && !matches!(r.strategy.as_str(), "bfs" | "dfs") {
         notes.push(format!(
             "sampling never proves anything: no violation in the schedules tried ({} states)",
@@ -273,29 +330,21 @@ fn check_dispatch(
     file: &str,
     mutant: Option<&str>,
     mem: MemoryModel,
-    max_states: u64,
+    exhaustive: CheckOptions,
     sample: Option<u64>,
     seed: u64,
     strategy: &str,
 ) -> Result<CheckResult, CheckError> {
+    let max_states = exhaustive.max_states;
     match (strategy, sample) {
-        ("bfs", None) | ("", None) => check_scenario(
-            sc,
-            mutant,
-            mem,
-            CheckOptions {
-                max_states,
-                ..CheckOptions::default()
-            },
-        ),
+        ("bfs", None) | ("", None) => check_scenario(sc, mutant, mem, exhaustive),
         ("dfs", None) => check_scenario(
             sc,
             mutant,
             mem,
             CheckOptions {
-                max_states,
                 dfs: true,
-                ..CheckOptions::default()
+                ..exhaustive
             },
         ),
         ("bfs" | "dfs", Some(_)) => Err(CheckError::new(

@@ -62,7 +62,7 @@ fn run_one<M: Model, R: Rng>(
             (p, c)
         }
     };
-    let mut env = ExploreEnv;
+    let mut env = ExploreEnv::default();
     for step in 0..MAX_WALK {
         en.clear();
         m.enabled(&mut en);
@@ -109,7 +109,7 @@ fn run_one<M: Model, R: Rng>(
 pub fn replay_violation<M: Model>(init: &M, path: &[M::Action]) -> Option<(usize, Violation)> {
     let mut m = init.clone();
     let mut en = Vec::new();
-    let mut env = ExploreEnv;
+    let mut env = ExploreEnv::default();
     for (i, &a) in path.iter().enumerate() {
         en.clear();
         m.enabled(&mut en);

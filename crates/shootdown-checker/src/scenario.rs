@@ -740,19 +740,12 @@ impl Scenario {
                     ));
                 }
             }
-            if !file.symmetric.is_empty() {
-                return Err(err(
-                    "symmetric",
-                    "symmetry reduction does not rename host state: not available with [host]"
-                        .into(),
-                ));
-            }
         }
         if let Some(k) = &file.kvm {
             if !file.symmetric.is_empty() {
                 return Err(err(
                     "symmetric",
-                    "symmetry reduction does not rename host state: not available with [kvm]"
+                    "symmetry reduction does not rename KVM MMU state: not available with [kvm]"
                         .into(),
                 ));
             }
@@ -844,12 +837,6 @@ impl Scenario {
                 return Err(err(
                     &format!("symmetric[{i}]"),
                     "CPUs of a group must run tasks with identical programs and mms".into(),
-                ));
-            }
-            if file.setup.iter().any(|s| g.contains(&s.cpu)) {
-                return Err(err(
-                    &format!("symmetric[{i}]"),
-                    "CPUs with setup steps cannot be declared symmetric".into(),
                 ));
             }
         }
@@ -968,10 +955,16 @@ impl Scenario {
                 let cfg = HostConfig {
                     vms: 1,
                     vcpus_per_vm: f.cpus,
-                    preemptible: h
-                        .preemptible
-                        .clone()
-                        .unwrap_or_else(|| (0..f.cpus).collect()),
+                    preemptible: {
+                        // A set, kept sorted: symmetry compares renamed copies of it.
+                        let mut p = h
+                            .preemptible
+                            .clone()
+                            .unwrap_or_else(|| (0..f.cpus).collect());
+                        p.sort_unstable();
+                        p.dedup();
+                        p
+                    },
                     ioctl_puts: h.ioctl_puts,
                     max_preemptions: h.max_preemptions,
                     ..HostConfig::default()

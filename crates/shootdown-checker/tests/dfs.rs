@@ -7,7 +7,8 @@ use common::*;
 use shootdown_checker::check;
 
 fn dfs(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::CheckResult {
-    check(&scenario(name), mutant, mm, 5_000_000, None, 0, "dfs").unwrap_or_else(|e| panic!("{e}"))
+    check(&scenario(name), mutant, mm, 5_000_000, None, 0, "dfs", true)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fixed protocols that verify breadth-first in under 150,000 states (`verify.rs`).

@@ -123,6 +123,15 @@ const MUTANTS: &[Pinned] = &[
         639,
     ),
     (
+        "symmetric_flushers",
+        "inc_tlb_gen_after_ipis",
+        Some("O1"),
+        "sc",
+        "INV-STALE",
+        52,
+        24781,
+    ),
+    (
         "smp_call_concurrent",
         "inc_tlb_gen_after_ipis",
         Some("O1"),

@@ -16,6 +16,7 @@ fn random_and_pct_find_the_partial_flush_mutant() {
             Some(5000),
             7,
             strat,
+            true,
         )
         .unwrap();
         assert_eq!(a.verdict, "violation", "{strat}");
@@ -35,6 +36,7 @@ fn random_and_pct_find_the_partial_flush_mutant() {
             Some(5000),
             7,
             strat,
+            true,
         )
         .unwrap();
         assert_eq!(
@@ -55,6 +57,7 @@ fn sampling_the_fixed_protocol_finds_nothing_and_proves_nothing() {
         Some(300),
         1,
         "pct",
+        true,
     )
     .unwrap();
     assert_eq!(r.verdict, "bound-reached");
@@ -71,6 +74,7 @@ fn sampling_finds_tso_only_bug() {
         Some(20000),
         3,
         "random",
+        true,
     )
     .unwrap();
     assert_eq!(r.verdict, "violation");

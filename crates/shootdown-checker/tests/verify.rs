@@ -26,6 +26,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("khugepaged_collapse", "tso", 96, 179),
     ("thp_zap", "sc", 10211, 19760),
     ("thp_zap", "tso", 16831, 39577),
+    // Symmetry reduction (cpu0 and cpu1 interchangeable): 106,935 / 149,511 states without.
+    ("symmetric_flushers", "sc", 53458, 114077),
+    ("symmetric_flushers", "tso", 74456, 177278),
 ];
 
 fn verify(list: &[(&str, &str, u64, u64)]) {
@@ -117,8 +120,17 @@ fn fixed_kvm_slot_zap_verifies_tso() {
 
 #[test]
 fn state_bound_reports_bound_reached() {
-    let r = shootdown_checker::check(&scenario("flush_catchup"), None, "sc", 1000, None, 0, "bfs")
-        .unwrap();
+    let r = shootdown_checker::check(
+        &scenario("flush_catchup"),
+        None,
+        "sc",
+        1000,
+        None,
+        0,
+        "bfs",
+        true,
+    )
+    .unwrap();
     assert_eq!(r.verdict, "bound-reached");
     assert_eq!(r.states, 1000);
     assert!(r.counterexample.is_empty());
@@ -191,7 +203,17 @@ fn three_cpu_catchup_verifies_and_its_mutant_is_found() {
 }
 
 fn run_big(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::CheckResult {
-    shootdown_checker::check(&scenario(name), mutant, mm, 50_000_000, None, 0, "bfs").unwrap()
+    shootdown_checker::check(
+        &scenario(name),
+        mutant,
+        mm,
+        50_000_000,
+        None,
+        0,
+        "bfs",
+        true,
+    )
+    .unwrap()
 }
 
 /// KVM PV TLB flush with the CVE-2019-3016 fixes: 3 target vCPUs x 2 flush rounds under x86-TSO,

@@ -108,6 +108,10 @@ pub trait Env {
     fn tracing(&self) -> bool;
     /// Record a trace event at the current step's time (+ the cost charged so far).
     fn trace(&mut self, ev: TraceEvent);
+    /// The step fixed an order over these CPUs by their index (a `for_each_cpu` walk whose
+    /// visits are later steps). The explorer's symmetry reduction needs to know: renaming
+    /// CPUs does not rename the index order (see the checker's `reduce.rs`).
+    fn cpu_order(&mut self, _cpus: &[usize]) {}
 }
 
 /// A protocol model: see the module documentation.

@@ -263,7 +263,7 @@ fn run_to_window_end(
             return stats;
         }
         if driver.trace_window_end().is_none() {
-            until = until + duration;
+            until += duration;
         }
     }
 }

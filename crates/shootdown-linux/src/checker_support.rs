@@ -143,11 +143,22 @@ impl Machine {
             ..*i
         };
         let loc = |l: Loc| l.rename_cpus(&|c| pc(c as usize) as u32);
+        // A spinlock's value: 0 free, else the holder + 1.
+        let holder = |l: Loc, v: u64| {
+            if l.value_is_holder() && v != 0 {
+                pc(v as usize - 1) as u64 + 1
+            } else {
+                v
+            }
+        };
         let frame = |f: &Frame| -> Frame {
             let mut f = f.clone();
             match &mut f {
                 Frame::FlushMmRange(s) => {
-                    s.info = info(&s.info);
+                    // The initiator is set by the first step (a placeholder before it).
+                    if s.pc != crate::tlb::FlushMmRangePc::Start {
+                        s.info = info(&s.info);
+                    }
                     if let Some(t) = &mut s.batch_targets {
                         t.iter_mut().for_each(|c| *c = pc(*c));
                     }
@@ -162,10 +173,12 @@ impl Machine {
                 Frame::CallFunctionIrq(s) => {
                     s.entries.iter_mut().for_each(|k| *k = key(*k));
                 }
-                Frame::Schedule(s) => {
+                // Before `Pick`, prev and next are unset placeholders, not tasks.
+                Frame::Schedule(s) if s.pc != crate::sched::SchedulePc::Pick => {
                     s.prev = pt(s.prev);
                     s.next = pt(s.next);
                 }
+                Frame::Schedule(_) => {}
                 Frame::Syscall(Syscall::ReclaimUnmap { targets, .. }) => {
                     targets.iter_mut().for_each(|c| *c = pc(*c));
                 }
@@ -214,7 +227,7 @@ impl Machine {
             let mut sb = shootdown_hw::store_buffer::StoreBuffer::default();
             let mut tmp = old.sb.clone();
             while let Some((l, v)) = tmp.pop_oldest() {
-                sb.push(loc(l), v);
+                sb.push(loc(l), holder(l, v));
             }
             n.sb = sb;
             m.cpus[pc(c)] = n;
@@ -237,6 +250,9 @@ impl Machine {
             for c in 0..self.cpus.len() {
                 nm.cpumask_assign(pc(c), mm.cpumask_test(c));
             }
+            for (&pt, v) in nm.ptl_held.iter_mut() {
+                *v = holder(Loc::Ptl(i as MmId, pt), *v);
+            }
             nm.mmap_sem.waiters = mm
                 .mmap_sem
                 .waiters
@@ -244,9 +260,45 @@ impl Machine {
                 .map(|&(t, w)| (pt(t), w))
                 .collect();
         }
+        for (i, f) in m.dax_files.iter_mut().enumerate() {
+            f.xa_lock = holder(Loc::XaLock(i as u32), f.xa_lock);
+        }
         m.csd_locked = self.csd_locked.renamed(key);
         for (c, fi) in self.flush_info.iter().enumerate() {
             m.flush_info[pc(c)] = fi.as_ref().map(info);
+        }
+        if let (Some(h), Some(mh)) = (&self.host, m.host.as_mut()) {
+            // A host under one VM with one pCPU per vCPU (vCPU v runs on pCPU v, as the
+            // checker's [host] scenarios build it): vCPUs and pCPUs rename together. Host
+            // threads and KVM MMU state are not renamed (scenario.rs refuses symmetry there).
+            let agent = |a: u32| {
+                if (a as usize) < perm.len() {
+                    pc(a as usize) as u32
+                } else {
+                    a
+                }
+            };
+            for (v, old) in h.vcpus.iter().enumerate() {
+                let mut nv = old.clone();
+                nv.pcpu = pc(old.pcpu as usize) as u32;
+                nv.stack = old.stack.iter().map(frame).collect();
+                nv.kicks = old.kicks.iter().map(|&a| agent(a)).collect();
+                mh.vcpus[pc(v)] = nv;
+                mh.steal_preempted[pc(v)] = h.steal_preempted[v];
+            }
+            for (p, old) in h.pcpus.iter().enumerate() {
+                let q = &mut mh.pcpus[pc(p)];
+                q.curr = old.curr.map(|v| pc(v as usize) as u32);
+                q.rq = old.rq.iter().map(|&v| pc(v as usize) as u32).collect();
+            }
+            mh.kick_csd = h
+                .kick_csd
+                .iter()
+                .map(|&(s, d)| (agent(s), agent(d)))
+                .collect();
+            let mut pre: Vec<usize> = h.cfg.preemptible.iter().map(|&c| pc(c)).collect();
+            pre.sort_unstable();
+            mh.cfg.preemptible = pre;
         }
         m
     }

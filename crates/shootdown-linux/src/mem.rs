@@ -20,7 +20,8 @@ use shootdown_hw::CpuId;
 /// The location table: each shared variable is declared once — its `Loc` variant and fields,
 /// the cache line it lives on (`line`), where the model keeps it (`read`, `write`) and, for
 /// locations indexed by CPU, how it is renamed with the CPUs (`rename`, for symmetry
-/// reduction; identity if absent).
+/// reduction; identity if absent); `holder = true` marks a spinlock whose value is the holding CPU
+/// + 1 (renamed too).
 macro_rules! locations {
     ($(
         $(#[doc = $doc:literal])*
@@ -29,6 +30,7 @@ macro_rules! locations {
             read($rm:ident) = $read:expr;
             write($wm:ident, $wv:ident) = $write:expr;
             $( rename($pf:ident) = $rename:expr; )?
+            $( holder = $holder:literal; )?
         }
     )+) => {
         /// A shared kernel variable.
@@ -43,6 +45,12 @@ macro_rules! locations {
         }
 
         impl Loc {
+            /// Whether the value is a holding CPU + 1 (a spinlock taken by `spin_trylock`),
+            /// which renames with the CPUs.
+            pub fn value_is_holder(self) -> bool {
+                match self { $( Loc::$var(..) => false $( || $holder )?, )+ }
+            }
+
             /// The location with CPUs renamed by `f` (symmetry reduction).
             #[allow(unused_variables)]
             pub fn rename_cpus(self, f: &dyn Fn(u32) -> u32) -> Loc {
@@ -134,6 +142,7 @@ locations! {
         } else {
             m.mms[mm as usize].ptl_held.insert(pt, v);
         };
+        holder = true;
     }
     /// The lock bit of a `call_single_data`.
     CsdLock(k: CsdKey) {
@@ -166,6 +175,7 @@ locations! {
         line(m) = (9u64 << 56) | file as u64;
         read(m) = m.dax_files[file as usize].xa_lock;
         write(m, v) = m.dax_files[file as usize].xa_lock = v;
+        holder = true;
     }
     /// KVM: `vcpu->mode` (`kvm::mode`).
     VcpuMode(v: u32) {

@@ -263,7 +263,8 @@ impl Machine {
     }
 
     /// Read `mm_cpumask(mm)` (one step, bit by bit through the memory model) minus `cpu`;
-    /// also whether `cpu`'s own bit is set.
+    /// also whether `cpu`'s own bit is set. The remote CPUs come in CPU-id order, the order
+    /// `for_each_cpu` visits them later, and the environment is told (`Env::cpu_order`).
     pub(crate) fn read_cpumask_others<E: Env>(
         &mut self,
         cpu: CpuId,
@@ -289,6 +290,9 @@ impl Machine {
                     others.push(c);
                 }
             }
+        }
+        if others.len() > 1 {
+            env.cpu_order(&others);
         }
         (others, me)
     }

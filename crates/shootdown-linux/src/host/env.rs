@@ -46,4 +46,7 @@ impl<E: Env> Env for HostEnv<'_, E> {
     fn trace(&mut self, ev: shootdown_engine::trace::TraceEvent) {
         self.inner.trace(ev)
     }
+    fn cpu_order(&mut self, cpus: &[usize]) {
+        self.inner.cpu_order(cpus)
+    }
 }
