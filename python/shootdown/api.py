@@ -307,7 +307,9 @@ def check(
         sample: sample this many schedules instead of exploring all of them.
         seed: RNG seed of the sampling strategies.
         strategy: ``"bfs"`` (shortest counterexamples), ``"dfs"`` (the same verdicts with a
-            fingerprint-only visited set: far less memory), ``"random"`` or ``"pct"``; default
+            fingerprint-only visited set: far less memory), ``"parallel"`` (breadth-first, each
+            level expanded on every core; results independent of the core count),
+            ``"random"`` or ``"pct"``; default
             ``"random"`` when ``sample`` is given, else ``"bfs"``.
         progress: show a live line (states, states/s, frontier, depth) on stderr while
             exploring; display only (the CLI turns it on when stderr is a terminal).

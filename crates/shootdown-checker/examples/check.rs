@@ -64,6 +64,7 @@ fn main() {
                 symmetry: !args.iter().any(|a| a == "--no-symmetry"),
                 shortest: true,
                 dfs: args.iter().any(|a| a == "--dfs"),
+                parallel: None,
             },
         )
     } else {

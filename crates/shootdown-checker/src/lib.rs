@@ -19,6 +19,7 @@ pub mod describe;
 pub mod dfs;
 pub mod error;
 pub mod explore;
+pub mod parallel;
 pub mod reduce;
 pub mod report;
 pub mod sample;
@@ -51,6 +52,9 @@ pub struct CheckOptions {
     /// Depth-first search with a fingerprint-only visited set ([`dfs`]): far less memory, a
     /// counterexample that need not be the shortest.
     pub dfs: bool,
+    /// Level-synchronous parallel breadth-first search on this many threads ([`parallel`]);
+    /// what it finds does not depend on the number.
+    pub parallel: Option<usize>,
 }
 
 impl Default for CheckOptions {
@@ -61,6 +65,7 @@ impl Default for CheckOptions {
             symmetry: true,
             shortest: true,
             dfs: false,
+            parallel: None,
         }
     }
 }
@@ -186,7 +191,12 @@ pub fn check_scenario(
             vec![]
         },
         setup: setup_steps(setup),
-        strategy: if opts.dfs { "dfs" } else { "bfs" }.into(),
+        strategy: match (opts.dfs, opts.parallel) {
+            (true, _) => "dfs",
+            (false, Some(_)) => "parallel",
+            (false, None) => "bfs",
+        }
+        .into(),
         reductions,
         notes,
     })
@@ -208,10 +218,10 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
         max_depth: None,
         por: opts.por,
     };
-    let mut ex = if opts.dfs {
-        dfs::explore_dfs(init, red, limits)
-    } else {
-        explore(init, red, limits)
+    let mut ex = match (opts.dfs, opts.parallel) {
+        (true, _) => dfs::explore_dfs(init, red, limits),
+        (false, Some(threads)) => parallel::explore_parallel(init, red, limits, threads),
+        (false, None) => explore(init, red, limits),
     };
     let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
     if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 && !opts.dfs
@@ -244,7 +254,7 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
 /// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
 ///
 /// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `dfs` (exhaustive,
-/// depth-first, in far less memory), `random` or `pct`. `symmetry`: reduce by the scenario's
+/// depth-first, in far less memory), `parallel` (breadth-first on every core), `random` or `pct`. `symmetry`: reduce by the scenario's
 /// declared `symmetric` groups (the exhaustive strategies).
 #[allow(clippy::too_many_arguments)]
 pub fn check(
@@ -347,7 +357,18 @@ fn check_dispatch(
                 ..exhaustive
             },
         ),
-        ("bfs" | "dfs", Some(_)) => Err(CheckError::new(
+        ("parallel", None) => check_scenario(
+            sc,
+            mutant,
+            mem,
+            CheckOptions {
+                parallel: Some(
+                    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+                ),
+                ..exhaustive
+            },
+        ),
+        ("bfs" | "dfs" | "parallel", Some(_)) => Err(CheckError::new(
             file,
             "strategy",
             "--sample needs --strategy random or pct",
@@ -395,7 +416,7 @@ fn check_dispatch(
         (other, _) => Err(CheckError::new(
             file,
             "strategy",
-            format!("expected bfs, dfs, random or pct, got '{other}'"),
+            format!("expected bfs, dfs, parallel, random or pct, got '{other}'"),
         )),
     }
 }

@@ -1,0 +1,274 @@
+//! Level-synchronous parallel breadth-first search (`shootdown check --strategy parallel`):
+//! the states of one depth are expanded on a pool of worker threads, and their successors are
+//! merged into the visited set by one thread, in the order of the level. What it finds — the
+//! verdict, the number of states, the counterexample — does not depend on the number of
+//! threads, which only decides how fast.
+//!
+//! The one difference from [`crate::explore`]: partial-order reduction's proviso (expand a
+//! persistent singleton only if its successor is new) asks whether the successor was visited
+//! *before this level started*, so that the answer cannot depend on which worker got there
+//! first. That is still the breadth-first proviso: a successor not visited at the start of
+//! level `d` lies at depth `d + 1`, so no cycle of the reduced graph closes through it without
+//! a fully expanded state. Counts may therefore differ a little from the sequential search's
+//! with POR (they are equal without it).
+
+use crate::explore::{deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict};
+use rayon::prelude::*;
+use shootdown_engine::{Model, Violation};
+use std::time::Instant;
+
+/// What expanding one state produced.
+enum Expansion<M: Model> {
+    /// Successors not visited before this level: action, state, fingerprint, reached through
+    /// a symmetric image.
+    Next(Vec<(M::Action, M, u128, bool)>),
+    /// A violation: the actions after this state that reach it, and whether through an image.
+    Violation(Vec<M::Action>, Violation, bool),
+}
+
+/// One state's expansion and its counters (transitions, reduced, images).
+struct Expanded<M: Model> {
+    result: Expansion<M>,
+    transitions: u64,
+    reduced: bool,
+}
+
+/// Expand `s` (its path through an image if `alt`) against the states visited before this
+/// level. Pure apart from `env`: what it returns depends only on `s` and `before`.
+fn expand<M: Model, R: Reduction<M>>(
+    red: &R,
+    limits: Limits,
+    before: &FpSet,
+    env: &mut ExploreEnv,
+    s: &M,
+    alt: bool,
+) -> Expanded<M> {
+    let mut x = Expanded {
+        result: Expansion::Next(Vec::new()),
+        transitions: 0,
+        reduced: false,
+    };
+    let mut enabled = Vec::new();
+    s.enabled(&mut enabled);
+    if enabled.is_empty() {
+        if !s.finished() {
+            x.result = Expansion::Violation(vec![], deadlock(), alt);
+        }
+        return x;
+    }
+    let mut out = Vec::new();
+    // Apply one action; a violation ends this state's expansion.
+    let mut step = |src: &M, a: M::Action, image: bool, out: &mut Vec<_>, x: &mut Expanded<M>| {
+        let mut t = src.clone();
+        let o = t.apply(a, env);
+        x.transitions += 1;
+        let orders = env.take_orders();
+        if let Some(v) = o.violation.or_else(|| t.check_state()) {
+            return Err(Expansion::Violation(vec![a], v, alt || image));
+        }
+        let f = red.fingerprint(&t);
+        if !before.contains(&f) {
+            out.push((a, t, f, alt || image));
+        }
+        Ok(orders)
+    };
+    let actions: Vec<M::Action> = match limits
+        .por
+        .then(|| red.persistent_singleton(s, &enabled))
+        .flatten()
+    {
+        Some(a) => {
+            let mut probe = Vec::new();
+            if let Err(v) = step(s, a, false, &mut probe, &mut x) {
+                x.result = v;
+                return x;
+            }
+            if probe.is_empty() {
+                enabled
+            } else {
+                x.reduced = true;
+                out = probe;
+                vec![]
+            }
+        }
+        None => enabled,
+    };
+    for a in actions {
+        match step(s, a, false, &mut out, &mut x) {
+            Ok(orders) if !orders.is_empty() => {
+                for (is, ia) in red.images(s, a, &orders) {
+                    if let Err(v) = step(&is, ia, true, &mut out, &mut x) {
+                        x.result = v;
+                        return x;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(v) => {
+                x.result = v;
+                return x;
+            }
+        }
+    }
+    x.result = Expansion::Next(out);
+    x
+}
+
+fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
+    let mut v = Vec::new();
+    while id != 0 {
+        let (p, a) = parents[id as usize];
+        v.push(a);
+        id = p;
+    }
+    v.reverse();
+    v
+}
+
+/// Explore level by level on `threads` worker threads; see the module documentation.
+pub fn explore_parallel<M, R>(
+    init: &M,
+    red: &R,
+    limits: Limits,
+    threads: usize,
+) -> Exploration<M::Action>
+where
+    M: Model + Send,
+    M::Action: Send,
+    R: Reduction<M> + Sync,
+{
+    let t0 = Instant::now();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .expect("a thread pool");
+    let mut visited = FpSet::default();
+    let mut parents: Vec<(u32, M::Action)> = Vec::new();
+    let (mut transitions, mut reduced, mut images, mut peak) = (0u64, 0u64, 0u64, 0usize);
+    let mut depth = 0u32;
+    let done = |verdict, violation, path, approximate, states, depth, t: (u64, u64, u64, usize)| {
+        Exploration {
+            verdict,
+            violation,
+            path,
+            states,
+            transitions: t.0,
+            seconds: t0.elapsed().as_secs_f64(),
+            depth,
+            reduced: t.1,
+            peak_frontier: t.3,
+            index_bytes: 0,
+            images: t.2,
+            approximate,
+        }
+    };
+    visited.insert(red.fingerprint(init));
+    let mut first = Vec::new();
+    init.enabled(&mut first);
+    let Some(&dummy) = first.first() else {
+        let v = (!init.finished()).then(deadlock);
+        let verdict = if v.is_some() {
+            Verdict::Violation
+        } else {
+            Verdict::Verified
+        };
+        return done(verdict, v, vec![], false, 1, 0, (0, 0, 0, 0));
+    };
+    parents.push((0, dummy));
+    if let Some(v) = init.check_state() {
+        return done(
+            Verdict::Violation,
+            Some(v),
+            vec![],
+            false,
+            1,
+            0,
+            (0, 0, 0, 0),
+        );
+    }
+    let mut level: Vec<(u32, bool, M)> = vec![(0, false, init.clone())];
+    while !level.is_empty() {
+        if limits.max_depth.is_some_and(|md| depth >= md) {
+            let n = visited.len() as u64;
+            return done(
+                Verdict::BoundReached,
+                None,
+                vec![],
+                false,
+                n,
+                depth,
+                (transitions, reduced, images, peak),
+            );
+        }
+        peak = peak.max(level.len());
+        let before = &visited;
+        let expanded: Vec<(u32, Expanded<M>)> = pool.install(|| {
+            level
+                .into_par_iter()
+                .map_init(ExploreEnv::default, |env, (id, alt, s)| {
+                    (id, expand(red, limits, before, env, &s, alt))
+                })
+                .collect()
+        });
+        let mut next = Vec::new();
+        for (id, x) in expanded {
+            transitions += x.transitions;
+            reduced += u64::from(x.reduced);
+            match x.result {
+                Expansion::Violation(tail, v, approximate) => {
+                    let mut p = path_to(&parents, id);
+                    p.extend(tail);
+                    let n = visited.len() as u64;
+                    return done(
+                        Verdict::Violation,
+                        Some(v),
+                        p,
+                        approximate,
+                        n,
+                        depth,
+                        (transitions, reduced, images, peak),
+                    );
+                }
+                Expansion::Next(succ) => {
+                    for (a, t, f, alt) in succ {
+                        if !visited.insert(f) {
+                            continue;
+                        }
+                        if visited.len() as u64 > limits.max_states {
+                            let n = visited.len() as u64 - 1;
+                            return done(
+                                Verdict::BoundReached,
+                                None,
+                                vec![],
+                                false,
+                                n,
+                                depth,
+                                (transitions, reduced, images, peak),
+                            );
+                        }
+                        images += u64::from(alt);
+                        next.push((parents.len() as u32, alt, t));
+                        parents.push((id, a));
+                    }
+                }
+            }
+        }
+        level = next;
+        if !level.is_empty() {
+            depth += 1;
+        }
+    }
+    let n = visited.len() as u64;
+    let mut x = done(
+        Verdict::Verified,
+        None,
+        vec![],
+        false,
+        n,
+        depth,
+        (transitions, reduced, images, peak),
+    );
+    x.index_bytes = visited.capacity() * (std::mem::size_of::<u128>() + 1)
+        + parents.capacity() * std::mem::size_of::<(u32, M::Action)>();
+    x
+}
