@@ -1,6 +1,6 @@
 //! `cargo run --release -p shootdown-checker --example check -- SCENARIO [--mutant M]
 //! [--memory-model sc|tso] [--max-states N] [--sample N --seed S --strategy random|pct]
-//! [--format text|json] [--no-por] [--no-symmetry] [--list DIR]`
+//! [--format text|json] [--no-por] [--no-symmetry] [--threads N (parallel search)] [--list DIR]`
 use shootdown_checker::*;
 use std::path::Path;
 
@@ -48,7 +48,10 @@ fn main() {
             "bfs".into()
         }
     });
-    let res = if args.iter().any(|a| a == "--no-por" || a == "--no-symmetry") && sample.is_none() {
+    let threads: Option<usize> = get("--threads").map(|s| s.parse().unwrap());
+    let res = if (args.iter().any(|a| a == "--no-por" || a == "--no-symmetry") || threads.is_some())
+        && sample.is_none()
+    {
         let sc = Scenario::load(Path::new(&path)).unwrap_or_else(|e| {
             eprintln!("{e}");
             std::process::exit(2)
@@ -64,7 +67,7 @@ fn main() {
                 symmetry: !args.iter().any(|a| a == "--no-symmetry"),
                 shortest: true,
                 dfs: args.iter().any(|a| a == "--dfs"),
-                parallel: None,
+                parallel: threads,
             },
         )
     } else {

@@ -1,8 +1,11 @@
 //! Level-synchronous parallel breadth-first search (`shootdown check --strategy parallel`):
-//! the states of one depth are expanded on a pool of worker threads, and their successors are
-//! merged into the visited set by one thread, in the order of the level. What it finds — the
-//! verdict, the number of states, the counterexample — does not depend on the number of
-//! threads, which only decides how fast.
+//! the states of one depth are expanded on a pool of worker threads, which return the
+//! fingerprints of their successors; one thread merges those into the visited set in the order
+//! of the level (the first parent of a new state wins); the workers then rebuild the new states
+//! from their parents. What it finds — the verdict, the number of states, the counterexample —
+//! does not depend on the number of threads, which only decides how fast. (Rebuilding costs one
+//! more step per new state; keeping every successor until the merge, most of them already
+//! visited, cost far more in allocation: the first version was 2.6× slower on one thread.)
 //!
 //! The one difference from [`crate::explore`]: partial-order reduction's proviso (expand a
 //! persistent singleton only if its successor is new) asks whether the successor was visited
@@ -17,24 +20,36 @@ use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
 use std::time::Instant;
 
-/// What expanding one state produced.
-enum Expansion<M: Model> {
-    /// Successors not visited before this level: action, state, fingerprint, reached through
-    /// a symmetric image.
-    Next(Vec<(M::Action, M, u128, bool)>),
-    /// A violation: the actions after this state that reach it, and whether through an image.
-    Violation(Vec<M::Action>, Violation, bool),
+/// A successor found by a worker: the action, which symmetric image of the state it was
+/// applied to (`None`: the state itself), and the fingerprint. The state is dropped at once and
+/// rebuilt later if it is new — one more step per new state, instead of keeping a copy of every
+/// successor (most of them already visited) until the merge.
+#[derive(Clone, Copy)]
+struct Succ<A> {
+    action: A,
+    /// For an image: the action whose CPU orders made it, and its index in
+    /// [`Reduction::images`].
+    image: Option<(A, u32)>,
+    fp: u128,
 }
 
-/// One state's expansion and its counters (transitions, reduced, images).
-struct Expanded<M: Model> {
-    result: Expansion<M>,
+/// What expanding one state produced.
+enum Expansion<A> {
+    /// Successors not visited before this level.
+    Next(Vec<Succ<A>>),
+    /// A violation: the actions after this state that reach it, and whether through an image.
+    Violation(Vec<A>, Violation, bool),
+}
+
+/// One state's expansion and its counters.
+struct Expanded<A> {
+    result: Expansion<A>,
     transitions: u64,
     reduced: bool,
 }
 
 /// Expand `s` (its path through an image if `alt`) against the states visited before this
-/// level. Pure apart from `env`: what it returns depends only on `s` and `before`.
+/// level. What it returns depends only on `s` and `before`.
 fn expand<M: Model, R: Reduction<M>>(
     red: &R,
     limits: Limits,
@@ -42,7 +57,7 @@ fn expand<M: Model, R: Reduction<M>>(
     env: &mut ExploreEnv,
     s: &M,
     alt: bool,
-) -> Expanded<M> {
+) -> Expanded<M::Action> {
     let mut x = Expanded {
         result: Expansion::Next(Vec::new()),
         transitions: 0,
@@ -57,18 +72,26 @@ fn expand<M: Model, R: Reduction<M>>(
         return x;
     }
     let mut out = Vec::new();
-    // Apply one action; a violation ends this state's expansion.
-    let mut step = |src: &M, a: M::Action, image: bool, out: &mut Vec<_>, x: &mut Expanded<M>| {
+    // Apply one action (to the state or an image of it); a violation ends the expansion.
+    let mut step = |src: &M,
+                    a: M::Action,
+                    image: Option<(M::Action, u32)>,
+                    out: &mut Vec<Succ<M::Action>>,
+                    x: &mut Expanded<M::Action>| {
         let mut t = src.clone();
         let o = t.apply(a, env);
         x.transitions += 1;
         let orders = env.take_orders();
         if let Some(v) = o.violation.or_else(|| t.check_state()) {
-            return Err(Expansion::Violation(vec![a], v, alt || image));
+            return Err(Expansion::Violation(vec![a], v, alt || image.is_some()));
         }
-        let f = red.fingerprint(&t);
-        if !before.contains(&f) {
-            out.push((a, t, f, alt || image));
+        let fp = red.fingerprint(&t);
+        if !before.contains(&fp) {
+            out.push(Succ {
+                action: a,
+                image,
+                fp,
+            });
         }
         Ok(orders)
     };
@@ -79,7 +102,7 @@ fn expand<M: Model, R: Reduction<M>>(
     {
         Some(a) => {
             let mut probe = Vec::new();
-            if let Err(v) = step(s, a, false, &mut probe, &mut x) {
+            if let Err(v) = step(s, a, None, &mut probe, &mut x) {
                 x.result = v;
                 return x;
             }
@@ -94,10 +117,10 @@ fn expand<M: Model, R: Reduction<M>>(
         None => enabled,
     };
     for a in actions {
-        match step(s, a, false, &mut out, &mut x) {
+        match step(s, a, None, &mut out, &mut x) {
             Ok(orders) if !orders.is_empty() => {
-                for (is, ia) in red.images(s, a, &orders) {
-                    if let Err(v) = step(&is, ia, true, &mut out, &mut x) {
+                for (k, (is, ia)) in red.images(s, a, &orders).into_iter().enumerate() {
+                    if let Err(v) = step(&is, ia, Some((a, k as u32)), &mut out, &mut x) {
                         x.result = v;
                         return x;
                     }
@@ -112,6 +135,33 @@ fn expand<M: Model, R: Reduction<M>>(
     }
     x.result = Expansion::Next(out);
     x
+}
+
+/// Rebuild a successor [`expand`] found (the same steps, so the same state).
+fn rebuild<M: Model, R: Reduction<M>>(
+    red: &R,
+    env: &mut ExploreEnv,
+    s: &M,
+    succ: Succ<M::Action>,
+) -> M {
+    let (src, a) = match succ.image {
+        None => (s.clone(), succ.action),
+        Some((orig, k)) => {
+            let mut t = s.clone();
+            t.apply(orig, env);
+            let orders = env.take_orders();
+            let (is, ia) = red
+                .images(s, orig, &orders)
+                .into_iter()
+                .nth(k as usize)
+                .expect("the same images as when expanded");
+            (is, ia)
+        }
+    };
+    let mut t = src;
+    t.apply(a, env);
+    env.take_orders();
+    t
 }
 
 fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
@@ -133,8 +183,8 @@ pub fn explore_parallel<M, R>(
     threads: usize,
 ) -> Exploration<M::Action>
 where
-    M: Model + Send,
-    M::Action: Send,
+    M: Model + Send + Sync,
+    M::Action: Send + Sync,
     R: Reduction<M> + Sync,
 {
     let t0 = Instant::now();
@@ -202,21 +252,23 @@ where
         }
         peak = peak.max(level.len());
         let before = &visited;
-        let expanded: Vec<(u32, Expanded<M>)> = pool.install(|| {
+        let expanded: Vec<Expanded<M::Action>> = pool.install(|| {
             level
-                .into_par_iter()
-                .map_init(ExploreEnv::default, |env, (id, alt, s)| {
-                    (id, expand(red, limits, before, env, &s, alt))
+                .par_iter()
+                .map_init(ExploreEnv::default, |env, (_, alt, s)| {
+                    expand(red, limits, before, env, s, *alt)
                 })
                 .collect()
         });
-        let mut next = Vec::new();
-        for (id, x) in expanded {
+        // Merge in the level's order: the first parent of each new state wins.
+        let mut winners: Vec<(usize, Succ<M::Action>)> = Vec::new();
+        for (i, x) in expanded.into_iter().enumerate() {
             transitions += x.transitions;
             reduced += u64::from(x.reduced);
+            let (id, _, _) = &level[i];
             match x.result {
                 Expansion::Violation(tail, v, approximate) => {
-                    let mut p = path_to(&parents, id);
+                    let mut p = path_to(&parents, *id);
                     p.extend(tail);
                     let n = visited.len() as u64;
                     return done(
@@ -230,8 +282,8 @@ where
                     );
                 }
                 Expansion::Next(succ) => {
-                    for (a, t, f, alt) in succ {
-                        if !visited.insert(f) {
+                    for sx in succ {
+                        if !visited.insert(sx.fp) {
                             continue;
                         }
                         if visited.len() as u64 > limits.max_states {
@@ -246,12 +298,27 @@ where
                                 (transitions, reduced, images, peak),
                             );
                         }
-                        images += u64::from(alt);
-                        next.push((parents.len() as u32, alt, t));
-                        parents.push((id, a));
+                        winners.push((i, sx));
                     }
                 }
             }
+        }
+        let states: Vec<M> = pool.install(|| {
+            winners
+                .par_iter()
+                .map_init(ExploreEnv::default, |env, &(i, sx)| {
+                    rebuild(red, env, &level[i].2, sx)
+                })
+                .collect()
+        });
+        transitions += winners.len() as u64;
+        let mut next = Vec::with_capacity(states.len());
+        for ((i, sx), t) in winners.into_iter().zip(states) {
+            let (id, alt, _) = &level[i];
+            let alt = *alt || sx.image.is_some();
+            images += u64::from(alt);
+            next.push((parents.len() as u32, alt, t));
+            parents.push((*id, sx.action));
         }
         level = next;
         if !level.is_empty() {

@@ -32,9 +32,17 @@ const CASES: &[(&str, Option<&str>, &str)] = &[
     ("kvm_tdp_zap_roots", None, "sc"),
     ("flush_catchup", Some("partial_flush_when_full_owed"), "sc"),
     ("switch_mm_flush", Some("switch_mm_no_barrier"), "tso"),
-    ("madvise_nested", Some("tlb_finish_mmu_ignores_nested"), "sc"),
+    (
+        "madvise_nested",
+        Some("tlb_finish_mmu_ignores_nested"),
+        "sc",
+    ),
     ("symmetric_flushers", Some("inc_tlb_gen_after_ipis"), "sc"),
-    ("kvm_noncoherent_fault", Some("zap_gfn_range_no_invalidate"), "sc"),
+    (
+        "kvm_noncoherent_fault",
+        Some("zap_gfn_range_no_invalidate"),
+        "sc",
+    ),
 ];
 
 #[test]
@@ -45,8 +53,20 @@ fn the_thread_count_changes_nothing_but_the_time() {
         let three = run(name, mutant, mm, 3);
         for other in [&two, &three] {
             assert_eq!(
-                (one.verdict, one.states, one.transitions, one.reduced, &one.path),
-                (other.verdict, other.states, other.transitions, other.reduced, &other.path),
+                (
+                    one.verdict,
+                    one.states,
+                    one.transitions,
+                    one.reduced,
+                    &one.path
+                ),
+                (
+                    other.verdict,
+                    other.states,
+                    other.transitions,
+                    other.reduced,
+                    &other.path
+                ),
                 "{name} {mutant:?} {mm}"
             );
         }
