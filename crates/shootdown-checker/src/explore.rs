@@ -182,7 +182,8 @@ pub fn deadlock() -> Violation {
     }
 }
 
-fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
+/// The actions from the initial state (id 0) to state `id`, by parent pointers.
+pub(crate) fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
     let mut v = Vec::new();
     while id != 0 {
         let (p, a) = parents[id as usize];

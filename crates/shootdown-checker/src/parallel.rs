@@ -15,7 +15,9 @@
 //! a fully expanded state. Counts may therefore differ a little from the sequential search's
 //! with POR (they are equal without it).
 
-use crate::explore::{deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict};
+use crate::explore::{
+    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict,
+};
 use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
 use std::time::Instant;
@@ -164,17 +166,6 @@ fn rebuild<M: Model, R: Reduction<M>>(
     t
 }
 
-fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
-    let mut v = Vec::new();
-    while id != 0 {
-        let (p, a) = parents[id as usize];
-        v.push(a);
-        id = p;
-    }
-    v.reverse();
-    v
-}
-
 /// Explore level by level on `threads` worker threads; see the module documentation.
 pub fn explore_parallel<M, R>(
     init: &M,
@@ -187,71 +178,112 @@ where
     M::Action: Send + Sync,
     R: Reduction<M> + Sync,
 {
-    let t0 = Instant::now();
+    let mut x = Levels {
+        red,
+        limits,
+        t0: Instant::now(),
+        visited: FpSet::default(),
+        parents: Vec::new(),
+        transitions: 0,
+        reduced: 0,
+        images: 0,
+        peak: 0,
+        depth: 0,
+        over: false,
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
         .expect("a thread pool");
-    let mut visited = FpSet::default();
-    let mut parents: Vec<(u32, M::Action)> = Vec::new();
-    let (mut transitions, mut reduced, mut images, mut peak) = (0u64, 0u64, 0u64, 0usize);
-    let mut depth = 0u32;
-    let done = |verdict, violation, path, approximate, states, depth, t: (u64, u64, u64, usize)| {
-        Exploration {
-            verdict,
-            violation,
-            path,
-            states,
-            transitions: t.0,
-            seconds: t0.elapsed().as_secs_f64(),
-            depth,
-            reduced: t.1,
-            peak_frontier: t.3,
-            index_bytes: 0,
-            images: t.2,
-            approximate,
-        }
-    };
-    visited.insert(red.fingerprint(init));
-    let mut first = Vec::new();
-    init.enabled(&mut first);
-    let Some(&dummy) = first.first() else {
-        let v = (!init.finished()).then(deadlock);
-        let verdict = if v.is_some() {
-            Verdict::Violation
-        } else {
-            Verdict::Verified
-        };
-        return done(verdict, v, vec![], false, 1, 0, (0, 0, 0, 0));
-    };
-    parents.push((0, dummy));
-    if let Some(v) = init.check_state() {
-        return done(
-            Verdict::Violation,
-            Some(v),
-            vec![],
-            false,
-            1,
-            0,
-            (0, 0, 0, 0),
-        );
+    let (verdict, violation, path, approximate) = x.run(init, &pool);
+    Exploration {
+        verdict,
+        violation,
+        path,
+        // A state bound stops the search with one state too many stored.
+        states: x.visited.len() as u64 - u64::from(x.over),
+        transitions: x.transitions,
+        seconds: x.t0.elapsed().as_secs_f64(),
+        depth: x.depth,
+        reduced: x.reduced,
+        peak_frontier: x.peak,
+        index_bytes: x.visited.capacity() * (std::mem::size_of::<u128>() + 1)
+            + x.parents.capacity() * std::mem::size_of::<(u32, M::Action)>(),
+        images: x.images,
+        approximate,
     }
-    let mut level: Vec<(u32, bool, M)> = vec![(0, false, init.clone())];
-    while !level.is_empty() {
-        if limits.max_depth.is_some_and(|md| depth >= md) {
-            let n = visited.len() as u64;
-            return done(
-                Verdict::BoundReached,
-                None,
-                vec![],
-                false,
-                n,
-                depth,
-                (transitions, reduced, images, peak),
-            );
+}
+
+/// How a search ended: verdict, violation, the actions to it, and whether that path passes
+/// through a symmetric image.
+type Ending<A> = (Verdict, Option<Violation>, Vec<A>, bool);
+
+/// A level: state id, whether its path passes through an image, the state.
+type Level<M> = Vec<(u32, bool, M)>;
+
+/// The search's tables and counters.
+struct Levels<'r, M: Model, R> {
+    red: &'r R,
+    limits: Limits,
+    t0: Instant,
+    visited: FpSet,
+    /// `parents[id] = (parent id, action)`; id 0 is the initial state.
+    parents: Vec<(u32, M::Action)>,
+    transitions: u64,
+    reduced: u64,
+    images: u64,
+    peak: usize,
+    depth: u32,
+    /// The state bound was exceeded (by one).
+    over: bool,
+}
+
+impl<M, R> Levels<'_, M, R>
+where
+    M: Model + Send + Sync,
+    M::Action: Send + Sync,
+    R: Reduction<M> + Sync,
+{
+    fn run(&mut self, init: &M, pool: &rayon::ThreadPool) -> Ending<M::Action> {
+        self.visited.insert(self.red.fingerprint(init));
+        let mut first = Vec::new();
+        init.enabled(&mut first);
+        let Some(&dummy) = first.first() else {
+            return match (!init.finished()).then(deadlock) {
+                Some(v) => (Verdict::Violation, Some(v), vec![], false),
+                None => (Verdict::Verified, None, vec![], false),
+            };
+        };
+        self.parents.push((0, dummy));
+        if let Some(v) = init.check_state() {
+            return (Verdict::Violation, Some(v), vec![], false);
         }
-        peak = peak.max(level.len());
-        let before = &visited;
+        let mut level: Level<M> = vec![(0, false, init.clone())];
+        while !level.is_empty() {
+            if self.limits.max_depth.is_some_and(|md| self.depth >= md) {
+                return (Verdict::BoundReached, None, vec![], false);
+            }
+            self.peak = self.peak.max(level.len());
+            level = match self.next_level(&level, pool) {
+                Ok(next) => next,
+                Err(ending) => return ending,
+            };
+            if !level.is_empty() {
+                self.depth += 1;
+            }
+        }
+        (Verdict::Verified, None, vec![], false)
+    }
+
+    /// Expand `level` on the pool, merge its successors in the level's order (the first
+    /// parent of each new state wins), and rebuild the new states: the next level — or how
+    /// the search ends.
+    fn next_level(
+        &mut self,
+        level: &Level<M>,
+        pool: &rayon::ThreadPool,
+    ) -> Result<Level<M>, Ending<M::Action>> {
+        let (red, limits, before) = (self.red, self.limits, &self.visited);
         let expanded: Vec<Expanded<M::Action>> = pool.install(|| {
             level
                 .par_iter()
@@ -260,43 +292,24 @@ where
                 })
                 .collect()
         });
-        // Merge in the level's order: the first parent of each new state wins.
         let mut winners: Vec<(usize, Succ<M::Action>)> = Vec::new();
         for (i, x) in expanded.into_iter().enumerate() {
-            transitions += x.transitions;
-            reduced += u64::from(x.reduced);
-            let (id, _, _) = &level[i];
+            self.transitions += x.transitions;
+            self.reduced += u64::from(x.reduced);
             match x.result {
                 Expansion::Violation(tail, v, approximate) => {
-                    let mut p = path_to(&parents, *id);
+                    let mut p = path_to(&self.parents, level[i].0);
                     p.extend(tail);
-                    let n = visited.len() as u64;
-                    return done(
-                        Verdict::Violation,
-                        Some(v),
-                        p,
-                        approximate,
-                        n,
-                        depth,
-                        (transitions, reduced, images, peak),
-                    );
+                    return Err((Verdict::Violation, Some(v), p, approximate));
                 }
                 Expansion::Next(succ) => {
                     for sx in succ {
-                        if !visited.insert(sx.fp) {
+                        if !self.visited.insert(sx.fp) {
                             continue;
                         }
-                        if visited.len() as u64 > limits.max_states {
-                            let n = visited.len() as u64 - 1;
-                            return done(
-                                Verdict::BoundReached,
-                                None,
-                                vec![],
-                                false,
-                                n,
-                                depth,
-                                (transitions, reduced, images, peak),
-                            );
+                        if self.visited.len() as u64 > limits.max_states {
+                            self.over = true;
+                            return Err((Verdict::BoundReached, None, vec![], false));
                         }
                         winners.push((i, sx));
                     }
@@ -311,31 +324,15 @@ where
                 })
                 .collect()
         });
-        transitions += winners.len() as u64;
+        self.transitions += winners.len() as u64;
         let mut next = Vec::with_capacity(states.len());
         for ((i, sx), t) in winners.into_iter().zip(states) {
             let (id, alt, _) = &level[i];
             let alt = *alt || sx.image.is_some();
-            images += u64::from(alt);
-            next.push((parents.len() as u32, alt, t));
-            parents.push((*id, sx.action));
+            self.images += u64::from(alt);
+            next.push((self.parents.len() as u32, alt, t));
+            self.parents.push((*id, sx.action));
         }
-        level = next;
-        if !level.is_empty() {
-            depth += 1;
-        }
+        Ok(next)
     }
-    let n = visited.len() as u64;
-    let mut x = done(
-        Verdict::Verified,
-        None,
-        vec![],
-        false,
-        n,
-        depth,
-        (transitions, reduced, images, peak),
-    );
-    x.index_bytes = visited.capacity() * (std::mem::size_of::<u128>() + 1)
-        + parents.capacity() * std::mem::size_of::<(u32, M::Action)>();
-    x
 }
