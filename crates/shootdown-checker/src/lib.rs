@@ -254,8 +254,9 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
 /// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
 ///
 /// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `dfs` (exhaustive,
-/// depth-first, in far less memory), `parallel` (breadth-first on every core), `random` or `pct`. `symmetry`: reduce by the scenario's
-/// declared `symmetric` groups (the exhaustive strategies).
+/// depth-first, in far less memory), `parallel` (breadth-first on every core), `random` or
+/// `pct`. `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
+/// strategies).
 #[allow(clippy::too_many_arguments)]
 pub fn check(
     scenario_path: &Path,
