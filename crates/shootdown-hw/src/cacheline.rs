@@ -124,10 +124,74 @@ impl std::hash::Hasher for LineHasher {
     }
 }
 
+/// The directory: one entry per line ever touched. Most lines live in a hash table; one large
+/// family the caller numbers densely (a line per pair of CPUs: the `call_single_data`s) lives
+/// in a flat array instead, so that a CPU walking its targets touches neighbouring entries
+/// rather than a random bucket of a table that grows with the square of the CPUs.
 #[derive(Clone, Debug, Default)]
 pub struct LineDirectory {
     lines: std::collections::HashMap<LineId, Line, std::hash::BuildHasherDefault<LineHasher>>,
     words: usize,
+    dense: Dense,
+}
+
+/// Lines `base..base + len`, kept flat ([`LineDirectory::with_dense`]), allocated on first
+/// use (zeroed pages, so untouched lines cost nothing).
+#[derive(Clone, Debug, Default)]
+struct Dense {
+    base: LineId,
+    len: u64,
+    slots: Vec<Slot>,
+}
+
+/// A line of the dense family, packed: `[owner + 1 | first sharer + 1 << 32, second sharer + 1
+/// | MOVED, busy_until]`, zero meaning none. A line with more than two sharers is moved to the
+/// hash table for good (its slot says so), where it keeps the general sharer set.
+type Slot = [u64; 3];
+const MOVED: u64 = 1 << 63;
+
+impl Dense {
+    fn index(&self, line: LineId) -> Option<usize> {
+        let i = line.wrapping_sub(self.base);
+        (i < self.len).then_some(i as usize)
+    }
+
+    fn unpack(s: &Slot) -> Line {
+        let cpu = |v: u64| (v & 0xffff_ffff) as u32;
+        let mut sharers = Sharers::EMPTY;
+        if let Sharers::Few { n, cpus } = &mut sharers {
+            for v in [s[0] >> 32, s[1] & 0xffff_ffff] {
+                if v != 0 {
+                    cpus[*n as usize] = cpu(v) - 1;
+                    *n += 1;
+                }
+            }
+        }
+        Line {
+            owner: (s[0] & 0xffff_ffff != 0).then(|| cpu(s[0]) - 1),
+            sharers,
+            busy_until: Time(s[2]),
+        }
+    }
+
+    /// The line packed, or `None` if its sharers do not fit.
+    fn pack(l: &Line) -> Option<Slot> {
+        let Sharers::Few { n, cpus } = &l.sharers else {
+            return None;
+        };
+        if *n > 2 {
+            return None;
+        }
+        let sharer = |i: usize| {
+            if i < *n as usize {
+                cpus[i] as u64 + 1
+            } else {
+                0
+            }
+        };
+        let owner = l.owner.map_or(0, |o| o as u64 + 1);
+        Some([owner | sharer(0) << 32, sharer(1), l.busy_until.0])
+    }
 }
 
 impl LineDirectory {
@@ -135,7 +199,24 @@ impl LineDirectory {
         LineDirectory {
             lines: Default::default(),
             words: nr_cpus.div_ceil(64).max(1),
+            dense: Dense::default(),
         }
+    }
+
+    /// Keep lines `ids` in a flat array rather than the hash table (same prices, better
+    /// locality): for a family of lines the caller numbers densely and walks in order. The
+    /// array is allocated when one of them is first touched.
+    /// A family of more than 2^26 lines (1.5 GB) stays hashed.
+    pub fn with_dense(mut self, ids: std::ops::Range<LineId>) -> Self {
+        if ids.end - ids.start > 1 << 26 {
+            return self;
+        }
+        self.dense = Dense {
+            base: ids.start,
+            len: ids.end - ids.start,
+            slots: Vec::new(),
+        };
+        self
     }
 
     fn transfer(costs: &Costs, d: Distance) -> Time {
@@ -159,11 +240,42 @@ impl LineDirectory {
         at: Time,
     ) -> Time {
         let words = self.words;
+        if let Some(i) = self.dense.index(line) {
+            if self.dense.slots.is_empty() {
+                self.dense.slots = vec![[0; 3]; self.dense.len as usize];
+            }
+            let slot = &mut self.dense.slots[i];
+            if slot[1] & MOVED == 0 {
+                let mut l = Dense::unpack(slot);
+                let cost = Self::access_line(&mut l, words, topo, costs, cpu, write, at);
+                match Dense::pack(&l) {
+                    Some(packed) => *slot = packed,
+                    None => {
+                        *slot = [0, MOVED, 0];
+                        self.lines.insert(line, l);
+                    }
+                }
+                return cost;
+            }
+        }
         let l = self.lines.entry(line).or_insert(Line {
             owner: None,
             sharers: Sharers::EMPTY,
             busy_until: Time::ZERO,
         });
+        Self::access_line(l, words, topo, costs, cpu, write, at)
+    }
+
+    /// [`Self::access`] on the line's entry.
+    fn access_line(
+        l: &mut Line,
+        words: usize,
+        topo: &Topology,
+        costs: &Costs,
+        cpu: CpuId,
+        write: bool,
+        at: Time,
+    ) -> Time {
         if l.owner == Some(cpu as u32) {
             return costs.l1_hit;
         }
@@ -300,5 +412,28 @@ mod tests {
         step(&mut d, 12, false);
         step(&mut d, 12, true);
         assert_eq!(step(&mut d, 12, true), c.l1_hit);
+    }
+
+    proptest::proptest! {
+        /// Lines kept flat are priced exactly as hashed ones, whatever the access sequence:
+        /// packing, the two inline sharers and the move of a line with more to the hash table.
+        #[test]
+        fn dense_lines_are_priced_as_hashed_ones(
+            accesses in proptest::collection::vec((0usize..20, 0u64..6, proptest::bool::ANY, 0u64..40), 1..300)
+        ) {
+            let topo = Topology::new(2, 5, 2).unwrap();
+            let p = CostProfile::uniform("t", 10.0, Features::modern());
+            let c = &p.costs;
+            let mut hashed = LineDirectory::new(topo.nr_cpus());
+            let mut dense = LineDirectory::new(topo.nr_cpus()).with_dense(2..5);
+            let mut t = Time::from_ns(1000);
+            for (cpu, line, write, dt) in accesses {
+                t += Time::from_ns(dt);
+                proptest::prop_assert_eq!(
+                    hashed.access(&topo, c, cpu, line, write, t),
+                    dense.access(&topo, c, cpu, line, write, t)
+                );
+            }
+        }
     }
 }

@@ -146,7 +146,7 @@ locations! {
     }
     /// The lock bit of a `call_single_data`.
     CsdLock(k: CsdKey) {
-        line(m) = CSD_LINES | (k.src as u64) << 24 | k.dst as u64;
+        line(m) = csd_line(m.cpus.len(), k);
         read(m) = m.csd_locked.contains(k) as u64;
         write(m, v) = if v != 0 {
             m.csd_locked.insert(k);
@@ -344,6 +344,18 @@ pub(crate) fn struct_file_line(file: u32) -> LineId {
 /// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
 pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
     (5u64 << 56) | cpu as u64
+}
+/// The line of the `call_single_data` `k` on a machine of `n` CPUs: numbered densely, sender
+/// major, so that the directory keeps them in one flat array ([`csd_lines`]) and a sender's
+/// walk over its targets touches neighbouring entries. Each csd has its own line, as each
+/// target's copy of a sender's per-CPU `cfd->csd` is in that target's per-CPU area.
+pub(crate) fn csd_line(n: usize, k: CsdKey) -> LineId {
+    debug_assert!(k.src < n && k.dst < n);
+    CSD_LINES + (k.src * n + k.dst) as u64
+}
+/// Every csd line of a machine of `n` CPUs.
+pub(crate) fn csd_lines(n: usize) -> std::ops::Range<LineId> {
+    CSD_LINES..CSD_LINES + (n * n) as u64
 }
 /// A CPU's `call_single_queue` head.
 pub(crate) fn call_queue_line(cpu: CpuId) -> LineId {

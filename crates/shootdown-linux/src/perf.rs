@@ -85,7 +85,8 @@ impl Perf {
     /// The performance state of a machine of `n` CPUs on `pcpus` physical CPUs.
     pub(crate) fn new(profile: Arc<CostProfile>, n: usize, pcpus: usize) -> Perf {
         Perf {
-            lines: shootdown_hw::cacheline::LineDirectory::new(pcpus),
+            lines: shootdown_hw::cacheline::LineDirectory::new(pcpus)
+                .with_dense(crate::mem::csd_lines(n)),
             counters: Counters::new(),
             ipi_arrival: vec![Time::ZERO; n],
             ipi_flows: vec![Vec::new(); n],
