@@ -272,20 +272,23 @@ impl TimedDriver {
             if self.steps >= limits.max_steps {
                 break Stop::StepLimit;
             }
-            let Some(Reverse((t, agent))) = self.queue.pop() else {
+            // The earliest entry stays in the queue while its step runs: an agent that goes on
+            // running replaces it in place (one sift-down instead of a pop and a push).
+            let Some(&Reverse((t, agent))) = self.queue.peek() else {
                 break Stop::Deadlock;
             };
             if self.state[agent] == AgentState::Spinning && self.spin_deadline[agent] == Some(t) {
                 // A spinner's deadline: it stops waiting for notifications and runs now.
+                self.queue.pop();
                 self.schedule(agent, t);
                 continue;
             }
             if self.state[agent] != AgentState::Scheduled(t) {
+                self.queue.pop();
                 continue; // superseded entry
             }
             if t > limits.max_time {
-                // Put it back: a later `run` with a later limit resumes here.
-                self.queue.push(Reverse((t, agent)));
+                // Left in the queue: a later `run` with a later limit resumes here.
                 break Stop::TimeLimit;
             }
             let now = t.max(self.clocks[agent]);
@@ -312,22 +315,36 @@ impl TimedDriver {
             self.clocks[agent] = end;
             latest = latest.max(end);
             if let Some(v) = outcome.violation {
+                self.queue.pop();
                 break Stop::Violation(v);
             }
             self.state[agent] = AgentState::Halted; // placeholder until decided below
             match outcome.park {
-                Park::Run => self.schedule(agent, end),
-                Park::Halt => {}
+                Park::Run => {
+                    // What `schedule(agent, end)` would push, put in the step's own entry.
+                    let at = end.max(self.clocks[agent]);
+                    self.spin_deadline[agent] = None;
+                    self.state[agent] = AgentState::Scheduled(at);
+                    *self.queue.peek_mut().expect("the step's entry") = Reverse((at, agent));
+                }
+                Park::Halt => {
+                    self.queue.pop();
+                }
                 Park::Spin => {
+                    self.queue.pop();
                     self.state[agent] = AgentState::Spinning;
                     self.spinners.push(agent);
                 }
                 Park::SpinOn(k) => {
+                    self.queue.pop();
                     self.state[agent] = AgentState::Spinning;
                     self.spin_key[agent] = Some(k);
                     self.keyed.entry(k).or_default().push(agent);
                 }
-                Park::Done => self.state[agent] = AgentState::Done,
+                Park::Done => {
+                    self.queue.pop();
+                    self.state[agent] = AgentState::Done;
+                }
             }
             for &(a, at) in &wakes {
                 self.schedule(a, at.max(now));
