@@ -264,10 +264,16 @@ where
                 return (Verdict::BoundReached, None, vec![], false);
             }
             self.peak = self.peak.max(level.len());
-            level = match self.next_level(&level, pool) {
+            let next = match self.next_level(&level, pool) {
                 Ok(next) => next,
                 Err(ending) => return ending,
             };
+            // Freed on the workers too: most states were allocated there.
+            pool.install(|| {
+                std::mem::replace(&mut level, next)
+                    .into_par_iter()
+                    .for_each(drop)
+            });
             if !level.is_empty() {
                 self.depth += 1;
             }
@@ -316,23 +322,23 @@ where
                 }
             }
         }
-        let states: Vec<M> = pool.install(|| {
+        // The next level is built in place on the workers (ids follow the winners' order):
+        // one copy of each state, not one more to move it into the level.
+        let base = self.parents.len() as u32;
+        let next: Level<M> = pool.install(|| {
             winners
                 .par_iter()
-                .map_init(ExploreEnv::default, |env, &(i, sx)| {
-                    rebuild(red, env, &level[i].2, sx)
+                .enumerate()
+                .map_init(ExploreEnv::default, |env, (k, &(i, sx))| {
+                    let alt = level[i].1 || sx.image.is_some();
+                    (base + k as u32, alt, rebuild(red, env, &level[i].2, sx))
                 })
                 .collect()
         });
         self.transitions += winners.len() as u64;
-        let mut next = Vec::with_capacity(states.len());
-        for ((i, sx), t) in winners.into_iter().zip(states) {
-            let (id, alt, _) = &level[i];
-            let alt = *alt || sx.image.is_some();
-            self.images += u64::from(alt);
-            next.push((self.parents.len() as u32, alt, t));
-            self.parents.push((*id, sx.action));
-        }
+        self.images += next.iter().filter(|(_, alt, _)| *alt).count() as u64;
+        self.parents
+            .extend(winners.iter().map(|&(i, sx)| (level[i].0, sx.action)));
         Ok(next)
     }
 }
