@@ -306,11 +306,11 @@ def check(
         max_states: state bound of the exhaustive search.
         sample: sample this many schedules instead of exploring all of them.
         seed: RNG seed of the sampling strategies.
-        strategy: ``"bfs"`` (shortest counterexamples), ``"dfs"`` (the same verdicts with a
-            fingerprint-only visited set: far less memory), ``"parallel"`` (breadth-first, each
-            level expanded on every core; results independent of the core count),
-            ``"random"`` or ``"pct"``; default
-            ``"random"`` when ``sample`` is given, else ``"bfs"``.
+        strategy: ``"parallel"`` (breadth-first, shortest counterexamples, each level
+            expanded on every core; results independent of the core count), ``"bfs"`` (the
+            same search on one thread, in less memory), ``"dfs"`` (the same verdicts with a
+            fingerprint-only visited set: far less memory), ``"random"`` or ``"pct"``;
+            default ``"random"`` when ``sample`` is given, else ``"parallel"``.
         progress: show a live line (states, states/s, frontier, depth) on stderr while
             exploring; display only (the CLI turns it on when stderr is a terminal).
         symmetry: reduce by the scenario's declared ``symmetric`` CPU groups (exhaustive
@@ -327,7 +327,7 @@ def check(
     if resolved is None:
         raise ConfigError(f"{scenario}: scenario: no such scenario file or name")
     if strategy is None:
-        strategy = "random" if sample is not None else "bfs"
+        strategy = "random" if sample is not None else "parallel"
     module = native()
     if hasattr(module, "set_check_progress"):
         module.set_check_progress(bool(progress))

@@ -396,7 +396,7 @@ def check(
     ),
     seed: int = typer.Option(0, "--seed", help="RNG seed for sampling."),
     strategy: Optional[Strategy] = typer.Option(
-        None, "--strategy", help="bfs (shortest counterexamples), dfs (the same verdicts in far less memory), parallel (breadth-first on every core), random or pct (default: random with --sample, else bfs)."
+        None, "--strategy", help="parallel (breadth-first on every core: shortest counterexamples, the same result on any core count), bfs (the same on one thread, less memory), dfs (the same verdicts in far less memory), random or pct (default: random with --sample, else parallel)."
     ),
     no_symmetry: bool = typer.Option(
         False, "--no-symmetry", help="Do not reduce by the scenario's symmetric CPU groups."

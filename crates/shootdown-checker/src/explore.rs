@@ -205,7 +205,7 @@ pub fn set_progress(on: bool) {
 }
 
 /// The live progress line: redrawn at most every half second, erased when the search ends.
-struct ProgressLine {
+pub(crate) struct ProgressLine {
     on: bool,
     t0: Instant,
     last: Instant,
@@ -213,7 +213,7 @@ struct ProgressLine {
 }
 
 impl ProgressLine {
-    fn new() -> ProgressLine {
+    pub(crate) fn new() -> ProgressLine {
         let now = Instant::now();
         ProgressLine {
             on: PROGRESS.load(std::sync::atomic::Ordering::Relaxed),
@@ -223,9 +223,17 @@ impl ProgressLine {
         }
     }
 
+    /// Called per state: looks at the clock only every 4096 states.
     #[inline]
     fn tick(&mut self, states: usize, frontier: usize, depth: u32) {
-        if !self.on || states % 4096 != 0 {
+        if states % 4096 == 0 {
+            self.show(states, frontier, depth);
+        }
+    }
+
+    /// Redraw, unless it was drawn less than half a second ago.
+    pub(crate) fn show(&mut self, states: usize, frontier: usize, depth: u32) {
+        if !self.on {
             return;
         }
         let now = Instant::now();

@@ -253,9 +253,9 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
 /// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
 /// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
 ///
-/// `strategy` is `bfs` (exhaustive; the default when `sample` is None), `dfs` (exhaustive,
-/// depth-first, in far less memory), `parallel` (breadth-first on every core), `random` or
-/// `pct`. `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
+/// `strategy` is `parallel` (exhaustive, breadth-first on every core, the same result on any
+/// number of them; the default when `sample` is None), `bfs` (the same on one thread, in less
+/// memory), `dfs` (exhaustive, depth-first, in far less memory), `random` or `pct`. `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
 /// strategies).
 #[allow(clippy::too_many_arguments)]
 pub fn check(
@@ -324,7 +324,7 @@ pub fn check(
         ..CheckOptions::default()
     };
     let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
-    if r.verdict == "bound-reached" && !matches!(r.strategy.as_str(), "bfs" | "dfs") {
+    if r.verdict == "bound-reached" && !matches!(r.strategy.as_str(), "bfs" | "dfs" | "parallel") {
         notes.push(format!(
             "sampling never proves anything: no violation in the schedules tried ({} states)",
             r.states
@@ -348,7 +348,7 @@ fn check_dispatch(
 ) -> Result<CheckResult, CheckError> {
     let max_states = exhaustive.max_states;
     match (strategy, sample) {
-        ("bfs", None) | ("", None) => check_scenario(sc, mutant, mem, exhaustive),
+        ("bfs", None) => check_scenario(sc, mutant, mem, exhaustive),
         ("dfs", None) => check_scenario(
             sc,
             mutant,
@@ -358,7 +358,7 @@ fn check_dispatch(
                 ..exhaustive
             },
         ),
-        ("parallel", None) => check_scenario(
+        ("parallel" | "", None) => check_scenario(
             sc,
             mutant,
             mem,

@@ -16,7 +16,7 @@
 //! with POR (they are equal without it).
 
 use crate::explore::{
-    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict,
+    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction, Verdict,
 };
 use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
@@ -259,7 +259,9 @@ where
             return (Verdict::Violation, Some(v), vec![], false);
         }
         let mut level: Level<M> = vec![(0, false, init.clone())];
+        let mut progress = ProgressLine::new();
         while !level.is_empty() {
+            progress.show(self.visited.len(), level.len(), self.depth);
             if self.limits.max_depth.is_some_and(|md| self.depth >= md) {
                 return (Verdict::BoundReached, None, vec![], false);
             }
