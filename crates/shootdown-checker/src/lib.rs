@@ -255,7 +255,8 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
 ///
 /// `strategy` is `parallel` (exhaustive, breadth-first on every core, the same result on any
 /// number of them; the default when `sample` is None), `bfs` (the same on one thread, in less
-/// memory), `dfs` (exhaustive, depth-first, in far less memory), `random` or `pct`. `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
+/// memory), `dfs` (exhaustive, depth-first, in far less memory), `random` or `pct`.
+/// `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
 /// strategies).
 #[allow(clippy::too_many_arguments)]
 pub fn check(

@@ -252,11 +252,19 @@ impl TimedDriver {
                         None => self.spinners.retain(|&s| s != agent),
                     }
                 }
-                let at = at.max(self.clocks[agent]);
-                self.state[agent] = AgentState::Scheduled(at);
-                self.queue.push(Reverse((at, agent)));
+                let entry = self.make_runnable(agent, at);
+                self.queue.push(entry);
             }
         }
+    }
+
+    /// Mark `agent` runnable at `at` (not before its own clock), with no spin deadline: the
+    /// queue entry it needs.
+    fn make_runnable(&mut self, agent: AgentId, at: Time) -> Reverse<(Time, AgentId)> {
+        self.spin_deadline[agent] = None;
+        let at = at.max(self.clocks[agent]);
+        self.state[agent] = AgentState::Scheduled(at);
+        Reverse((at, agent))
     }
 
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
@@ -322,10 +330,8 @@ impl TimedDriver {
             match outcome.park {
                 Park::Run => {
                     // What `schedule(agent, end)` would push, put in the step's own entry.
-                    let at = end.max(self.clocks[agent]);
-                    self.spin_deadline[agent] = None;
-                    self.state[agent] = AgentState::Scheduled(at);
-                    *self.queue.peek_mut().expect("the step's entry") = Reverse((at, agent));
+                    let entry = self.make_runnable(agent, end);
+                    *self.queue.peek_mut().expect("the step's entry") = entry;
                 }
                 Park::Halt => {
                     self.queue.pop();

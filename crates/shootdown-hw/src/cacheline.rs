@@ -209,8 +209,8 @@ impl LineDirectory {
 
     /// Keep lines `ids` in a flat array rather than the hash table (same prices, better
     /// locality): for a family of lines the caller numbers densely and walks in order. The
-    /// array is allocated when one of them is first touched.
-    /// A family of more than 2^26 lines (1 GB) stays hashed.
+    /// array is allocated when one of them is first touched. A family of more than 2^26 lines
+    /// (1 GB) stays hashed.
     pub fn with_dense(mut self, ids: std::ops::Range<LineId>) -> Self {
         if ids.end - ids.start > 1 << 26 {
             return self;

@@ -75,23 +75,21 @@ impl Topology {
     pub fn nr_cores(&self) -> usize {
         self.sockets * self.cores_per_socket
     }
-    /// Core index (0..nr_cores) of a CPU.
+    /// Core index (0..nr_cores) of a CPU. In 32 bits (at most [`MAX_CPUS`] CPUs): it is on
+    /// every cache-line transfer and IPI of the timed driver ([`Topology::distance`]), and a
+    /// 32-bit division costs a fraction of a 64-bit one.
     pub fn core_of(&self, cpu: CpuId) -> usize {
-        cpu % self.nr_cores()
+        (cpu as u32 % self.nr_cores() as u32) as usize
     }
     pub fn socket_of(&self, cpu: CpuId) -> usize {
-        self.core_of(cpu) / self.cores_per_socket
+        (self.core_of(cpu) as u32 / self.cores_per_socket as u32) as usize
     }
     pub fn distance(&self, a: CpuId, b: CpuId) -> Distance {
-        // On every cache-line transfer and IPI of the timed driver: in 32 bits (at most
-        // MAX_CPUS CPUs), whose divisions cost a fraction of 64-bit ones.
-        let cores = (self.sockets * self.cores_per_socket) as u32;
-        let (ca, cb) = (a as u32 % cores, b as u32 % cores);
         if a == b {
             Distance::SameCpu
-        } else if ca == cb {
+        } else if self.core_of(a) == self.core_of(b) {
             Distance::SameCore
-        } else if ca / self.cores_per_socket as u32 == cb / self.cores_per_socket as u32 {
+        } else if self.socket_of(a) == self.socket_of(b) {
             Distance::SameSocket
         } else {
             Distance::CrossSocket
