@@ -10,7 +10,9 @@
 //! was already visited, which closes every cycle, is expanded fully). Verdicts agree; tests
 //! check that on every scenario and mutant.
 
-use crate::explore::{deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict};
+use crate::explore::{
+    copy_into, deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction, Verdict,
+};
 use shootdown_engine::{Model, Violation};
 use std::time::Instant;
 
@@ -31,7 +33,7 @@ enum Todo<M: Model> {
 }
 
 /// The search's counters and visited set.
-struct Search<'r, R> {
+struct Search<'r, M, R> {
     red: &'r R,
     limits: Limits,
     visited: FpSet,
@@ -40,6 +42,8 @@ struct Search<'r, R> {
     depth: u32,
     images: u64,
     env: ExploreEnv,
+    /// The successor being examined (reused while successors are visited: [`copy_into`]).
+    scratch: Option<M>,
 }
 
 /// A violation found from a state: the actions that reach it, and what broke.
@@ -49,21 +53,17 @@ type Found<A> = (Vec<A>, Violation);
 /// whether they pass through a symmetric image.
 type Ending<A> = (Verdict, Option<Violation>, Vec<A>, bool);
 
-impl<R> Search<'_, R> {
-    /// Apply `a` to a copy of `s`: the successor and the CPU orders the step fixed, or the
-    /// violation it reports.
-    fn successor<M: Model>(
-        &mut self,
-        s: &M,
-        a: M::Action,
-    ) -> Result<(M, Vec<Vec<usize>>), Violation> {
-        let mut t = s.clone();
+impl<M: Model, R: Reduction<M>> Search<'_, M, R> {
+    /// Apply `a` to a copy of `s` in `self.scratch`: its fingerprint and the CPU orders the
+    /// step fixed, or the violation it reports.
+    fn successor(&mut self, s: &M, a: M::Action) -> Result<(u128, Vec<Vec<usize>>), Violation> {
+        let t = copy_into(&mut self.scratch, s);
         let out = t.apply(a, &mut self.env);
         self.transitions += 1;
         let orders = self.env.take_orders();
         match out.violation.or_else(|| t.check_state()) {
             Some(v) => Err(v),
-            None => Ok((t, orders)),
+            None => Ok((self.red.fingerprint(t), orders)),
         }
     }
 
@@ -71,10 +71,7 @@ impl<R> Search<'_, R> {
     /// from the back): the persistent singleton when its successor is new, else every enabled
     /// action. Or the violation found on the way — a deadlock, or one the reduction's
     /// look-ahead step reports — with the actions that reach it from `s`.
-    fn todo<M: Model>(&mut self, s: &M) -> Result<Vec<Todo<M>>, Found<M::Action>>
-    where
-        R: Reduction<M>,
-    {
+    fn todo(&mut self, s: &M) -> Result<Vec<Todo<M>>, Found<M::Action>> {
         let mut en = Vec::new();
         s.enabled(&mut en);
         if en.is_empty() && !s.finished() {
@@ -82,8 +79,8 @@ impl<R> Search<'_, R> {
         }
         if self.limits.por {
             if let Some(a) = self.red.persistent_singleton(s, &en) {
-                let (t, _) = self.successor(s, a).map_err(|v| (vec![a], v))?;
-                if !self.visited.contains(&self.red.fingerprint(&t)) {
+                let (f, _) = self.successor(s, a).map_err(|v| (vec![a], v))?;
+                if !self.visited.contains(&f) {
                     self.reduced += 1;
                     return Ok(vec![Todo::Act(a)]);
                 }
@@ -92,10 +89,7 @@ impl<R> Search<'_, R> {
         Ok(en.into_iter().rev().map(Todo::Act).collect())
     }
 
-    fn run<M: Model>(&mut self, init: &M) -> Ending<M::Action>
-    where
-        R: Reduction<M>,
-    {
+    fn run(&mut self, init: &M) -> Ending<M::Action> {
         self.visited.insert(self.red.fingerprint(init));
         if let Some(v) = init.check_state() {
             return (Verdict::Violation, Some(v), vec![], false);
@@ -125,24 +119,26 @@ impl<R> Search<'_, R> {
             };
             // An image's successor is one of the symmetric closure: flag the path. (The images
             // of an image are images of the level's own state: not generated again.)
-            let (s, a, alt, image) = match next {
-                Todo::Act(a) => (top.state.clone(), a, top.alt, false),
-                Todo::Image(s, a) => (*s, a, true, true),
+            let (a, alt, image) = match next {
+                Todo::Act(a) => (a, top.alt, None),
+                Todo::Image(s, a) => (a, true, Some(s)),
             };
-            let (t, orders) = match self.successor(&s, a) {
+            let s = image.as_deref().unwrap_or(&top.state);
+            let (f, orders) = match self.successor(s, a) {
                 Ok(x) => x,
                 Err(v) => return violation(&stack, vec![a], alt, v),
             };
-            if !orders.is_empty() && !image {
-                let images = self.red.images(&s, a, &orders);
+            if !orders.is_empty() && image.is_none() {
+                let images = self.red.images(s, a, &orders);
                 let top = stack.last_mut().expect("current level");
                 for (is, ia) in images {
                     top.todo.push(Todo::Image(Box::new(is), ia));
                 }
             }
-            if !self.visited.insert(self.red.fingerprint(&t)) {
+            if !self.visited.insert(f) {
                 continue;
             }
+            let t = self.scratch.take().expect("the successor just built");
             if self.visited.len() as u64 > self.limits.max_states {
                 return (Verdict::BoundReached, None, vec![], false);
             }
@@ -182,6 +178,7 @@ pub fn explore_dfs<M: Model, R: Reduction<M>>(
         depth: 0,
         images: 0,
         env: ExploreEnv::default(),
+        scratch: None,
     };
     let (verdict, violation, path, approximate) = x.run(init);
     // A bound stops the search with one state too many stored.

@@ -16,7 +16,8 @@
 //! with POR (they are equal without it).
 
 use crate::explore::{
-    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction, Verdict,
+    copy_into, deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction,
+    Verdict,
 };
 use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
@@ -56,7 +57,7 @@ fn expand<M: Model, R: Reduction<M>>(
     red: &R,
     limits: Limits,
     before: &FpSet,
-    env: &mut ExploreEnv,
+    (env, scratch): &mut (ExploreEnv, Option<M>),
     s: &M,
     alt: bool,
 ) -> Expanded<M::Action> {
@@ -80,7 +81,7 @@ fn expand<M: Model, R: Reduction<M>>(
                     image: Option<(M::Action, u32)>,
                     out: &mut Vec<Succ<M::Action>>,
                     x: &mut Expanded<M::Action>| {
-        let mut t = src.clone();
+        let t = copy_into(scratch, src);
         let o = t.apply(a, env);
         x.transitions += 1;
         let orders = env.take_orders();
@@ -295,8 +296,8 @@ where
         let expanded: Vec<Expanded<M::Action>> = pool.install(|| {
             level
                 .par_iter()
-                .map_init(ExploreEnv::default, |env, (_, alt, s)| {
-                    expand(red, limits, before, env, s, *alt)
+                .map_init(Default::default, |w, (_, alt, s)| {
+                    expand(red, limits, before, w, s, *alt)
                 })
                 .collect()
         });

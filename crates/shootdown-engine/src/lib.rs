@@ -13,6 +13,7 @@
 //! random number, schedules a wake-up, or emits a trace event. Under the explorer these are
 //! no-ops or fixed choices, so a protocol's behaviour never depends on the driver.
 
+pub mod clone;
 pub mod model;
 pub mod profile;
 pub mod rng;

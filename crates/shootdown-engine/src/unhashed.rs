@@ -4,8 +4,18 @@
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
 
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Unhashed<T>(pub T);
+
+/// `clone_from` keeps the destination's allocations (see `clone_by_fields!`).
+impl<T: Clone> Clone for Unhashed<T> {
+    fn clone(&self) -> Self {
+        Unhashed(self.0.clone())
+    }
+    fn clone_from(&mut self, source: &Self) {
+        self.0.clone_from(&source.0);
+    }
+}
 
 impl<T> Hash for Unhashed<T> {
     fn hash<H: Hasher>(&self, _: &mut H) {}

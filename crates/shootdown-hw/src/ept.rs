@@ -123,10 +123,12 @@ pub enum EptWalk {
 }
 
 /// Every EPT page of every VM (ids are global, so one arena serves all VMs).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
 pub struct EptMemory {
     pub pages: Vec<EptPage>,
 }
+
+shootdown_engine::clone_by_fields!(EptMemory { pages });
 
 impl EptMemory {
     /// Allocate a page of `level` mapping from `gfn` (aligned down to the level).

@@ -110,12 +110,14 @@ struct EptTruth {
 }
 
 /// Ground truth for the invariants checked at every translation use.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
 pub struct Oracle {
     epoch: u64,
     mms: Vec<MmTruth>,
     vms: Vec<EptTruth>,
 }
+
+shootdown_engine::clone_by_fields!(Oracle { epoch, mms, vms });
 
 impl Oracle {
     pub fn new(nr_mms: usize) -> Self {

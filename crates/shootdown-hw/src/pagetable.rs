@@ -122,10 +122,12 @@ impl AddressSpace {
 }
 
 /// Physical page-table pages: allocated, linked, freed.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
 pub struct PtPages {
     alive: Vec<bool>,
 }
+
+shootdown_engine::clone_by_fields!(PtPages { alive });
 
 impl PtPages {
     pub fn alloc(&mut self) -> PtPageId {

@@ -5,10 +5,14 @@
 
 use std::collections::VecDeque;
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct StoreBuffer<L> {
     pending: VecDeque<(L, u64)>,
 }
+
+shootdown_engine::clone_by_fields!(StoreBuffer<L> {
+    pending,
+});
 
 impl<L> Default for StoreBuffer<L> {
     fn default() -> Self {

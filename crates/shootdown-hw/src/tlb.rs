@@ -82,7 +82,7 @@ type PscMap = BTreeMap<(Pcid, PtIndex), PtPageId>;
 /// page of that level that maps the frame.
 type EptPscMap = BTreeMap<(EptTag, u8, u64), SpId>;
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Tlb {
     entries: Vec<(Key, TlbEntry)>,
     index: FxHashMap<Key, usize>,
@@ -93,6 +93,16 @@ pub struct Tlb {
     capacity: usize,
     psc_capacity: usize,
 }
+
+shootdown_engine::clone_by_fields!(Tlb {
+    entries,
+    index,
+    psc,
+    ept_psc,
+    tag,
+    capacity,
+    psc_capacity,
+});
 
 impl Tlb {
     pub fn new(capacity: usize, psc_capacity: usize) -> Self {

@@ -51,7 +51,7 @@ pub enum CallCond {
     ShouldFlush,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub enum Frame {
     // The three large frames are boxed so that a `Frame` stays small: the timed driver pops
     // and pushes the top frame on every step, and they are created once per flush.
@@ -88,6 +88,35 @@ pub enum Frame {
     MtrrZapRequest(Box<MtrrZapRequest>),
     NoncoherentDmaStart(NoncoherentDmaStart),
 }
+
+shootdown_engine::clone_by_variants!(Frame {
+    FlushMmRange,
+    FlushFunc,
+    SmpCallMany,
+    CallFunctionIrq,
+    SwitchMm,
+    Schedule,
+    RwSemDown,
+    Syscall,
+    PvFlushTlbMulti,
+    VcpuRun,
+    MakeAllCpusRequest,
+    FlushRemoteTlbs,
+    SynchronizeSrcu,
+    InstallMemslots,
+    SetMemoryRegion,
+    MmuNotifierInvalidate,
+    TdpPageFault,
+    MmioPageFault,
+    MmuLoad,
+    MmuUnload,
+    CommitZap,
+    ZapMemslot,
+    ZapGfnRange,
+    TdpMmuPageFault,
+    MtrrZapRequest,
+    NoncoherentDmaStart,
+});
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
 // (the large frames are boxed above).

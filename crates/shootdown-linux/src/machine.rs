@@ -45,7 +45,7 @@ pub enum Action {
     HostIrq(u32),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Machine {
     pub opts: Options,
     pub topo: Topology,
@@ -81,6 +81,32 @@ pub struct Machine {
     pub guest_word_pages: Vec<Option<u64>>,
     pub perf: Unhashed<Perf>,
 }
+
+shootdown_engine::clone_by_fields!(Machine {
+    opts,
+    topo,
+    pcid_hw,
+    pti,
+    invpcid,
+    memory_model,
+    cpus,
+    tasks,
+    mms,
+    pt_pages,
+    ept,
+    oracle,
+    csd_locked,
+    flush_info,
+    spec_pages,
+    dax_files,
+    dax_index,
+    fileio,
+    next_pfn,
+    host,
+    guest_words,
+    guest_word_pages,
+    perf,
+});
 
 impl Machine {
     /// A machine with every CPU idle in init_mm.

@@ -23,7 +23,7 @@ use shootdown_hw::CpuId;
 
 /// The guest's paravirtual `kvm_flush_tlb_others()` / `kvm_flush_tlb_multi()`
 /// (arch/x86/kernel/kvm.c): filter out preempted vCPUs, then the native cross call with the rest.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct PvFlushTlbMulti {
     pub pc: PvFlushTlbMultiPc,
     /// The native call to make afterwards; its `candidates` are the remote CPUs of the mask.
@@ -35,6 +35,14 @@ pub struct PvFlushTlbMulti {
     /// Candidates that still need the IPI (`flushmask`).
     pub keep: Vec<CpuId>,
 }
+
+shootdown_engine::clone_by_fields!(PvFlushTlbMulti {
+    pc,
+    call,
+    i,
+    seen,
+    keep,
+});
 
 /// The steps of `kvm_flush_tlb_multi()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

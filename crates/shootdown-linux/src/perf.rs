@@ -9,7 +9,7 @@ use shootdown_hw::CostProfile;
 use std::sync::Arc;
 
 /// Performance-only state: never distinguishes two states for the explorer.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Perf {
     pub profile: Arc<CostProfile>,
     pub lines: shootdown_hw::cacheline::LineDirectory,
@@ -61,6 +61,35 @@ pub struct Perf {
     /// interruptible work; not idle, not busy-waiting (smt.rs).
     pub smt_executing: Vec<bool>,
 }
+
+shootdown_engine::clone_by_fields!(Perf {
+    profile,
+    lines,
+    counters,
+    ipi_arrival,
+    ipi_flows,
+    busy,
+    slice_start,
+    next_flow_id,
+    measure_from,
+    events_measured,
+    first_event_at,
+    last_event_at,
+    marks,
+    host_marks,
+    host_threads_alive,
+    kick_arrival,
+    user_tasks_alive,
+    uses_checked,
+    violation,
+    labels_on,
+    labels,
+    summary,
+    trace_started,
+    host,
+    core_scale_permille,
+    smt_executing,
+});
 
 /// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user
 /// code, exception and syscall entry, a writeback's cache flushes): the timed driver parks the

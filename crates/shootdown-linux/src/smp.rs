@@ -16,7 +16,7 @@ use shootdown_engine::Env;
 use shootdown_hw::CpuId;
 
 /// `smp_call_function_many_cond()` running `flush_tlb_func` (the only cross call modelled).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct SmpCallMany {
     pub pc: SmpCallManyPc,
     pub info: FlushTlbInfo,
@@ -36,6 +36,19 @@ pub struct SmpCallMany {
     /// remote ones (`on_each_cpu_mask()`).
     pub local_after: bool,
 }
+
+shootdown_engine::clone_by_fields!(SmpCallMany {
+    pc,
+    info,
+    cond,
+    candidates,
+    i,
+    queued,
+    ipi,
+    run_local,
+    inc_gen_locally,
+    local_after,
+});
 
 /// The steps of `smp_call_function_many_cond()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -26,7 +26,7 @@ pub const TLB_FLUSH_ALL: Vpn = u64::MAX;
 pub const TLB_GENERATION_INVALID: u64 = 0;
 
 /// `struct mm_struct` for our purposes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Mm {
     /// `mm->context.ctx_id`: unique, never reused.
     pub ctx_id: u64,
@@ -51,6 +51,20 @@ pub struct Mm {
     pub ptl_held: std::collections::BTreeMap<u64, u64>,
     pub name: String,
 }
+
+shootdown_engine::clone_by_fields!(Mm {
+    ctx_id,
+    tlb_gen,
+    cpumask,
+    space,
+    mmap_sem,
+    tables_to_free,
+    next_trim_ns,
+    tlb_flush_pending,
+    tlb_flush_batched,
+    ptl_held,
+    name,
+});
 
 impl Mm {
     pub fn new(ctx_id: u64, nr_cpus: usize, name: String) -> Self {
@@ -93,13 +107,19 @@ impl Mm {
 }
 
 /// A blocking reader/writer semaphore (`struct rw_semaphore`), FIFO hand-off to waiters.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
 pub struct RwSem {
     pub readers: u32,
     pub writer: bool,
     /// Waiting tasks and whether each wants write.
     pub waiters: VecDeque<(TaskId, bool)>,
 }
+
+shootdown_engine::clone_by_fields!(RwSem {
+    readers,
+    writer,
+    waiters,
+});
 
 /// One ASID slot of `cpu_tlbstate.ctxs[]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -163,7 +183,7 @@ pub struct CsdKey {
 /// The lock bits of every `call_single_data` (a bitmap of targets per sender, sized for the
 /// machine up front so that equal sets are equal states): O(1) per test, set and clear, where
 /// a flush to thousands of CPUs locks thousands of them.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct CsdLocks {
     /// `words` words of target bits per sender, senders one after another; empty while no
     /// lock is held (no allocation to copy in the explorer's states, and equal sets are equal).
@@ -172,6 +192,13 @@ pub struct CsdLocks {
     nr_cpus: usize,
     held: usize,
 }
+
+shootdown_engine::clone_by_fields!(CsdLocks {
+    bits,
+    words,
+    nr_cpus,
+    held,
+});
 
 impl CsdLocks {
     /// No lock held, on a machine of `nr_cpus` CPUs.
@@ -234,7 +261,7 @@ impl CsdLocks {
 }
 
 /// Physical CPU state.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Cpu {
     pub tlb: Tlb,
     /// mm whose page tables CR3 points to, and the loaded hardware PCID.
@@ -258,6 +285,23 @@ pub struct Cpu {
     /// Halted in the idle loop (for the wake-up cost).
     pub halted: bool,
 }
+
+shootdown_engine::clone_by_fields!(Cpu {
+    tlb,
+    cr3_mm,
+    cr3_pcid,
+    tlbstate,
+    irq_stack,
+    irq_off,
+    ipi_pending,
+    call_queue,
+    curr,
+    idle_task,
+    runqueue,
+    need_resched,
+    sb,
+    halted,
+});
 
 /// What a user-mode task does next: its program is a list of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -428,7 +472,7 @@ pub enum TaskState {
 
 /// A task (thread). Kernel frames of a task live on its own stack, so a task can block in the
 /// middle of a system call and resume there.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Task {
     pub name: String,
     /// None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB).
@@ -453,6 +497,23 @@ pub struct Task {
     /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
     pub on_cpu: bool,
 }
+
+shootdown_engine::clone_by_fields!(Task {
+    name,
+    mm,
+    state,
+    cpu,
+    stack,
+    program,
+    pc,
+    loop_left,
+    op_progress,
+    op_base,
+    op_started,
+    fsync_file,
+    cpus,
+    on_cpu,
+});
 
 /// A file on a DAX filesystem (ext4-DAX) mapped into an mm at `[start, start + npages)`: its
 /// `struct address_space` as far as writeback goes — the xarray's dirty tags and `xa_lock`.

@@ -16,7 +16,7 @@ use shootdown_hw::pagetable::Vpn;
 use shootdown_hw::CpuId;
 
 /// `flush_tlb_mm_range()` (or, with `batch_targets`, `arch_tlbbatch_flush()`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct FlushMmRange {
     pub pc: FlushMmRangePc,
     pub mm: MmId,
@@ -26,6 +26,14 @@ pub struct FlushMmRange {
     /// `arch_tlbbatch_flush`: targets precomputed, `tlb_gen` already bumped.
     pub batch_targets: Option<Vec<CpuId>>,
 }
+
+shootdown_engine::clone_by_fields!(FlushMmRange {
+    pc,
+    mm,
+    info,
+    begin,
+    batch_targets,
+});
 
 /// The steps of `flush_tlb_mm_range()`. v5.13+ (`concurrent`): `Start` → `Multi` → `Done`, or
 /// `Local` → `Done` when no other CPU is in the mask. ≤v5.12: `Start` → `Local` → `Others` →

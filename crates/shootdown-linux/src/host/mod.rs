@@ -36,15 +36,17 @@ use std::collections::{BTreeSet, VecDeque};
 pub use thread::{HostOp, HostThread};
 
 /// Host scheduler state of one pCPU (timed driver only; constant under the explorer).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Pcpu {
     pub curr: Option<u32>,
     pub rq: VecDeque<u32>,
 }
 
+shootdown_engine::clone_by_fields!(Pcpu { curr, rq });
+
 /// The host: configuration, vCPU threads, pCPU run queues, and the guest memory it shares with
 /// the guests (each vCPU's steal-time `preempted` byte).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Host {
     pub cfg: HostConfig,
     pub vcpus: Vec<Vcpu>,
@@ -60,8 +62,18 @@ pub struct Host {
     pub kick_csd: BTreeSet<(u32, u32)>,
 }
 
+shootdown_engine::clone_by_fields!(Host {
+    cfg,
+    vcpus,
+    pcpus,
+    steal_preempted,
+    kvms,
+    threads,
+    kick_csd,
+});
+
 /// Performance-only host state (time slices, housekeeping timers).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct HostPerf {
     pub slice_start: Vec<Time>,
     pub slice_end: Vec<Time>,
@@ -73,6 +85,14 @@ pub struct HostPerf {
     /// (handed to the driver after the step, past the guest wake-up filter).
     pub switched_in: Vec<(usize, Time)>,
 }
+
+shootdown_engine::clone_by_fields!(HostPerf {
+    slice_start,
+    slice_end,
+    next_hk,
+    resched_at,
+    switched_in,
+});
 
 /// A deterministic phase in `[0, 1)` per pCPU, so that the pCPUs' time slices and housekeeping
 /// runs are not in lock-step at time zero.

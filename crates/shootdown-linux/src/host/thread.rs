@@ -53,7 +53,7 @@ pub enum HostOp {
 }
 
 /// A host thread (agent `cpus + index`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct HostThread {
     pub name: String,
     /// The VM whose ioctls it makes.
@@ -70,6 +70,19 @@ pub struct HostThread {
     pub srcu: u64,
     pub done: bool,
 }
+
+shootdown_engine::clone_by_fields!(HostThread {
+    name,
+    vm,
+    pcpu,
+    stack,
+    program,
+    pc,
+    loop_left,
+    sb,
+    srcu,
+    done,
+});
 
 impl HostThread {
     pub fn new(name: &str, vm: u32, pcpu: u32, program: Vec<HostOp>) -> HostThread {

@@ -193,7 +193,7 @@ impl Machine {
 
 /// `kvm_make_all_cpus_request(kvm, req)` with a `KVM_REQUEST_WAIT` request: set the request on
 /// every vCPU, IPI those not outside guest mode, wait until each took the IPI.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct MakeAllCpusRequest {
     pub pc: MakeAllCpusRequestPc,
     pub req: Request,
@@ -204,6 +204,14 @@ pub struct MakeAllCpusRequest {
     /// Some IPI was sent (`called`).
     pub called: bool,
 }
+
+shootdown_engine::clone_by_fields!(MakeAllCpusRequest {
+    pc,
+    req,
+    i,
+    targets,
+    called,
+});
 
 /// The steps of `kvm_make_all_cpus_request()`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

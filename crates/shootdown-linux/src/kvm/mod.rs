@@ -104,7 +104,7 @@ pub struct MmioCache {
 }
 
 /// One vCPU: `struct kvm_vcpu` as far as the model goes, and its thread.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Vcpu {
     pub vm: u32,
     pub pcpu: u32,
@@ -149,6 +149,27 @@ pub struct Vcpu {
     pub memtype_check: Option<(Gfn, Gfn)>,
 }
 
+shootdown_engine::clone_by_fields!(Vcpu {
+    vm,
+    pcpu,
+    thread,
+    stack,
+    st_preempted,
+    preemptions,
+    mode,
+    requests,
+    root,
+    mmio,
+    srcu,
+    srcu_sees,
+    irqs_off,
+    kicks,
+    emulate,
+    mtrr,
+    cr0_cd,
+    memtype_check,
+});
+
 impl Vcpu {
     /// A vCPU of VM `vm` on pCPU `pcpu`, running in the guest.
     pub fn new(vm: u32, pcpu: u32) -> Vcpu {
@@ -181,7 +202,7 @@ impl Vcpu {
 }
 
 /// `struct kvm` of a VM whose MMU is modelled.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Kvm {
     /// Memslots per address space (`kvm->memslots[as]`).
     pub address_spaces: Vec<AddressSpace>,
@@ -220,6 +241,25 @@ pub struct Kvm {
     /// width allows (2^34 with 46 bits; checker scenarios narrow it to keep walks short).
     pub max_gfn: Gfn,
 }
+
+shootdown_engine::clone_by_fields!(Kvm {
+    address_spaces,
+    mmu_lock,
+    mmu_rwlock,
+    slots_lock,
+    srcu_idx,
+    mmu_notifier_seq,
+    mmu_notifier_count,
+    mmu,
+    vcpus,
+    tdp_roots,
+    mmu_invalidate_range,
+    mtrr_zap_list,
+    mtrr_zap_list_lock,
+    mtrr_zapping,
+    noncoherent_dma,
+    max_gfn,
+});
 
 impl Kvm {
     /// A VM with memslots `slots` in address space 0.

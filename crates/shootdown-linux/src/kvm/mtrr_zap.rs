@@ -51,7 +51,7 @@ pub enum NoncoherentDmaPc {
 }
 
 /// A zap request from a trigger site.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct MtrrZapRequest {
     pub pc: MtrrZapPc,
     /// The ranges to zap, in order (one, or patch 10's fine-grained ones, or patch 11's
@@ -64,6 +64,14 @@ pub struct MtrrZapRequest {
     /// The range being zapped by the drain (patch 9).
     pub head: Option<GfnRange>,
 }
+
+shootdown_engine::clone_by_fields!(MtrrZapRequest {
+    pc,
+    ranges,
+    listed,
+    began,
+    head,
+});
 
 /// The steps of a zap request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

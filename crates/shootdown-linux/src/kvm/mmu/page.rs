@@ -189,11 +189,13 @@ impl Machine {
 
 /// `kvm_mmu_commit_zap_page(kvm, invalid_list)`: a remote flush (which waits for every vCPU to
 /// leave guest mode and any lockless walk), then free the pages.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct CommitZap {
     pub pc: CommitZapPc,
     pub list: Vec<SpId>,
 }
+
+shootdown_engine::clone_by_fields!(CommitZap { pc, list });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CommitZapPc {

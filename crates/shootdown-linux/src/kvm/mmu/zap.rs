@@ -37,7 +37,7 @@ use shootdown_hw::ept::{gfns_per_entry, Gfn, SpId};
 const BATCH_ZAP_PAGES: u32 = 10;
 
 /// A zap of shadow pages under `mmu_lock`, in one of the strategies above.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct ZapMemslot {
     pub pc: ZapPc,
     pub strategy: MemslotZap,
@@ -57,6 +57,19 @@ pub struct ZapMemslot {
     /// Where the walk goes on after a lock break or a flush-or-zap.
     pub resume: ZapPc,
 }
+
+shootdown_engine::clone_by_fields!(ZapMemslot {
+    pc,
+    strategy,
+    mmio_only,
+    slot,
+    list,
+    flush,
+    batch,
+    level,
+    gfn,
+    resume,
+});
 
 /// The steps of the zaps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
