@@ -121,12 +121,12 @@ impl MachineReduction {
 
     /// Why the declared groups are not interchangeable in `init` (the state after setup), if
     /// they are not: the symmetric closure of the model would then start from states the model
-    /// never reaches.
+    /// never reaches. Compared whole, not by fingerprint: a fingerprint leaves out what is
+    /// fixed for a run (programs, configuration), and renaming must leave that alike too.
     pub fn asymmetry(&self, init: &Machine) -> Option<String> {
-        let f = fingerprint(init);
         self.perms
             .iter()
-            .find(|p| fingerprint(&init.permute_cpus(&p.cpus, &p.tasks)) != f)
+            .find(|p| init.permute_cpus(&p.cpus, &p.tasks) != *init)
             .map(|p| {
                 let moved: Vec<String> = (0..p.cpus.len())
                     .filter(|&c| p.cpus[c] != c)

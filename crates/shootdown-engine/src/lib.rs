@@ -14,6 +14,7 @@
 //! no-ops or fixed choices, so a protocol's behaviour never depends on the driver.
 
 pub mod clone;
+pub mod hash;
 pub mod model;
 pub mod profile;
 pub mod rng;

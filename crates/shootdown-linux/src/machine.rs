@@ -45,7 +45,7 @@ pub enum Action {
     HostIrq(u32),
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Machine {
     pub opts: Options,
     pub topo: Topology,
@@ -106,6 +106,33 @@ shootdown_engine::clone_by_fields!(Machine {
     guest_words,
     guest_word_pages,
     perf,
+});
+
+shootdown_engine::hash_by_fields!(Machine {
+    cpus,
+    tasks,
+    mms,
+    pt_pages,
+    ept,
+    oracle,
+    csd_locked,
+    flush_info,
+    spec_pages,
+    dax_files,
+    dax_index,
+    fileio,
+    next_pfn,
+    host,
+    guest_words,
+    guest_word_pages,
+    perf,
+} fixed {
+    opts,
+    topo,
+    pcid_hw,
+    pti,
+    invpcid,
+    memory_model,
 });
 
 impl Machine {

@@ -26,7 +26,7 @@ pub const TLB_FLUSH_ALL: Vpn = u64::MAX;
 pub const TLB_GENERATION_INVALID: u64 = 0;
 
 /// `struct mm_struct` for our purposes.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Mm {
     /// `mm->context.ctx_id`: unique, never reused.
     pub ctx_id: u64,
@@ -63,6 +63,21 @@ shootdown_engine::clone_by_fields!(Mm {
     tlb_flush_pending,
     tlb_flush_batched,
     ptl_held,
+    name,
+});
+
+shootdown_engine::hash_by_fields!(Mm {
+    ctx_id,
+    tlb_gen,
+    cpumask,
+    space,
+    mmap_sem,
+    tables_to_free,
+    next_trim_ns,
+    tlb_flush_pending,
+    tlb_flush_batched,
+    ptl_held,
+} fixed {
     name,
 });
 
@@ -130,7 +145,7 @@ pub struct TlbContext {
 
 /// `cpu_tlbstate` (+ `cpu_tlbstate_shared.is_lazy`). `loaded_mm` and `is_lazy` are read by
 /// other CPUs and live in memory (see `mem.rs`); the rest is CPU-private.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlbState {
     pub loaded_mm: u64,
     pub loaded_mm_asid: u16,
@@ -141,6 +156,34 @@ pub struct TlbState {
     pub legacy_lazy: bool,
     /// PTI: user PCIDs whose flush is deferred to the next return to user (bit per ASID).
     pub user_pcid_flush_mask: u16,
+}
+
+/// Hashed as one run of words (every CPU's `cpu_tlbstate` is in every fingerprint: one write
+/// instead of nineteen).
+impl std::hash::Hash for TlbState {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let TlbState {
+            loaded_mm,
+            loaded_mm_asid,
+            next_asid,
+            ctxs,
+            is_lazy,
+            legacy_lazy,
+            user_pcid_flush_mask,
+        } = self;
+        let mut w = [0u64; 2 + 2 * TLB_NR_DYN_ASIDS];
+        w[0] = *loaded_mm;
+        w[1] = u64::from(*loaded_mm_asid)
+            | u64::from(*next_asid) << 16
+            | u64::from(*user_pcid_flush_mask) << 32
+            | u64::from(*is_lazy) << 48
+            | u64::from(*legacy_lazy) << 49;
+        for (i, c) in ctxs.iter().enumerate() {
+            w[2 + 2 * i] = c.ctx_id;
+            w[3 + 2 * i] = c.tlb_gen;
+        }
+        u64::hash_slice(&w, h);
+    }
 }
 
 impl Default for TlbState {
@@ -472,7 +515,7 @@ pub enum TaskState {
 
 /// A task (thread). Kernel frames of a task live on its own stack, so a task can block in the
 /// middle of a system call and resume there.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Task {
     pub name: String,
     /// None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB).
@@ -513,6 +556,24 @@ shootdown_engine::clone_by_fields!(Task {
     fsync_file,
     cpus,
     on_cpu,
+});
+
+shootdown_engine::hash_by_fields!(Task {
+    mm,
+    state,
+    cpu,
+    stack,
+    pc,
+    loop_left,
+    op_progress,
+    op_base,
+    op_started,
+    fsync_file,
+    cpus,
+    on_cpu,
+} fixed {
+    name,
+    program,
 });
 
 /// A file on a DAX filesystem (ext4-DAX) mapped into an mm at `[start, start + npages)`: its

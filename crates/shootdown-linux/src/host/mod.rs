@@ -46,7 +46,7 @@ shootdown_engine::clone_by_fields!(Pcpu { curr, rq });
 
 /// The host: configuration, vCPU threads, pCPU run queues, and the guest memory it shares with
 /// the guests (each vCPU's steal-time `preempted` byte).
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Host {
     pub cfg: HostConfig,
     pub vcpus: Vec<Vcpu>,
@@ -70,6 +70,17 @@ shootdown_engine::clone_by_fields!(Host {
     kvms,
     threads,
     kick_csd,
+});
+
+shootdown_engine::hash_by_fields!(Host {
+    vcpus,
+    pcpus,
+    steal_preempted,
+    kvms,
+    threads,
+    kick_csd,
+} fixed {
+    cfg,
 });
 
 /// Performance-only host state (time slices, housekeeping timers).

@@ -53,7 +53,7 @@ pub enum HostOp {
 }
 
 /// A host thread (agent `cpus + index`).
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct HostThread {
     pub name: String,
     /// The VM whose ioctls it makes.
@@ -82,6 +82,20 @@ shootdown_engine::clone_by_fields!(HostThread {
     sb,
     srcu,
     done,
+});
+
+shootdown_engine::hash_by_fields!(HostThread {
+    vm,
+    pcpu,
+    stack,
+    pc,
+    loop_left,
+    sb,
+    srcu,
+    done,
+} fixed {
+    name,
+    program,
 });
 
 impl HostThread {

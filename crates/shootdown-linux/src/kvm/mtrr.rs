@@ -253,11 +253,31 @@ impl VarRange {
 }
 
 /// A vCPU's MTRRs (`vcpu->arch.mtrr_state`), reset state all zero (MTRRs disabled).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MtrrState {
     pub deftype: u64,
     pub fixed: [u64; 11],
     pub var: [VarRange; KVM_NR_VAR_MTRR],
+}
+
+/// Hashed as one run of words (every vCPU's MTRRs are in every fingerprint: one write
+/// instead of twenty).
+impl std::hash::Hash for MtrrState {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let MtrrState {
+            deftype,
+            fixed,
+            var,
+        } = self;
+        let mut w = [0u64; 1 + 11 + 2 * KVM_NR_VAR_MTRR];
+        w[0] = *deftype;
+        w[1..12].copy_from_slice(fixed);
+        for (i, r) in var.iter().enumerate() {
+            w[12 + 2 * i] = r.base;
+            w[13 + 2 * i] = r.mask;
+        }
+        u64::hash_slice(&w, h);
+    }
 }
 
 impl MtrrState {

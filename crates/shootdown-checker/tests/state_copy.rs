@@ -1,8 +1,12 @@
-//! The explorer builds successors in a reused state with `clone_from` (`clone_by_fields!`):
-//! a copy made that way must be the source, whatever the destination held before — equal,
-//! with the same fingerprint, and stepping alike. Checked along walks of every scenario under
-//! both memory models, copying each state into one buffer that last held another state (of
-//! another scenario, size or memory model).
+//! What the explorer assumes of a state's copy and of its fingerprint, checked along walks of
+//! every scenario under both memory models:
+//!
+//! * successors are built in a reused state with `clone_from` (`clone_by_fields!`): a copy made
+//!   that way must be the source, whatever the destination held before — equal, with the same
+//!   fingerprint, and stepping alike (each state is copied into one buffer that last held
+//!   another state, of another scenario, size or memory model);
+//! * fingerprints leave out the fields `hash_by_fields!` declares fixed for a run (options,
+//!   topology, programs, names, host configuration): no step may change them.
 mod common;
 use common::*;
 use shootdown_checker::explore::{fingerprint, ExploreEnv};
@@ -25,6 +29,7 @@ fn clone_from_copies_every_scenario_state_exactly() {
         let sc = Scenario::load(path).unwrap();
         for mm in ["sc", "tso"] {
             let mut m = sc.build(None, parse_memory_model(mm).unwrap()).unwrap();
+            let init = m.clone();
             let mut enabled = Vec::new();
             for _ in 0..300 {
                 let copy = match &mut scratch {
@@ -57,10 +62,34 @@ fn clone_from_copies_every_scenario_state_exactly() {
                     path.display()
                 );
                 assert_eq!(copy.finished(), m.finished());
+                assert_fixed_alike(&init, &m, path);
                 if o1.violation.is_some() {
                     break;
                 }
             }
+        }
+    }
+}
+
+/// The fields fingerprints leave out are those of the initial state.
+fn assert_fixed_alike(init: &Machine, m: &Machine, path: &std::path::Path) {
+    let p = path.display();
+    assert!(m.opts == init.opts && m.topo == init.topo, "{p}: options or topology changed");
+    assert_eq!(
+        (m.pcid_hw, m.pti, m.invpcid, m.memory_model),
+        (init.pcid_hw, init.pti, init.invpcid, init.memory_model),
+        "{p}"
+    );
+    for (a, b) in init.tasks.iter().zip(&m.tasks) {
+        assert!(a.name == b.name && a.program == b.program, "{p}: task {}", a.name);
+    }
+    for (a, b) in init.mms.iter().zip(&m.mms) {
+        assert_eq!(a.name, b.name, "{p}");
+    }
+    if let (Some(a), Some(b)) = (&init.host, &m.host) {
+        assert!(a.cfg == b.cfg, "{p}: host configuration changed");
+        for (x, y) in a.threads.iter().zip(&b.threads) {
+            assert!(x.name == y.name && x.program == y.program, "{p}: {}", x.name);
         }
     }
 }
