@@ -1,11 +1,16 @@
 //! Level-synchronous parallel breadth-first search (`shootdown check --strategy parallel`):
-//! the states of one depth are expanded on a pool of worker threads, which return the
-//! fingerprints of their successors; one thread merges those into the visited set in the order
-//! of the level (the first parent of a new state wins); the workers then rebuild the new states
-//! from their parents. What it finds — the verdict, the number of states, the counterexample —
-//! does not depend on the number of threads, which only decides how fast. (Rebuilding costs one
-//! more step per new state; keeping every successor until the merge, most of them already
-//! visited, cost far more in allocation: the first version was 2.6× slower on one thread.)
+//! the states of one depth are expanded on a pool of worker threads, which return their
+//! successors' fingerprints; one thread merges those into the visited set in the order of the
+//! level (the first parent of a new state wins), and the winners make the next level. What it
+//! finds — the verdict, the number of states, the counterexample — does not depend on the
+//! number of threads, which only decides how fast.
+//!
+//! Which successors a worker keeps whole: each worker expands contiguous pieces of the level
+//! in order, and keeps a successor's state only if no earlier successor of the same piece had
+//! its fingerprint — the merge's winner is the first occurrence in the level, so it is always
+//! one of those. The rest, most successors, are dropped at once (built in one reused state,
+//! as [`crate::explore`] does). A parent is freed as soon as it is expanded, so the finished level shrinks
+//! while the next one grows.
 //!
 //! The one difference from [`crate::explore`]: partial-order reduction's proviso (expand a
 //! persistent singleton only if its successor is new) asks whether the successor was visited
@@ -16,52 +21,71 @@
 //! with POR (they are equal without it).
 
 use crate::explore::{
-    copy_into, deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction,
-    Verdict,
+    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction, Verdict,
 };
 use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
 use std::time::Instant;
 
-/// A successor found by a worker: the action, which symmetric image of the state it was
-/// applied to (`None`: the state itself), and the fingerprint. The state is dropped at once and
-/// rebuilt later if it is new — one more step per new state, instead of keeping a copy of every
-/// successor (most of them already visited) until the merge.
-#[derive(Clone, Copy)]
-struct Succ<A> {
-    action: A,
-    /// For an image: the action whose CPU orders made it, and its index in
-    /// [`Reduction::images`].
-    image: Option<(A, u32)>,
+/// A successor not visited before this level: the action, whether it was applied to a
+/// symmetric image of the state ([`Reduction::images`]), the fingerprint, and the state if it
+/// is the first of its fingerprint in the worker's piece (only such a one can win the merge).
+struct Succ<M: Model> {
+    action: M::Action,
+    image: bool,
     fp: u128,
+    state: Option<Box<M>>,
 }
 
 /// What expanding one state produced.
-enum Expansion<A> {
-    /// Successors not visited before this level.
-    Next(Vec<Succ<A>>),
+enum Expansion<M: Model> {
+    Next(Vec<Succ<M>>),
     /// A violation: the actions after this state that reach it, and whether through an image.
-    Violation(Vec<A>, Violation, bool),
+    Violation(Vec<M::Action>, Violation, bool),
 }
 
-/// One state's expansion and its counters.
-struct Expanded<A> {
-    result: Expansion<A>,
+/// One state's expansion: its id and image flag, the result and the counters.
+struct Expanded<M: Model> {
+    id: u32,
+    alt: bool,
+    result: Expansion<M>,
     transitions: u64,
     reduced: bool,
 }
 
+/// A worker's tools for one contiguous piece of a level.
+struct Worker<M> {
+    env: ExploreEnv,
+    /// The successor being built (reused while successors are dropped; boxed, so that a kept
+    /// one moves into the next level as a pointer).
+    scratch: Option<Box<M>>,
+    /// Fingerprints of the successors kept in this piece so far.
+    seen: FpSet,
+}
+
+impl<M> Worker<M> {
+    fn new() -> Self {
+        Worker {
+            env: ExploreEnv::default(),
+            scratch: None,
+            seen: FpSet::default(),
+        }
+    }
+}
+
 /// Expand `s` (its path through an image if `alt`) against the states visited before this
-/// level. What it returns depends only on `s` and `before`.
+/// level. Which successors it returns depends only on `s` and `before`; which of them carry
+/// their state, on what the worker kept earlier in its piece.
 fn expand<M: Model, R: Reduction<M>>(
     red: &R,
     limits: Limits,
     before: &FpSet,
-    (env, scratch): &mut (ExploreEnv, Option<M>),
-    s: &M,
-    alt: bool,
-) -> Expanded<M::Action> {
+    w: &mut Worker<M>,
+    (id, alt, s): (u32, bool, &M),
+) -> Expanded<M> {
     let mut x = Expanded {
+        id,
+        alt,
         result: Expansion::Next(Vec::new()),
         transitions: 0,
         reduced: false,
@@ -76,28 +100,37 @@ fn expand<M: Model, R: Reduction<M>>(
     }
     let mut out = Vec::new();
     // Apply one action (to the state or an image of it); a violation ends the expansion.
-    let mut step = |src: &M,
-                    a: M::Action,
-                    image: Option<(M::Action, u32)>,
-                    out: &mut Vec<Succ<M::Action>>,
-                    x: &mut Expanded<M::Action>| {
-        let t = copy_into(scratch, src);
-        let o = t.apply(a, env);
-        x.transitions += 1;
-        let orders = env.take_orders();
+    let mut step = |src: &M, a: M::Action, image: bool, out: &mut Vec<Succ<M>>, n: &mut u64| {
+        let t: &mut M = match &mut w.scratch {
+            Some(t) => {
+                M::clone_from(t, src);
+                t
+            }
+            None => w.scratch.insert(Box::new(src.clone())),
+        };
+        let o = t.apply(a, &mut w.env);
+        *n += 1;
+        let orders = w.env.take_orders();
         if let Some(v) = o.violation.or_else(|| t.check_state()) {
-            return Err(Expansion::Violation(vec![a], v, alt || image.is_some()));
+            return Err(Expansion::Violation(vec![a], v, alt || image));
         }
-        let fp = red.fingerprint(&t);
+        let fp = red.fingerprint(t);
         if !before.contains(&fp) {
+            let state = if w.seen.insert(fp) {
+                w.scratch.take()
+            } else {
+                None
+            };
             out.push(Succ {
                 action: a,
                 image,
                 fp,
+                state,
             });
         }
         Ok(orders)
     };
+    let n = &mut x.transitions;
     let actions: Vec<M::Action> = match limits
         .por
         .then(|| red.persistent_singleton(s, &enabled))
@@ -105,7 +138,7 @@ fn expand<M: Model, R: Reduction<M>>(
     {
         Some(a) => {
             let mut probe = Vec::new();
-            if let Err(v) = step(s, a, None, &mut probe, &mut x) {
+            if let Err(v) = step(s, a, false, &mut probe, n) {
                 x.result = v;
                 return x;
             }
@@ -120,10 +153,10 @@ fn expand<M: Model, R: Reduction<M>>(
         None => enabled,
     };
     for a in actions {
-        match step(s, a, None, &mut out, &mut x) {
+        match step(s, a, false, &mut out, n) {
             Ok(orders) if !orders.is_empty() => {
-                for (k, (is, ia)) in red.images(s, a, &orders).into_iter().enumerate() {
-                    if let Err(v) = step(&is, ia, Some((a, k as u32)), &mut out, &mut x) {
+                for (is, ia) in red.images(s, a, &orders) {
+                    if let Err(v) = step(&is, ia, true, &mut out, n) {
                         x.result = v;
                         return x;
                     }
@@ -138,33 +171,6 @@ fn expand<M: Model, R: Reduction<M>>(
     }
     x.result = Expansion::Next(out);
     x
-}
-
-/// Rebuild a successor [`expand`] found (the same steps, so the same state).
-fn rebuild<M: Model, R: Reduction<M>>(
-    red: &R,
-    env: &mut ExploreEnv,
-    s: &M,
-    succ: Succ<M::Action>,
-) -> M {
-    let (src, a) = match succ.image {
-        None => (s.clone(), succ.action),
-        Some((orig, k)) => {
-            let mut t = s.clone();
-            t.apply(orig, env);
-            let orders = env.take_orders();
-            let (is, ia) = red
-                .images(s, orig, &orders)
-                .into_iter()
-                .nth(k as usize)
-                .expect("the same images as when expanded");
-            (is, ia)
-        }
-    };
-    let mut t = src;
-    t.apply(a, env);
-    env.take_orders();
-    t
 }
 
 /// Explore level by level on `threads` worker threads; see the module documentation.
@@ -220,7 +226,12 @@ where
 type Ending<A> = (Verdict, Option<Violation>, Vec<A>, bool);
 
 /// A level: state id, whether its path passes through an image, the state.
-type Level<M> = Vec<(u32, bool, M)>;
+type Level<M> = Vec<(u32, bool, Box<M>)>;
+
+/// The smallest piece of a level a worker expands with one [`Worker`]: large enough that the
+/// duplicates among a piece's successors (the same state reached along two orders of
+/// independent steps, usually from neighbouring parents) are found in the piece and not kept.
+const MIN_PIECE: usize = 1 << 10;
 
 /// The search's tables and counters.
 struct Levels<'r, M: Model, R> {
@@ -259,7 +270,7 @@ where
         if let Some(v) = init.check_state() {
             return (Verdict::Violation, Some(v), vec![], false);
         }
-        let mut level: Level<M> = vec![(0, false, init.clone())];
+        let mut level: Level<M> = vec![(0, false, Box::new(init.clone()))];
         let mut progress = ProgressLine::new();
         while !level.is_empty() {
             progress.show(self.visited.len(), level.len(), self.depth);
@@ -267,16 +278,10 @@ where
                 return (Verdict::BoundReached, None, vec![], false);
             }
             self.peak = self.peak.max(level.len());
-            let next = match self.next_level(&level, pool) {
+            level = match self.next_level(level, pool) {
                 Ok(next) => next,
                 Err(ending) => return ending,
             };
-            // Freed on the workers too: most states were allocated there.
-            pool.install(|| {
-                std::mem::replace(&mut level, next)
-                    .into_par_iter()
-                    .for_each(drop)
-            });
             if !level.is_empty() {
                 self.depth += 1;
             }
@@ -284,64 +289,68 @@ where
         (Verdict::Verified, None, vec![], false)
     }
 
-    /// Expand `level` on the pool, merge its successors in the level's order (the first
-    /// parent of each new state wins), and rebuild the new states: the next level — or how
+    /// Expand `level` on the pool (freeing each state once expanded), merge its successors in
+    /// the level's order (the first parent of each new state wins): the next level — or how
     /// the search ends.
     fn next_level(
         &mut self,
-        level: &Level<M>,
+        level: Level<M>,
         pool: &rayon::ThreadPool,
     ) -> Result<Level<M>, Ending<M::Action>> {
         let (red, limits, before) = (self.red, self.limits, &self.visited);
-        let expanded: Vec<Expanded<M::Action>> = pool.install(|| {
+        let mut expanded: Vec<Expanded<M>> = pool.install(|| {
             level
-                .par_iter()
-                .map_init(Default::default, |w, (_, alt, s)| {
-                    expand(red, limits, before, w, s, *alt)
+                .into_par_iter()
+                .with_min_len(MIN_PIECE)
+                .map_init(Worker::new, |w, (id, alt, s)| {
+                    expand(red, limits, before, w, (id, alt, &s))
                 })
                 .collect()
         });
-        let mut winners: Vec<(usize, Succ<M::Action>)> = Vec::new();
-        for (i, x) in expanded.into_iter().enumerate() {
+        let mut next: Level<M> = Vec::new();
+        let mut losers: Vec<Box<M>> = Vec::new();
+        let mut ending = None;
+        'merge: for x in expanded.iter_mut() {
             self.transitions += x.transitions;
             self.reduced += u64::from(x.reduced);
-            match x.result {
+            match &mut x.result {
                 Expansion::Violation(tail, v, approximate) => {
-                    let mut p = path_to(&self.parents, level[i].0);
-                    p.extend(tail);
-                    return Err((Verdict::Violation, Some(v), p, approximate));
+                    let mut p = path_to(&self.parents, x.id);
+                    p.append(tail);
+                    ending = Some((Verdict::Violation, Some(v.clone()), p, *approximate));
+                    break 'merge;
                 }
                 Expansion::Next(succ) => {
-                    for sx in succ {
+                    for sx in succ.drain(..) {
                         if !self.visited.insert(sx.fp) {
+                            losers.extend(sx.state);
                             continue;
                         }
                         if self.visited.len() as u64 > limits.max_states {
                             self.over = true;
-                            return Err((Verdict::BoundReached, None, vec![], false));
+                            ending = Some((Verdict::BoundReached, None, vec![], false));
+                            break 'merge;
                         }
-                        winners.push((i, sx));
+                        let id = self.parents.len() as u32;
+                        self.parents.push((x.id, sx.action));
+                        let alt = x.alt || sx.image;
+                        self.images += u64::from(alt);
+                        let state = sx.state.expect("the first of its fingerprint in its piece");
+                        next.push((id, alt, state));
                     }
                 }
             }
         }
-        // The next level is built in place on the workers (ids follow the winners' order):
-        // one copy of each state, not one more to move it into the level.
-        let base = self.parents.len() as u32;
-        let next: Level<M> = pool.install(|| {
-            winners
-                .par_iter()
-                .enumerate()
-                .map_init(ExploreEnv::default, |env, (k, &(i, sx))| {
-                    let alt = level[i].1 || sx.image.is_some();
-                    (base + k as u32, alt, rebuild(red, env, &level[i].2, sx))
-                })
-                .collect()
+        // The states not taken are freed on the workers (most were allocated there).
+        pool.install(|| {
+            rayon::join(
+                || losers.into_par_iter().for_each(drop),
+                || expanded.into_par_iter().for_each(drop),
+            )
         });
-        self.transitions += winners.len() as u64;
-        self.images += next.iter().filter(|(_, alt, _)| *alt).count() as u64;
-        self.parents
-            .extend(winners.iter().map(|&(i, sx)| (level[i].0, sx.action)));
-        Ok(next)
+        match ending {
+            Some(e) => Err(e),
+            None => Ok(next),
+        }
     }
 }
