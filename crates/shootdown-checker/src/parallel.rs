@@ -61,7 +61,14 @@ struct Worker<M> {
     scratch: Option<Box<M>>,
     /// Fingerprints of the successors kept in this piece so far.
     seen: FpSet,
+    /// States of the piece already expanded, whose allocations the next kept successors
+    /// reuse (`clone_from`) instead of allocating afresh.
+    spare: Vec<Box<M>>,
 }
+
+/// Expanded states a worker holds on to as [`Worker::spare`]s (about one successor per state
+/// is kept: a few spares cover the states that keep several).
+const SPARES: usize = 4;
 
 impl<M> Worker<M> {
     fn new() -> Self {
@@ -69,6 +76,7 @@ impl<M> Worker<M> {
             env: ExploreEnv::default(),
             scratch: None,
             seen: FpSet::default(),
+            spare: Vec::new(),
         }
     }
 }
@@ -106,7 +114,13 @@ fn expand<M: Model, R: Reduction<M>>(
                 M::clone_from(t, src);
                 t
             }
-            None => w.scratch.insert(Box::new(src.clone())),
+            None => match w.spare.pop() {
+                Some(mut t) => {
+                    M::clone_from(&mut t, src);
+                    w.scratch.insert(t)
+                }
+                None => w.scratch.insert(Box::new(src.clone())),
+            },
         };
         let o = t.apply(a, &mut w.env);
         *n += 1;
@@ -303,7 +317,11 @@ where
                 .into_par_iter()
                 .with_min_len(MIN_PIECE)
                 .map_init(Worker::new, |w, (id, alt, s)| {
-                    expand(red, limits, before, w, (id, alt, &s))
+                    let x = expand(red, limits, before, w, (id, alt, &s));
+                    if w.spare.len() < SPARES {
+                        w.spare.push(s);
+                    }
+                    x
                 })
                 .collect()
         });
