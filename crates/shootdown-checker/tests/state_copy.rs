@@ -74,14 +74,21 @@ fn clone_from_copies_every_scenario_state_exactly() {
 /// The fields fingerprints leave out are those of the initial state.
 fn assert_fixed_alike(init: &Machine, m: &Machine, path: &std::path::Path) {
     let p = path.display();
-    assert!(m.opts == init.opts && m.topo == init.topo, "{p}: options or topology changed");
+    assert!(
+        m.opts == init.opts && m.topo == init.topo,
+        "{p}: options or topology changed"
+    );
     assert_eq!(
         (m.pcid_hw, m.pti, m.invpcid, m.memory_model),
         (init.pcid_hw, init.pti, init.invpcid, init.memory_model),
         "{p}"
     );
     for (a, b) in init.tasks.iter().zip(&m.tasks) {
-        assert!(a.name == b.name && a.program == b.program, "{p}: task {}", a.name);
+        assert!(
+            a.name == b.name && a.program == b.program,
+            "{p}: task {}",
+            a.name
+        );
     }
     for (a, b) in init.mms.iter().zip(&m.mms) {
         assert_eq!(a.name, b.name, "{p}");
@@ -89,7 +96,11 @@ fn assert_fixed_alike(init: &Machine, m: &Machine, path: &std::path::Path) {
     if let (Some(a), Some(b)) = (&init.host, &m.host) {
         assert!(a.cfg == b.cfg, "{p}: host configuration changed");
         for (x, y) in a.threads.iter().zip(&b.threads) {
-            assert!(x.name == y.name && x.program == y.program, "{p}: {}", x.name);
+            assert!(
+                x.name == y.name && x.program == y.program,
+                "{p}: {}",
+                x.name
+            );
         }
     }
 }
