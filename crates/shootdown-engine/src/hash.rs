@@ -23,3 +23,13 @@ macro_rules! hash_by_fields {
         }
     };
 }
+
+/// The usual declaration of a state struct: [`clone_by_fields!`](crate::clone_by_fields) over
+/// every field and [`hash_by_fields!`] over the hashed ones, from one list.
+#[macro_export]
+macro_rules! state_fields {
+    ($ty:ident { $($f:ident),* $(,)? } fixed { $($x:ident),* $(,)? }) => {
+        $crate::clone_by_fields!($ty { $($f,)* $($x,)* });
+        $crate::hash_by_fields!($ty { $($f,)* } fixed { $($x,)* });
+    };
+}

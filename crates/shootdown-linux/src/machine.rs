@@ -82,33 +82,7 @@ pub struct Machine {
     pub perf: Unhashed<Perf>,
 }
 
-shootdown_engine::clone_by_fields!(Machine {
-    opts,
-    topo,
-    pcid_hw,
-    pti,
-    invpcid,
-    memory_model,
-    cpus,
-    tasks,
-    mms,
-    pt_pages,
-    ept,
-    oracle,
-    csd_locked,
-    flush_info,
-    spec_pages,
-    dax_files,
-    dax_index,
-    fileio,
-    next_pfn,
-    host,
-    guest_words,
-    guest_word_pages,
-    perf,
-});
-
-shootdown_engine::hash_by_fields!(Machine {
+shootdown_engine::state_fields!(Machine {
     cpus,
     tasks,
     mms,

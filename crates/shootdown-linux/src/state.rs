@@ -52,21 +52,7 @@ pub struct Mm {
     pub name: String,
 }
 
-shootdown_engine::clone_by_fields!(Mm {
-    ctx_id,
-    tlb_gen,
-    cpumask,
-    space,
-    mmap_sem,
-    tables_to_free,
-    next_trim_ns,
-    tlb_flush_pending,
-    tlb_flush_batched,
-    ptl_held,
-    name,
-});
-
-shootdown_engine::hash_by_fields!(Mm {
+shootdown_engine::state_fields!(Mm {
     ctx_id,
     tlb_gen,
     cpumask,
@@ -560,7 +546,7 @@ shootdown_engine::clone_by_fields!(Task {
 
 /// Hashed with its scalar fields packed into one run of words (every task is in every
 /// fingerprint: six writes instead of fourteen for a task without frames). The program and
-/// name are fixed for a run and left out, as `hash_by_fields!` leaves them out elsewhere.
+/// name are fixed for a run and left out, as `state_fields!` leaves them out elsewhere.
 impl std::hash::Hash for Task {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
         let Task {

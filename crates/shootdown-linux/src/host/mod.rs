@@ -62,17 +62,7 @@ pub struct Host {
     pub kick_csd: BTreeSet<(u32, u32)>,
 }
 
-shootdown_engine::clone_by_fields!(Host {
-    cfg,
-    vcpus,
-    pcpus,
-    steal_preempted,
-    kvms,
-    threads,
-    kick_csd,
-});
-
-shootdown_engine::hash_by_fields!(Host {
+shootdown_engine::state_fields!(Host {
     vcpus,
     pcpus,
     steal_preempted,

@@ -71,20 +71,7 @@ pub struct HostThread {
     pub done: bool,
 }
 
-shootdown_engine::clone_by_fields!(HostThread {
-    name,
-    vm,
-    pcpu,
-    stack,
-    program,
-    pc,
-    loop_left,
-    sb,
-    srcu,
-    done,
-});
-
-shootdown_engine::hash_by_fields!(HostThread {
+shootdown_engine::state_fields!(HostThread {
     vm,
     pcpu,
     stack,
