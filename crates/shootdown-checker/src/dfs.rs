@@ -57,7 +57,7 @@ impl<M: Model, R: Reduction<M>> Search<'_, M, R> {
     /// Apply `a` to a copy of `s` in `self.scratch`: its fingerprint and the CPU orders the
     /// step fixed, or the violation it reports.
     fn successor(&mut self, s: &M, a: M::Action) -> Result<(u128, Vec<Vec<usize>>), Violation> {
-        let t = copy_into(&mut self.scratch, s);
+        let t = copy_into(&mut self.scratch, s, || None);
         let out = t.apply(a, &mut self.env);
         self.transitions += 1;
         let orders = self.env.take_orders();

@@ -15,6 +15,7 @@
 //! see `lib.rs`).
 
 use shootdown_engine::{Env, Model, Violation};
+use std::borrow::BorrowMut;
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::time::Instant;
@@ -197,17 +198,25 @@ pub struct Exploration<A> {
     pub approximate: bool,
 }
 
-/// Copy `src` into the reusable state `scratch` and return it: its vectors keep their
-/// allocations (`clone_from`), so a successor that turns out to be visited, most of them,
-/// costs no allocation at all.
-pub(crate) fn copy_into<'a, M: Clone>(scratch: &'a mut Option<M>, src: &M) -> &'a mut M {
-    match scratch {
-        Some(t) => {
-            t.clone_from(src);
-            t
-        }
-        None => scratch.insert(src.clone()),
-    }
+/// Copy `src` into the reusable state `scratch` (a state, or a box of one) and return it: its
+/// vectors keep their allocations (`clone_from`), so a successor that turns out to be visited,
+/// most of them, costs no allocation at all. An empty `scratch` is refilled from `spare` if it
+/// gives a state to copy into, else with a fresh clone.
+pub(crate) fn copy_into<'a, M: Clone, B: BorrowMut<M> + From<M>>(
+    scratch: &'a mut Option<B>,
+    src: &M,
+    spare: impl FnOnce() -> Option<B>,
+) -> &'a mut M {
+    let t = match scratch {
+        Some(t) => t,
+        None => match spare() {
+            Some(t) => scratch.insert(t),
+            None => return scratch.insert(B::from(src.clone())).borrow_mut(),
+        },
+    };
+    let t = t.borrow_mut();
+    t.clone_from(src);
+    t
 }
 
 /// The violation reported when no action is enabled and the model is not finished.
@@ -386,7 +395,7 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
         s: &M,
         a: M::Action,
     ) -> Result<Successor, Stop<M::Action>> {
-        let t = copy_into(&mut self.scratch, s);
+        let t = copy_into(&mut self.scratch, s, || None);
         let out = t.apply(a, &mut self.env);
         self.transitions += 1;
         let orders = self.env.take_orders();

@@ -9,8 +9,9 @@
 //! in order, and keeps a successor's state only if no earlier successor of the same piece had
 //! its fingerprint — the merge's winner is the first occurrence in the level, so it is always
 //! one of those. The rest, most successors, are dropped at once (built in one reused state,
-//! as [`crate::explore`] does). A parent is freed as soon as it is expanded, so the finished level shrinks
-//! while the next one grows.
+//! as [`crate::explore`] does). A parent is freed as soon as it is expanded, so the finished
+//! level shrinks while the next one grows; the last few freed become the boxes kept successors
+//! are built in.
 //!
 //! The one difference from [`crate::explore`]: partial-order reduction's proviso (expand a
 //! persistent singleton only if its successor is new) asks whether the successor was visited
@@ -21,7 +22,8 @@
 //! with POR (they are equal without it).
 
 use crate::explore::{
-    deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction, Verdict,
+    copy_into, deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction,
+    Verdict,
 };
 use rayon::prelude::*;
 use shootdown_engine::{Model, Violation};
@@ -109,19 +111,7 @@ fn expand<M: Model, R: Reduction<M>>(
     let mut out = Vec::new();
     // Apply one action (to the state or an image of it); a violation ends the expansion.
     let mut step = |src: &M, a: M::Action, image: bool, out: &mut Vec<Succ<M>>, n: &mut u64| {
-        let t: &mut M = match &mut w.scratch {
-            Some(t) => {
-                M::clone_from(t, src);
-                t
-            }
-            None => match w.spare.pop() {
-                Some(mut t) => {
-                    M::clone_from(&mut t, src);
-                    w.scratch.insert(t)
-                }
-                None => w.scratch.insert(Box::new(src.clone())),
-            },
-        };
+        let t = copy_into(&mut w.scratch, src, || w.spare.pop());
         let o = t.apply(a, &mut w.env);
         *n += 1;
         let orders = w.env.take_orders();
