@@ -65,11 +65,29 @@ impl Default for Limits {
     }
 }
 
+/// A queue entry: an agent's time in the high 64 bits, the agent in the low ones, so that one
+/// 128-bit comparison orders entries by time, then agent (a branch-free compare in the heap's
+/// sift-down, which the tuple's two-field comparison was not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry(u128);
+
+impl Entry {
+    fn new(at: Time, agent: AgentId) -> Self {
+        Entry((at.0 as u128) << 64 | agent as u128)
+    }
+    fn time(self) -> Time {
+        Time((self.0 >> 64) as u64)
+    }
+    fn agent(self) -> AgentId {
+        self.0 as u64 as AgentId
+    }
+}
+
 /// The discrete-event driver. Holds only scheduling state; the model holds everything else.
 pub struct TimedDriver {
     clocks: Vec<Time>,
     state: Vec<AgentState>,
-    queue: BinaryHeap<Reverse<(Time, AgentId)>>,
+    queue: BinaryHeap<Reverse<Entry>>,
     spinners: Vec<AgentId>,
     /// Agents spinning on a specific key.
     keyed: BTreeMap<u64, Vec<AgentId>>,
@@ -156,7 +174,7 @@ impl TimedDriver {
     pub fn new(agents: usize, seed: u64, stream: u64) -> Self {
         let mut queue = BinaryHeap::with_capacity(agents * 2);
         for a in 0..agents {
-            queue.push(Reverse((Time::ZERO, a)));
+            queue.push(Reverse(Entry::new(Time::ZERO, a)));
         }
         TimedDriver {
             clocks: vec![Time::ZERO; agents],
@@ -260,11 +278,11 @@ impl TimedDriver {
 
     /// Mark `agent` runnable at `at` (not before its own clock), with no spin deadline: the
     /// queue entry it needs.
-    fn make_runnable(&mut self, agent: AgentId, at: Time) -> Reverse<(Time, AgentId)> {
+    fn make_runnable(&mut self, agent: AgentId, at: Time) -> Reverse<Entry> {
         self.spin_deadline[agent] = None;
         let at = at.max(self.clocks[agent]);
         self.state[agent] = AgentState::Scheduled(at);
-        Reverse((at, agent))
+        Reverse(Entry::new(at, agent))
     }
 
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
@@ -282,9 +300,10 @@ impl TimedDriver {
             }
             // The earliest entry stays in the queue while its step runs: an agent that goes on
             // running replaces it in place (one sift-down instead of a pop and a push).
-            let Some(&Reverse((t, agent))) = self.queue.peek() else {
+            let Some(&Reverse(e)) = self.queue.peek() else {
                 break Stop::Deadlock;
             };
+            let (t, agent) = (e.time(), e.agent());
             if self.state[agent] == AgentState::Spinning && self.spin_deadline[agent] == Some(t) {
                 // A spinner's deadline: it stops waiting for notifications and runs now.
                 self.queue.pop();
@@ -360,7 +379,7 @@ impl TimedDriver {
                 if self.state[a] == AgentState::Spinning {
                     if self.spin_deadline[a].map_or(true, |d| at < d) {
                         self.spin_deadline[a] = Some(at);
-                        self.queue.push(Reverse((at, a)));
+                        self.queue.push(Reverse(Entry::new(at, a)));
                     }
                 } else {
                     self.schedule(a, at);
