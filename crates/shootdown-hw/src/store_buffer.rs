@@ -40,6 +40,10 @@ impl<L: Copy + Eq> StoreBuffer<L> {
             .find(|(l, _)| *l == loc)
             .map(|(_, v)| *v)
     }
+    /// The buffered stores, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &(L, u64)> {
+        self.pending.iter()
+    }
     /// The oldest store, which is the next to reach memory.
     pub fn pop_oldest(&mut self) -> Option<(L, u64)> {
         self.pending.pop_front()

@@ -434,6 +434,19 @@ impl Machine {
         self.raw_read(loc)
     }
 
+    /// A load of `loc` whose line `cpu` read earlier in this same step: an L1 hit. That read
+    /// left `cpu` owning or sharing the line, and no other agent runs within a step, so the
+    /// directory would answer a hit and change nothing; it is not asked.
+    pub(crate) fn load_hit<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
+        if env.timed() {
+            env.charge(self.perf.profile.costs.l1_hit);
+        }
+        if let Some(v) = self.sb(cpu).forward(loc) {
+            return v;
+        }
+        self.raw_read(loc)
+    }
+
     /// A load that is one of a loop of independent loads (`for_each_cpu(...) cond_func(cpu)`):
     /// the core overlaps up to `mlp` such misses, so each pays its transfer / `mlp`.
     pub(crate) fn load_overlapped<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {

@@ -273,6 +273,11 @@ impl Machine {
     /// Read `mm_cpumask(mm)` (one step, bit by bit through the memory model) minus `cpu`;
     /// also whether `cpu`'s own bit is set. The remote CPUs come in CPU-id order, the order
     /// `for_each_cpu` visits them later, and the environment is told (`Env::cpu_order`).
+    ///
+    /// The walk goes a word of 64 CPUs at a time, as `for_each_cpu`'s `find_next_bit` does:
+    /// only set bits (in memory or in `cpu`'s store buffer) are loaded. The first load of
+    /// each 512-bit line asks the cache directory; the line's other bits are then L1 hits,
+    /// which is what the directory would answer ([`Machine::load_hit`]).
     pub(crate) fn read_cpumask_others<E: Env>(
         &mut self,
         cpu: CpuId,
@@ -281,21 +286,40 @@ impl Machine {
     ) -> (Vec<CpuId>, bool) {
         let mut others = Vec::new();
         let mut me = false;
-        for c in 0..self.cpus.len() {
-            // Bits set in memory or in our own store buffer.
-            let set = self.mms[mm as usize].cpumask_test(c)
-                || self.cpus[cpu]
-                    .sb
-                    .forward(Loc::CpumaskBit(mm, c as u32))
-                    .is_some();
-            if !set {
-                continue;
+        // Bits with a store buffered by `cpu` (whatever its value) are loaded too.
+        let mut buffered = Vec::new();
+        for &(loc, _) in self.cpus[cpu].sb.iter() {
+            if let Loc::CpumaskBit(m, c) = loc {
+                if m == mm {
+                    buffered.push(c as usize);
+                }
             }
-            if self.load(env, cpu, Loc::CpumaskBit(mm, c as u32)) != 0 {
-                if c == cpu {
-                    me = true;
+        }
+        let mut line = None;
+        for w in 0..self.mms[mm as usize].cpumask.len() {
+            let mut bits = self.mms[mm as usize].cpumask[w];
+            for &c in &buffered {
+                if c / 64 == w {
+                    bits |= 1 << (c % 64);
+                }
+            }
+            while bits != 0 {
+                let c = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let loc = Loc::CpumaskBit(mm, c as u32);
+                let l = crate::mem::line_of(self, loc);
+                let v = if line == Some(l) {
+                    self.load_hit(env, cpu, loc)
                 } else {
-                    others.push(c);
+                    line = Some(l);
+                    self.load(env, cpu, loc)
+                };
+                if v != 0 {
+                    if c == cpu {
+                        me = true;
+                    } else {
+                        others.push(c);
+                    }
                 }
             }
         }
