@@ -6,7 +6,9 @@
 //!   fingerprint, and stepping alike (each state is copied into one buffer that last held
 //!   another state, of another scenario, size or memory model);
 //! * fingerprints leave out the fields `hash_by_fields!` declares fixed for a run (options,
-//!   topology, programs, names, host configuration): no step may change them.
+//!   topology, programs, names, host configuration): no step may change them;
+//! * components remember their digests (`HashCached`): after every step, of the walked state
+//!   and of its copy, the fingerprint from remembered digests is the one computed afresh.
 mod common;
 use common::*;
 use shootdown_checker::explore::{fingerprint, ExploreEnv};
@@ -63,12 +65,27 @@ fn clone_from_copies_every_scenario_state_exactly() {
                 );
                 assert_eq!(copy.finished(), m.finished());
                 assert_fixed_alike(&init, &m, path);
+                assert_digests_fresh(&m, path);
+                assert_digests_fresh(copy, path);
                 if o1.violation.is_some() {
                     break;
                 }
             }
         }
     }
+}
+
+/// The fingerprint from the components' remembered digests is the fingerprint afresh.
+fn assert_digests_fresh(m: &Machine, path: &std::path::Path) {
+    let remembered = fingerprint(m);
+    let mut fresh = m.clone();
+    fresh.forget_digests();
+    assert_eq!(
+        remembered,
+        fingerprint(&fresh),
+        "{}: a remembered digest is stale",
+        path.display()
+    );
 }
 
 /// The fields fingerprints leave out are those of the initial state.

@@ -14,6 +14,7 @@
 //! no-ops or fixed choices, so a protocol's behaviour never depends on the driver.
 
 pub mod clone;
+pub mod digest;
 pub mod hash;
 pub mod model;
 pub mod profile;
@@ -23,6 +24,7 @@ pub mod timed;
 pub mod trace;
 pub mod unhashed;
 
+pub use digest::{digest, HashCached};
 pub use model::{Env, Model, Outcome, Park, StepKind, Violation};
 pub use rng::DetRng;
 pub use time::Time;

@@ -21,7 +21,9 @@ use crate::mem::MemoryModel;
 use crate::options::Options;
 use crate::perf::Perf;
 use crate::state::*;
-use shootdown_engine::{Env, Model, Outcome, Park, StepKind, Time, Unhashed, Violation};
+use shootdown_engine::{
+    Env, HashCached, Model, Outcome, Park, StepKind, Time, Unhashed, Violation,
+};
 use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
 use shootdown_hw::tlb::Tlb;
@@ -53,9 +55,11 @@ pub struct Machine {
     pub pti: bool,
     pub invpcid: bool,
     pub memory_model: MemoryModel,
-    pub cpus: Vec<Cpu>,
-    pub tasks: Vec<Task>,
-    pub mms: Vec<Mm>,
+    /// CPUs, tasks and mms (and the host's vCPUs) remember their fingerprint digests
+    /// ([`HashCached`]): a successor the explorer builds rehashes only those its step changed.
+    pub cpus: Vec<HashCached<Cpu>>,
+    pub tasks: Vec<HashCached<Task>>,
+    pub mms: Vec<HashCached<Mm>>,
     pub pt_pages: PtPages,
     /// EPT page-table memory of every VM with a KVM MMU.
     pub ept: shootdown_hw::ept::EptMemory,
@@ -110,6 +114,17 @@ shootdown_engine::state_fields!(Machine {
 });
 
 impl Machine {
+    /// Forget every remembered component digest ([`HashCached`]), so that the next
+    /// fingerprint is computed from scratch (tests compare it with the remembered one).
+    pub fn forget_digests(&mut self) {
+        self.cpus.iter_mut().for_each(HashCached::forget);
+        self.tasks.iter_mut().for_each(HashCached::forget);
+        self.mms.iter_mut().for_each(HashCached::forget);
+        if let Some(h) = &mut self.host {
+            h.vcpus.iter_mut().for_each(HashCached::forget);
+        }
+    }
+
     /// A machine with every CPU idle in init_mm.
     pub fn new(
         topo: Topology,
@@ -139,7 +154,7 @@ impl Machine {
             memory_model,
             cpus: Vec::with_capacity(n),
             tasks: Vec::new(),
-            mms: vec![Mm::new(0, n, "init_mm".into())],
+            mms: vec![Mm::new(0, n, "init_mm".into()).into()],
             pt_pages: PtPages::default(),
             ept: Default::default(),
             oracle: Oracle::new(1),
@@ -158,7 +173,7 @@ impl Machine {
         };
         for c in 0..n {
             let idle = m.tasks.len() as TaskId;
-            m.tasks.push(Task {
+            m.tasks.push(HashCached::new(Task {
                 name: format!("swapper/{c}"),
                 mm: None,
                 state: TaskState::Running,
@@ -173,8 +188,8 @@ impl Machine {
                 fsync_file: None,
                 cpus: Vec::new(),
                 on_cpu: true,
-            });
-            m.cpus.push(Cpu {
+            }));
+            m.cpus.push(HashCached::new(Cpu {
                 tlb: Tlb::new(profile.features.tlb_entries, profile.features.psc_entries),
                 cr3_mm: INIT_MM,
                 cr3_pcid: 0,
@@ -189,7 +204,7 @@ impl Machine {
                 need_resched: false,
                 sb: Default::default(),
                 halted: false,
-            });
+            }));
         }
         m
     }

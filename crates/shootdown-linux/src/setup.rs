@@ -7,6 +7,7 @@ use crate::kvm::mmu::fault::FaultTarget;
 use crate::kvm::{mode, Kvm, VcpuRun, VcpuRunPc};
 use crate::machine::Machine;
 use crate::state::*;
+use shootdown_engine::HashCached;
 use shootdown_hw::pagetable::{Pte, Vpn};
 use shootdown_hw::CpuId;
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +30,7 @@ impl Machine {
     pub fn add_mm(&mut self, name: &str) -> MmId {
         let id = self.mms.len() as MmId;
         self.mms
-            .push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()));
+            .push(Mm::new(id as u64 + 1, self.cpus.len(), name.to_string()).into());
         self.oracle.add_mm();
         id
     }
@@ -54,7 +55,7 @@ impl Machine {
         program: Vec<UserOp>,
     ) -> TaskId {
         let id = self.tasks.len() as TaskId;
-        self.tasks.push(Task {
+        self.tasks.push(HashCached::new(Task {
             name: name.to_string(),
             mm,
             state: TaskState::Runnable,
@@ -69,7 +70,7 @@ impl Machine {
             fsync_file: None,
             cpus: vec![cpu],
             on_cpu: false,
-        });
+        }));
         self.cpus[cpu].runqueue.push_back(id);
         self.cpus[cpu].need_resched = true;
         self.perf.user_tasks_alive += 1;

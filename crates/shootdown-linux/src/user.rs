@@ -556,7 +556,7 @@ impl Machine {
             | UserOp::GuestSpinUnlock { .. }
             | UserOp::Rendezvous { .. } => return self.boot_op_step(cpu, t, op, env),
             UserOp::Loop { to, times } => {
-                let task = &mut self.tasks[t];
+                let task: &mut Task = &mut self.tasks[t];
                 take_loop(&mut task.pc, &mut task.loop_left, to, times);
             }
             UserOp::Exit => {

@@ -49,7 +49,7 @@ shootdown_engine::clone_by_fields!(Pcpu { curr, rq });
 #[derive(Debug, PartialEq, Eq)]
 pub struct Host {
     pub cfg: HostConfig,
-    pub vcpus: Vec<Vcpu>,
+    pub vcpus: Vec<shootdown_engine::HashCached<Vcpu>>,
     pub pcpus: Vec<Pcpu>,
     /// Guest memory: `struct kvm_steal_time.preempted` of each vCPU (`Loc::Preempted`).
     pub steal_preempted: Vec<u8>,
@@ -140,7 +140,7 @@ impl Host {
                 h.steal_preempted[v] = KVM_VCPU_PREEMPTED as u8;
                 h.pcpus[p].rq.push_back(v as u32);
             }
-            h.vcpus.push(vc);
+            h.vcpus.push(vc.into());
         }
         h
     }
