@@ -428,6 +428,12 @@ impl Machine {
     pub(crate) fn load<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
         let line = line_of(self, loc);
         self.touch_line(env, cpu, line, false);
+        self.value_seen_by(cpu, loc)
+    }
+
+    /// The value `cpu` reads at `loc`: its newest buffered store to it (store forwarding),
+    /// else memory.
+    fn value_seen_by(&self, cpu: CpuId, loc: Loc) -> u64 {
         if let Some(v) = self.sb(cpu).forward(loc) {
             return v;
         }
@@ -441,10 +447,7 @@ impl Machine {
         if env.timed() {
             env.charge(self.perf.profile.costs.l1_hit);
         }
-        if let Some(v) = self.sb(cpu).forward(loc) {
-            return v;
-        }
-        self.raw_read(loc)
+        self.value_seen_by(cpu, loc)
     }
 
     /// A load that is one of a loop of independent loads (`for_each_cpu(...) cond_func(cpu)`):
@@ -455,10 +458,7 @@ impl Machine {
             let t = self.line_cost(env, cpu, line, false);
             env.charge(Time(t.0 / self.perf.profile.features.mlp.max(1) as u64));
         }
-        if let Some(v) = self.sb(cpu).forward(loc) {
-            return v;
-        }
-        self.raw_read(loc)
+        self.value_seen_by(cpu, loc)
     }
 
     /// `spin_lock` (test-and-test-and-set): `None` if the lock is held (spin on the key), else
