@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_128;
 
 /// 128-bit XXH3 digest of `x`'s `Hash` writes.
@@ -56,11 +56,11 @@ impl Hasher for Bytes<'_> {
 #[derive(Default)]
 pub struct HashCached<T> {
     value: T,
-    /// The digest, valid when `known` (atomics: states are shared between the explorer's
-    /// threads, and two of them may take a digest at once — they store the same value).
+    /// The digest with its lowest bit set, split in two words; `lo == 0` means not known.
+    /// (Atomics: states are shared between the explorer's threads, and two of them may take
+    /// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
     lo: AtomicU64,
     hi: AtomicU64,
-    known: AtomicBool,
 }
 
 impl<T> HashCached<T> {
@@ -69,7 +69,6 @@ impl<T> HashCached<T> {
             value,
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
-            known: AtomicBool::new(false),
         }
     }
 
@@ -79,28 +78,27 @@ impl<T> HashCached<T> {
 
     /// The remembered digest, if any (for tests).
     pub fn remembered(&self) -> Option<u128> {
-        self.known.load(Ordering::Acquire).then(|| {
-            (self.hi.load(Ordering::Relaxed) as u128) << 64
-                | self.lo.load(Ordering::Relaxed) as u128
-        })
+        match self.lo.load(Ordering::Acquire) {
+            0 => None,
+            lo => Some((self.hi.load(Ordering::Relaxed) as u128) << 64 | lo as u128),
+        }
     }
 
     /// Forget the digest (for tests: the next one is computed afresh).
     pub fn forget(&mut self) {
-        *self.known.get_mut() = false;
+        *self.lo.get_mut() = 0;
     }
 }
 
 impl<T: Hash> HashCached<T> {
-    /// The value's digest: remembered, or computed and remembered.
+    /// The value's digest (with its lowest bit set): remembered, or computed and remembered.
     pub fn digest(&self) -> u128 {
         if let Some(d) = self.remembered() {
             return d;
         }
-        let d = digest(&self.value);
-        self.lo.store(d as u64, Ordering::Relaxed);
+        let d = digest(&self.value) | 1;
         self.hi.store((d >> 64) as u64, Ordering::Relaxed);
-        self.known.store(true, Ordering::Release);
+        self.lo.store(d as u64, Ordering::Release);
         d
     }
 }
@@ -122,7 +120,7 @@ impl<T> Deref for HashCached<T> {
 impl<T> DerefMut for HashCached<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        *self.known.get_mut() = false;
+        *self.lo.get_mut() = 0;
         &mut self.value
     }
 }
@@ -149,12 +147,10 @@ impl<T: Clone> Clone for HashCached<T> {
 
 impl<T> HashCached<T> {
     fn copy_digest(&self, source: &Self) {
-        let known = source.known.load(Ordering::Acquire);
-        self.lo
-            .store(source.lo.load(Ordering::Relaxed), Ordering::Relaxed);
+        let lo = source.lo.load(Ordering::Acquire);
         self.hi
             .store(source.hi.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.known.store(known, Ordering::Release);
+        self.lo.store(lo, Ordering::Release);
     }
 }
 
@@ -188,7 +184,7 @@ mod tests {
         assert_eq!(c.remembered(), Some(d));
         c.push(3);
         assert_eq!(c.remembered(), None);
-        assert_eq!(c.digest(), digest(&vec![1u32, 2, 3]));
+        assert_eq!(c.digest(), digest(&vec![1u32, 2, 3]) | 1);
         let copy = c.clone();
         assert_eq!(copy.remembered(), c.remembered());
         let mut other = HashCached::new(vec![9u32]);
@@ -201,7 +197,7 @@ mod tests {
     fn nested_digests_use_their_own_buffers() {
         let inner = vec![HashCached::new(5u64), HashCached::new(6u64)];
         let outer = digest(&inner);
-        let flat = digest(&[digest(&5u64), digest(&6u64)][..]);
+        let flat = digest(&[digest(&5u64) | 1, digest(&6u64) | 1][..]);
         assert_eq!(outer, flat);
     }
 }
