@@ -439,5 +439,39 @@ mod tests {
                 );
             }
         }
+
+        /// What `Machine::load_hit` relies on: once a CPU has read a line, reading it again
+        /// (with no other access in between) is an L1 hit that changes nothing — the prices
+        /// of any accesses after it are those without it.
+        #[test]
+        fn a_line_read_again_by_its_reader_is_a_hit(
+            before in proptest::collection::vec((0usize..20, 0u64..6, proptest::bool::ANY, 0u64..40), 0..100),
+            (cpu, line) in (0usize..20, 0u64..6),
+            again in 1usize..4,
+            after in proptest::collection::vec((0usize..20, 0u64..6, proptest::bool::ANY, 0u64..40), 0..50),
+        ) {
+            let topo = Topology::new(2, 5, 2).unwrap();
+            let p = CostProfile::uniform("t", 10.0, Features::modern());
+            let c = &p.costs;
+            let mut d = LineDirectory::new(topo.nr_cpus()).with_dense(2..5);
+            let mut t = Time::from_ns(1000);
+            for &(cpu, line, write, dt) in &before {
+                t += Time::from_ns(dt);
+                d.access(&topo, c, cpu, line, write, t);
+            }
+            d.access(&topo, c, cpu, line, false, t);
+            let mut without = d.clone();
+            for i in 0..again {
+                let at = t + Time::from_ns(i as u64);
+                proptest::prop_assert_eq!(d.access(&topo, c, cpu, line, false, at), c.l1_hit);
+            }
+            for (cpu, line, write, dt) in after {
+                t += Time::from_ns(dt);
+                proptest::prop_assert_eq!(
+                    d.access(&topo, c, cpu, line, write, t),
+                    without.access(&topo, c, cpu, line, write, t)
+                );
+            }
+        }
     }
 }
