@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// 128-bit XXH3 digest of `x`'s `Hash` writes.
@@ -40,136 +41,142 @@ impl Hasher for Bytes<'_> {
     }
 }
 
-/// A component of a model state (a CPU, a task, an mm) that remembers its [`digest`]: the
-/// state's `Hash` writes the 16-byte digest instead of the component's fields, and computes it
-/// only when the component changed since it was last taken.
+/// A component of a model state (a CPU, a task, an mm) that remembers its [`digest`] and is
+/// shared, copy-on-write, between the states that hold it unchanged: the state's `Hash` writes
+/// the 16-byte digest instead of the component's fields, and computes it only when the
+/// component changed since it was last taken; a copy of the state shares the component
+/// (`Arc`) until one of them changes it.
 ///
-/// Why: the explorer fingerprints every successor it builds, and a step changes one or two
-/// components of a state copied from its parent; the others keep their parent's digests.
-/// Soundness rests on one rule, which the type enforces: the value is reachable mutably only
-/// through `DerefMut`, which forgets the digest. (So a `&mut` borrow that only reads costs a
-/// recomputation, never a stale digest.) `tests/state_copy.rs` checks, on every scenario,
-/// that every remembered digest equals a fresh one.
+/// Why: the explorer copies every state it expands once per successor, and a step changes one
+/// or two components; the others keep their parent's digest and memory. Soundness rests on one
+/// rule, which the type enforces: the value is reachable mutably only through `DerefMut`,
+/// which takes a private copy if the component is shared (`Arc::make_mut`) and forgets its
+/// digest. (So a `&mut` borrow that only reads costs a recomputation, never a stale digest.)
+/// `tests/state_copy.rs` checks, on every scenario, that every remembered digest equals a
+/// fresh one. The price, for the timed driver, which never shares: `make_mut`'s atomic
+/// uniqueness check on every mutable borrow.
 ///
-/// Equality, `Debug` and `Clone` are the value's (a clone keeps the digest, which is the
-/// clone's too).
-#[derive(Default)]
+/// Equality, `Debug` and `Serialize` are the value's.
 pub struct HashCached<T> {
+    inner: Arc<Inner<T>>,
+}
+
+/// The value and its digest with its lowest bit set, split in two words; `lo == 0` means not
+/// known. (Atomics: states are shared between the explorer's threads, and two of them may take
+/// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
+struct Inner<T> {
     value: T,
-    /// The digest with its lowest bit set, split in two words; `lo == 0` means not known.
-    /// (Atomics: states are shared between the explorer's threads, and two of them may take
-    /// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
     lo: AtomicU64,
     hi: AtomicU64,
 }
 
-impl<T> HashCached<T> {
-    pub fn new(value: T) -> Self {
-        HashCached {
-            value,
+/// A private copy for a writer: the value, without the digest it is about to change.
+impl<T: Clone> Clone for Inner<T> {
+    fn clone(&self) -> Self {
+        Inner {
+            value: self.value.clone(),
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
         }
     }
-
-    pub fn into_inner(self) -> T {
-        self.value
-    }
-
-    /// The remembered digest, if any (for tests).
-    pub fn remembered(&self) -> Option<u128> {
-        match self.lo.load(Ordering::Acquire) {
-            0 => None,
-            lo => Some((self.hi.load(Ordering::Relaxed) as u128) << 64 | lo as u128),
-        }
-    }
-
-    /// Forget the digest (for tests: the next one is computed afresh).
-    pub fn forget(&mut self) {
-        *self.lo.get_mut() = 0;
+}
+impl<T: Default> Default for HashCached<T> {
+    fn default() -> Self {
+        HashCached::new(T::default())
     }
 }
-
+impl<T> HashCached<T> {
+    /// A component of its own (shared once the state holding it is copied).
+    pub fn new(value: T) -> Self {
+        HashCached {
+            inner: Arc::new(Inner {
+                value,
+                lo: AtomicU64::new(0),
+                hi: AtomicU64::new(0),
+            }),
+        }
+    }
+    /// The remembered digest, if any (for tests).
+    pub fn remembered(&self) -> Option<u128> {
+        match self.inner.lo.load(Ordering::Acquire) {
+            0 => None,
+            lo => Some((self.inner.hi.load(Ordering::Relaxed) as u128) << 64 | lo as u128),
+        }
+    }
+}
+impl<T: Clone> HashCached<T> {
+    /// Forget the digest (for tests: the next one is computed afresh).
+    pub fn forget(&mut self) {
+        *Arc::make_mut(&mut self.inner).lo.get_mut() = 0;
+    }
+}
 impl<T: Hash> HashCached<T> {
     /// The value's digest (with its lowest bit set): remembered, or computed and remembered.
     pub fn digest(&self) -> u128 {
         if let Some(d) = self.remembered() {
             return d;
         }
-        let d = digest(&self.value) | 1;
-        self.hi.store((d >> 64) as u64, Ordering::Relaxed);
-        self.lo.store(d as u64, Ordering::Release);
+        let d = digest(&self.inner.value) | 1;
+        self.inner.hi.store((d >> 64) as u64, Ordering::Relaxed);
+        self.inner.lo.store(d as u64, Ordering::Release);
         d
     }
 }
-
 impl<T: Hash> Hash for HashCached<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u128(self.digest());
     }
 }
-
 impl<T> Deref for HashCached<T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
-        &self.value
+        &self.inner.value
     }
 }
-
-impl<T> DerefMut for HashCached<T> {
+impl<T: Clone> DerefMut for HashCached<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        *self.lo.get_mut() = 0;
-        &mut self.value
+        let i = Arc::make_mut(&mut self.inner);
+        *i.lo.get_mut() = 0;
+        &mut i.value
     }
 }
-
 impl<T> From<T> for HashCached<T> {
     fn from(value: T) -> Self {
         HashCached::new(value)
     }
 }
-
-/// `clone_from` keeps the destination's allocations (see `clone_by_fields!`) and copies the
-/// digest with the value.
-impl<T: Clone> Clone for HashCached<T> {
+/// A copy shares the component (and its digest); `clone_from` too, dropping the destination's.
+impl<T> Clone for HashCached<T> {
     fn clone(&self) -> Self {
-        let c = HashCached::new(self.value.clone());
-        c.copy_digest(self);
-        c
+        HashCached {
+            inner: self.inner.clone(),
+        }
     }
     fn clone_from(&mut self, source: &Self) {
-        self.value.clone_from(&source.value);
-        self.copy_digest(source);
-    }
-}
-
-impl<T> HashCached<T> {
-    fn copy_digest(&self, source: &Self) {
-        let lo = source.lo.load(Ordering::Acquire);
-        self.hi
-            .store(source.hi.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.lo.store(lo, Ordering::Release);
+        if !Arc::ptr_eq(&self.inner, &source.inner) {
+            self.inner = source.inner.clone();
+        }
     }
 }
 
 impl<T: PartialEq> PartialEq for HashCached<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.value == other.value
+        self.inner.value == other.inner.value
     }
 }
 impl<T: Eq> Eq for HashCached<T> {}
 
 impl<T: std::fmt::Debug> std::fmt::Debug for HashCached<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.value.fmt(f)
+        self.inner.value.fmt(f)
     }
 }
 
 impl<T: serde::Serialize> serde::Serialize for HashCached<T> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.value.serialize(s)
+        self.inner.value.serialize(s)
     }
 }
 
