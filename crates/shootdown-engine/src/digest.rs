@@ -201,6 +201,22 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_shares_until_one_side_writes() {
+        let mut a = HashCached::new(vec![1u32]);
+        let da = a.digest();
+        let mut b = a.clone();
+        assert!(Arc::ptr_eq(&a.inner, &b.inner));
+        b.push(2);
+        assert!(!Arc::ptr_eq(&a.inner, &b.inner));
+        assert_eq!((&*a, &*b), (&vec![1], &vec![1, 2]));
+        assert_eq!(a.remembered(), Some(da), "the other side keeps its digest");
+        assert_eq!(b.remembered(), None);
+        a.push(3); // unique again: written in place
+        assert_eq!(*a, vec![1, 3]);
+        assert_eq!(b.digest(), digest(&vec![1u32, 2]) | 1);
+    }
+
+    #[test]
     fn nested_digests_use_their_own_buffers() {
         let inner = vec![HashCached::new(5u64), HashCached::new(6u64)];
         let outer = digest(&inner);
