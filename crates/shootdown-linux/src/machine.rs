@@ -55,8 +55,9 @@ pub struct Machine {
     pub pti: bool,
     pub invpcid: bool,
     pub memory_model: MemoryModel,
-    /// CPUs, tasks and mms (and the host's vCPUs) remember their fingerprint digests
-    /// ([`HashCached`]): a successor the explorer builds rehashes only those its step changed.
+    /// CPUs, tasks and mms (and the host's vCPUs) are [`HashCached`]: shared copy-on-write
+    /// between states, with their fingerprint digests, so a successor the explorer builds
+    /// copies and rehashes only those its step changed.
     pub cpus: Vec<HashCached<Cpu>>,
     pub tasks: Vec<HashCached<Task>>,
     pub mms: Vec<HashCached<Mm>>,

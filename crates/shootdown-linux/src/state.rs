@@ -527,13 +527,13 @@ pub struct Task {
     pub on_cpu: bool,
 }
 
-shootdown_engine::clone_by_fields!(Task {
-    name,
+// The program and name are fixed for a run and left out of the fingerprint. (A task is
+// `HashCached` in the machine: hashed again only when a step changed it.)
+shootdown_engine::state_fields!(Task {
     mm,
     state,
     cpu,
     stack,
-    program,
     pc,
     loop_left,
     op_progress,
@@ -542,53 +542,10 @@ shootdown_engine::clone_by_fields!(Task {
     fsync_file,
     cpus,
     on_cpu,
+} fixed {
+    name,
+    program,
 });
-
-/// Hashed with its scalar fields packed into one run of words (every task is in every
-/// fingerprint: six writes instead of fourteen for a task without frames). The program and
-/// name are fixed for a run and left out, as `state_fields!` leaves them out elsewhere.
-impl std::hash::Hash for Task {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        let Task {
-            name: _,
-            mm,
-            state,
-            cpu,
-            stack,
-            program: _,
-            pc,
-            loop_left,
-            op_progress,
-            op_base,
-            op_started,
-            fsync_file,
-            cpus,
-            on_cpu,
-        } = self;
-        // An option's tag goes in the packed word, its value (0 if none) in a word of its own.
-        let tag = |some: bool, bit: u32| u64::from(some) << bit;
-        let packed = u64::from(mm.unwrap_or(0))
-            | tag(mm.is_some(), 32)
-            | (*state as u64) << 33
-            | tag(*on_cpu, 35)
-            | tag(op_base.is_some(), 36)
-            | tag(op_started.is_some(), 37)
-            | tag(fsync_file.is_some(), 38)
-            | u64::from(*pc) << 40;
-        let words = [
-            packed,
-            *cpu as u64,
-            *op_progress,
-            op_base.unwrap_or(0),
-            op_started.map_or(0, |t| t.0),
-            u64::from(fsync_file.unwrap_or(0)),
-        ];
-        u64::hash_slice(&words, h);
-        stack.hash(h);
-        loop_left.hash(h);
-        cpus.hash(h);
-    }
-}
 
 /// A file on a DAX filesystem (ext4-DAX) mapped into an mm at `[start, start + npages)`: its
 /// `struct address_space` as far as writeback goes — the xarray's dirty tags and `xa_lock`.
