@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -53,8 +53,12 @@ impl Hasher for Bytes<'_> {
 /// which takes a private copy if the component is shared (`Arc::make_mut`) and forgets its
 /// digest. (So a `&mut` borrow that only reads costs a recomputation, never a stale digest.)
 /// `tests/state_copy.rs` checks, on every scenario, that every remembered digest equals a
-/// fresh one. The price, for the timed driver, which never shares: `make_mut`'s atomic
-/// uniqueness check on every mutable borrow.
+/// fresh one.
+///
+/// The timed driver never copies a state, and a mutable borrow there must cost no more than a
+/// plain one: the component records whether it was ever shared ([`Inner::shared`], set by
+/// `Clone`), and while it was not, `DerefMut` writes in place without `make_mut`'s atomic
+/// read-modify-write (a 48-CPU timed run borrows CPUs and tasks mutably millions of times).
 ///
 /// Equality, `Debug` and `Serialize` are the value's.
 pub struct HashCached<T> {
@@ -68,6 +72,10 @@ struct Inner<T> {
     value: T,
     lo: AtomicU64,
     hi: AtomicU64,
+    /// Whether a second `HashCached` may point here: set by `Clone` (through a shared borrow,
+    /// hence an atomic; relaxed is enough, see `deref_mut`), cleared by the one owner that
+    /// found itself alone again.
+    shared: AtomicBool,
 }
 
 /// A private copy for a writer: the value, without the digest it is about to change.
@@ -77,6 +85,7 @@ impl<T: Clone> Clone for Inner<T> {
             value: self.value.clone(),
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
+            shared: AtomicBool::new(false),
         }
     }
 }
@@ -93,6 +102,7 @@ impl<T> HashCached<T> {
                 value,
                 lo: AtomicU64::new(0),
                 hi: AtomicU64::new(0),
+                shared: AtomicBool::new(false),
             }),
         }
     }
@@ -107,7 +117,27 @@ impl<T> HashCached<T> {
 impl<T: Clone> HashCached<T> {
     /// Forget the digest (for tests: the next one is computed afresh).
     pub fn forget(&mut self) {
-        *Arc::make_mut(&mut self.inner).lo.get_mut() = 0;
+        *self.unique().lo.get_mut() = 0;
+    }
+
+    /// The component, made this handle's own: a private copy if another handle shares it.
+    #[inline]
+    fn unique(&mut self) -> &mut Inner<T> {
+        // Relaxed suffices: `Clone` set `shared` through a shared borrow of this handle (or of
+        // one it was copied from), and the `&mut self` we hold now was handed over after that
+        // borrow ended, which orders the store before this load. A handle copied *from* this
+        // one later cannot exist yet for the same reason.
+        if self.inner.shared.load(Ordering::Relaxed) {
+            let i = Arc::make_mut(&mut self.inner);
+            // Alone (make_mut copied, or found the other handles gone): in place from now on.
+            *i.shared.get_mut() = false;
+            return i;
+        }
+        // SAFETY: `shared` is false, so this `Arc` was never cloned since it was made (or
+        // since `make_mut` above found it unique), and no `Weak` is ever made from it: its
+        // strong count is 1 and `&mut self` is the only way to it — what `Arc::get_mut` would
+        // check with an atomic operation.
+        unsafe { &mut *Arc::as_ptr(&self.inner).cast_mut() }
     }
 }
 impl<T: Hash> HashCached<T> {
@@ -137,7 +167,7 @@ impl<T> Deref for HashCached<T> {
 impl<T: Clone> DerefMut for HashCached<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        let i = Arc::make_mut(&mut self.inner);
+        let i = self.unique();
         *i.lo.get_mut() = 0;
         &mut i.value
     }
@@ -150,13 +180,14 @@ impl<T> From<T> for HashCached<T> {
 /// A copy shares the component (and its digest); `clone_from` too, dropping the destination's.
 impl<T> Clone for HashCached<T> {
     fn clone(&self) -> Self {
+        self.inner.shared.store(true, Ordering::Relaxed);
         HashCached {
             inner: self.inner.clone(),
         }
     }
     fn clone_from(&mut self, source: &Self) {
         if !Arc::ptr_eq(&self.inner, &source.inner) {
-            self.inner = source.inner.clone();
+            *self = source.clone();
         }
     }
 }
@@ -214,6 +245,30 @@ mod tests {
         a.push(3); // unique again: written in place
         assert_eq!(*a, vec![1, 3]);
         assert_eq!(b.digest(), digest(&vec![1u32, 2]) | 1);
+    }
+
+    #[test]
+    fn an_unshared_component_is_written_in_place() {
+        let mut a = HashCached::new(vec![1u32]);
+        let at = Arc::as_ptr(&a.inner);
+        a.push(2);
+        assert_eq!(Arc::as_ptr(&a.inner), at, "never shared: no copy");
+        let b = a.clone();
+        a.push(3);
+        assert_ne!(Arc::as_ptr(&a.inner), at, "shared: a private copy");
+        assert_eq!((&*a, &*b), (&vec![1, 2, 3], &vec![1, 2]));
+        let mut b2 = b.clone();
+        drop(b);
+        let bt = Arc::as_ptr(&b2.inner);
+        b2.push(4); // alone again: make_mut keeps it, and later writes skip the check
+        b2.push(5);
+        assert_eq!(Arc::as_ptr(&b2.inner), bt);
+        assert!(!b2.inner.shared.load(Ordering::Relaxed));
+        assert_eq!(*b2, vec![1, 2, 4, 5]);
+        let mut c = HashCached::new(vec![0u32]);
+        c.clone_from(&b2); // clone_from shares too
+        c.push(6);
+        assert_eq!((&*b2, &*c), (&vec![1, 2, 4, 5], &vec![1, 2, 4, 5, 6]));
     }
 
     #[test]
