@@ -122,10 +122,12 @@ pub enum EptWalk {
     FreedTable(SpId),
 }
 
-/// Every EPT page of every VM (ids are global, so one arena serves all VMs).
+/// Every EPT page of every VM (ids are global, so one arena serves all VMs). Each page is
+/// [`HashCached`](shootdown_engine::HashCached): the explorer's states share the pages a step
+/// did not write, and their digests.
 #[derive(Debug, Default, PartialEq, Eq, Hash)]
 pub struct EptMemory {
-    pub pages: Vec<EptPage>,
+    pub pages: Vec<shootdown_engine::HashCached<EptPage>>,
 }
 
 shootdown_engine::clone_by_fields!(EptMemory { pages });
@@ -134,14 +136,14 @@ impl EptMemory {
     /// Allocate a page of `level` mapping from `gfn` (aligned down to the level).
     pub fn alloc(&mut self, level: u8, gfn: Gfn) -> SpId {
         let span = gfns_per_entry(level) * EPT_ENTRIES;
-        self.pages.push(EptPage {
+        self.pages.push(shootdown_engine::HashCached::new(EptPage {
             alive: true,
             level,
             gfn: gfn / span * span,
             entries: BTreeMap::new(),
             parent: None,
             detached_at: 0,
-        });
+        }));
         (self.pages.len() - 1) as SpId
     }
 

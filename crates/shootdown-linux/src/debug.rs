@@ -41,7 +41,7 @@ impl Machine {
                 );
             }
             for (vm, k) in h.kvms.iter().enumerate() {
-                if let Some(k) = k {
+                if let Some(k) = &**k {
                     s += &format!(
                         "vm{vm}: mmu_lock={} queue={:?} rwlock cnts={:#x} wait_lock={} queue={:?} invalidate in progress={}\n",
                         k.mmu_lock.val, k.mmu_lock.queue, k.mmu_rwlock.cnts, k.mmu_rwlock.wait_lock.val,

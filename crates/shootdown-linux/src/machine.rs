@@ -55,9 +55,9 @@ pub struct Machine {
     pub pti: bool,
     pub invpcid: bool,
     pub memory_model: MemoryModel,
-    /// CPUs, tasks and mms (and the host's vCPUs) are [`HashCached`]: shared copy-on-write
-    /// between states, with their fingerprint digests, so a successor the explorer builds
-    /// copies and rehashes only those its step changed.
+    /// CPUs, tasks, mms and EPT pages (and the host's vCPUs, KVMs and threads) are [`HashCached`]: shared copy-on-write between states, with their fingerprint
+    /// digests, so a successor the explorer builds copies and rehashes only those its step
+    /// changed.
     pub cpus: Vec<HashCached<Cpu>>,
     pub tasks: Vec<HashCached<Task>>,
     pub mms: Vec<HashCached<Mm>>,
@@ -121,8 +121,11 @@ impl Machine {
         self.cpus.iter_mut().for_each(HashCached::forget);
         self.tasks.iter_mut().for_each(HashCached::forget);
         self.mms.iter_mut().for_each(HashCached::forget);
+        self.ept.pages.iter_mut().for_each(HashCached::forget);
         if let Some(h) = &mut self.host {
             h.vcpus.iter_mut().for_each(HashCached::forget);
+            h.kvms.iter_mut().for_each(HashCached::forget);
+            h.threads.iter_mut().for_each(HashCached::forget);
         }
     }
 

@@ -150,7 +150,7 @@ impl Machine {
         while self.oracle.nr_vms() <= vm {
             self.oracle.add_vm();
         }
-        self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone()));
+        self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone())).into();
         for v in vcpus {
             let vc = &mut self.host_mut().vcpus[v];
             vc.mode = mode::OUTSIDE_GUEST_MODE;
@@ -241,7 +241,7 @@ impl Machine {
         let n = self.cpus.len();
         let h = self.host_mut();
         h.threads
-            .push(HostThread::new(name, vm as u32, pcpu as u32, program));
+            .push(HostThread::new(name, vm as u32, pcpu as u32, program).into());
         let a = n + h.threads.len() - 1;
         self.perf.host_threads_alive += 1;
         a

@@ -55,9 +55,9 @@ pub struct Host {
     pub steal_preempted: Vec<u8>,
     /// Per VM, its KVM MMU state if it is modelled (`None`: a VM whose guest-physical memory is
     /// taken as mapped, as in the PV-flush experiments).
-    pub kvms: Vec<Option<Kvm>>,
+    pub kvms: Vec<shootdown_engine::HashCached<Option<Kvm>>>,
     /// Host threads that are not vCPUs (agents after the vCPUs).
-    pub threads: Vec<HostThread>,
+    pub threads: Vec<shootdown_engine::HashCached<HostThread>>,
     /// Locked `call_single_data`s of host cross calls kicking vCPUs (`Loc::KickCsd`).
     pub kick_csd: BTreeSet<(u32, u32)>,
 }
@@ -122,7 +122,7 @@ impl Host {
                 pcpus
             ],
             steal_preempted: vec![0; n],
-            kvms: vec![None; cfg.vms],
+            kvms: (0..cfg.vms).map(|_| None.into()).collect(),
             threads: Vec::new(),
             kick_csd: BTreeSet::new(),
             cfg,

@@ -136,7 +136,7 @@ impl Machine {
                 self.perf.host_marks.push((t, now));
             }
             HostOp::Loop { to, times } => {
-                let th = &mut self.host_mut().threads[t];
+                let th = &mut *self.host_mut().threads[t];
                 take_loop(&mut th.pc, &mut th.loop_left, to, times);
             }
             HostOp::Exit => {
