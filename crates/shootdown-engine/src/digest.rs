@@ -7,11 +7,11 @@
 //! taken while another is being gathered (a component's, inside the state's) uses a buffer of
 //! its own.
 
+use crate::shared::Shared;
 use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_128;
 
 /// 128-bit XXH3 digest of `x`'s `Hash` writes.
@@ -42,50 +42,39 @@ impl Hasher for Bytes<'_> {
 }
 
 /// A component of a model state (a CPU, a task, an mm) that remembers its [`digest`] and is
-/// shared, copy-on-write, between the states that hold it unchanged: the state's `Hash` writes
-/// the 16-byte digest instead of the component's fields, and computes it only when the
-/// component changed since it was last taken; a copy of the state shares the component
-/// (`Arc`) until one of them changes it.
+/// [`Shared`], copy-on-write, between the states that hold it unchanged: the state's `Hash`
+/// writes the 16-byte digest instead of the component's fields, and computes it only when the
+/// component changed since it was last taken; a copy of the state shares the component until
+/// one of them changes it.
 ///
 /// Why: the explorer copies every state it expands once per successor, and a step changes one
 /// or two components; the others keep their parent's digest and memory. Soundness rests on one
 /// rule, which the type enforces: the value is reachable mutably only through `DerefMut`,
-/// which takes a private copy if the component is shared (`Arc::make_mut`) and forgets its
-/// digest. (So a `&mut` borrow that only reads costs a recomputation, never a stale digest.)
-/// `tests/state_copy.rs` checks, on every scenario, that every remembered digest equals a
-/// fresh one.
-///
-/// The timed driver never copies a state, and a mutable borrow there must cost no more than a
-/// plain one: the component records whether it was ever shared ([`Inner::shared`], set by
-/// `Clone`), and while it was not, `DerefMut` writes in place without `make_mut`'s atomic
-/// read-modify-write (a 48-CPU timed run borrows CPUs and tasks mutably millions of times).
+/// which takes a private copy if the component is shared and forgets its digest. (So a `&mut`
+/// borrow that only reads costs a recomputation, never a stale digest.) `tests/state_copy.rs`
+/// checks, on every scenario, that every remembered digest equals a fresh one.
 ///
 /// Equality, `Debug` and `Serialize` are the value's.
 pub struct HashCached<T> {
-    inner: Arc<Inner<T>>,
+    inner: Shared<Digested<T>>,
 }
 
 /// The value and its digest with its lowest bit set, split in two words; `lo == 0` means not
 /// known. (Atomics: states are shared between the explorer's threads, and two of them may take
 /// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
-struct Inner<T> {
+struct Digested<T> {
     value: T,
     lo: AtomicU64,
     hi: AtomicU64,
-    /// Whether a second `HashCached` may point here: set by `Clone` (through a shared borrow,
-    /// hence an atomic; relaxed is enough, see `deref_mut`), cleared by the one owner that
-    /// found itself alone again.
-    shared: AtomicBool,
 }
 
 /// A private copy for a writer: the value, without the digest it is about to change.
-impl<T: Clone> Clone for Inner<T> {
+impl<T: Clone> Clone for Digested<T> {
     fn clone(&self) -> Self {
-        Inner {
+        Digested {
             value: self.value.clone(),
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
-            shared: AtomicBool::new(false),
         }
     }
 }
@@ -98,11 +87,10 @@ impl<T> HashCached<T> {
     /// A component of its own (shared once the state holding it is copied).
     pub fn new(value: T) -> Self {
         HashCached {
-            inner: Arc::new(Inner {
+            inner: Shared::new(Digested {
                 value,
                 lo: AtomicU64::new(0),
                 hi: AtomicU64::new(0),
-                shared: AtomicBool::new(false),
             }),
         }
     }
@@ -117,27 +105,7 @@ impl<T> HashCached<T> {
 impl<T: Clone> HashCached<T> {
     /// Forget the digest (for tests: the next one is computed afresh).
     pub fn forget(&mut self) {
-        *self.unique().lo.get_mut() = 0;
-    }
-
-    /// The component, made this handle's own: a private copy if another handle shares it.
-    #[inline]
-    fn unique(&mut self) -> &mut Inner<T> {
-        // Relaxed suffices: `Clone` set `shared` through a shared borrow of this handle (or of
-        // one it was copied from), and the `&mut self` we hold now was handed over after that
-        // borrow ended, which orders the store before this load. A handle copied *from* this
-        // one later cannot exist yet for the same reason.
-        if self.inner.shared.load(Ordering::Relaxed) {
-            let i = Arc::make_mut(&mut self.inner);
-            // Alone (make_mut copied, or found the other handles gone): in place from now on.
-            *i.shared.get_mut() = false;
-            return i;
-        }
-        // SAFETY: `shared` is false, so this `Arc` was never cloned since it was made (or
-        // since `make_mut` above found it unique), and no `Weak` is ever made from it: its
-        // strong count is 1 and `&mut self` is the only way to it — what `Arc::get_mut` would
-        // check with an atomic operation.
-        unsafe { &mut *Arc::as_ptr(&self.inner).cast_mut() }
+        *self.inner.lo.get_mut() = 0;
     }
 }
 impl<T: Hash> HashCached<T> {
@@ -167,7 +135,7 @@ impl<T> Deref for HashCached<T> {
 impl<T: Clone> DerefMut for HashCached<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
-        let i = self.unique();
+        let i = &mut *self.inner;
         *i.lo.get_mut() = 0;
         &mut i.value
     }
@@ -180,15 +148,12 @@ impl<T> From<T> for HashCached<T> {
 /// A copy shares the component (and its digest); `clone_from` too, dropping the destination's.
 impl<T> Clone for HashCached<T> {
     fn clone(&self) -> Self {
-        self.inner.shared.store(true, Ordering::Relaxed);
         HashCached {
             inner: self.inner.clone(),
         }
     }
     fn clone_from(&mut self, source: &Self) {
-        if !Arc::ptr_eq(&self.inner, &source.inner) {
-            *self = source.clone();
-        }
+        self.inner.clone_from(&source.inner);
     }
 }
 
@@ -232,43 +197,17 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_shares_until_one_side_writes() {
-        let mut a = HashCached::new(vec![1u32]);
+    fn a_copy_shares_its_digest_until_one_side_writes() {
+        let a = HashCached::new(vec![1u32]);
         let da = a.digest();
         let mut b = a.clone();
-        assert!(Arc::ptr_eq(&a.inner, &b.inner));
+        assert!(Shared::ptr_eq(&a.inner, &b.inner));
         b.push(2);
-        assert!(!Arc::ptr_eq(&a.inner, &b.inner));
+        assert!(!Shared::ptr_eq(&a.inner, &b.inner));
         assert_eq!((&*a, &*b), (&vec![1], &vec![1, 2]));
         assert_eq!(a.remembered(), Some(da), "the other side keeps its digest");
         assert_eq!(b.remembered(), None);
-        a.push(3); // unique again: written in place
-        assert_eq!(*a, vec![1, 3]);
         assert_eq!(b.digest(), digest(&vec![1u32, 2]) | 1);
-    }
-
-    #[test]
-    fn an_unshared_component_is_written_in_place() {
-        let mut a = HashCached::new(vec![1u32]);
-        let at = Arc::as_ptr(&a.inner);
-        a.push(2);
-        assert_eq!(Arc::as_ptr(&a.inner), at, "never shared: no copy");
-        let b = a.clone();
-        a.push(3);
-        assert_ne!(Arc::as_ptr(&a.inner), at, "shared: a private copy");
-        assert_eq!((&*a, &*b), (&vec![1, 2, 3], &vec![1, 2]));
-        let mut b2 = b.clone();
-        drop(b);
-        let bt = Arc::as_ptr(&b2.inner);
-        b2.push(4); // alone again: make_mut keeps it, and later writes skip the check
-        b2.push(5);
-        assert_eq!(Arc::as_ptr(&b2.inner), bt);
-        assert!(!b2.inner.shared.load(Ordering::Relaxed));
-        assert_eq!(*b2, vec![1, 2, 4, 5]);
-        let mut c = HashCached::new(vec![0u32]);
-        c.clone_from(&b2); // clone_from shares too
-        c.push(6);
-        assert_eq!((&*b2, &*c), (&vec![1, 2, 4, 5], &vec![1, 2, 4, 5, 6]));
     }
 
     #[test]
