@@ -133,7 +133,7 @@ impl<T> Deref for HashCached<T> {
     }
 }
 impl<T: Clone> DerefMut for HashCached<T> {
-    #[inline]
+    #[inline(always)]
     fn deref_mut(&mut self) -> &mut T {
         let i = &mut *self.inner;
         *i.lo.get_mut() = 0;

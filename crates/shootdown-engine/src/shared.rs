@@ -56,23 +56,35 @@ impl<T> Deref for Shared<T> {
 
 /// The value, made this handle's own: a private copy if another handle shares it.
 impl<T: Clone> DerefMut for Shared<T> {
-    #[inline]
+    /// Always inlined: the timed driver takes this path millions of times a second, and only
+    /// the flag test belongs in the caller (the copy is [`Shared::make_own`], out of line).
+    #[inline(always)]
     fn deref_mut(&mut self) -> &mut T {
         // Relaxed suffices: `Clone` set `shared` through a shared borrow of this handle (or of
         // one it was copied from), and the `&mut self` we hold now was handed over after that
         // borrow ended, which orders the store before this load. A handle copied *from* this
         // one later cannot exist yet for the same reason.
         if self.inner.shared.load(Ordering::Relaxed) {
-            let i = Arc::make_mut(&mut self.inner);
-            // Alone (make_mut copied, or found the other handles gone): in place from now on.
-            *i.shared.get_mut() = false;
-            return &mut i.value;
+            return self.make_own();
         }
         // SAFETY: `shared` is false, so this `Arc` was never cloned since it was made (or
         // since `make_mut` above found it unique), and no `Weak` is ever made from it: its
         // strong count is 1 and `&mut self` is the only way to it — what `Arc::get_mut` would
         // check with an atomic operation.
         unsafe { &mut (*Arc::as_ptr(&self.inner).cast_mut()).value }
+    }
+}
+
+impl<T: Clone> Shared<T> {
+    /// The value of a handle that was shared, made its own: a private copy if another handle
+    /// still shares it.
+    #[cold]
+    #[inline(never)]
+    fn make_own(&mut self) -> &mut T {
+        let i = Arc::make_mut(&mut self.inner);
+        // Alone (make_mut copied, or found the other handles gone): in place from now on.
+        *i.shared.get_mut() = false;
+        &mut i.value
     }
 }
 
