@@ -55,16 +55,16 @@ pub struct Machine {
     pub pti: bool,
     pub invpcid: bool,
     pub memory_model: MemoryModel,
-    /// CPUs, tasks, mms and EPT pages (and the host's vCPUs, KVMs and threads) are [`HashCached`]: shared copy-on-write between states, with their fingerprint
-    /// digests, so a successor the explorer builds copies and rehashes only those its step
-    /// changed.
+    /// CPUs, tasks, mms, EPT pages and the oracle (and the host's vCPUs, KVMs and threads) are
+    /// [`HashCached`]: shared copy-on-write between states, with their fingerprint digests, so
+    /// a successor the explorer builds copies and rehashes only those its step changed.
     pub cpus: Vec<HashCached<Cpu>>,
     pub tasks: Vec<HashCached<Task>>,
     pub mms: Vec<HashCached<Mm>>,
     pub pt_pages: PtPages,
     /// EPT page-table memory of every VM with a KVM MMU.
     pub ept: shootdown_hw::ept::EptMemory,
-    pub oracle: Oracle,
+    pub oracle: HashCached<Oracle>,
     /// Locked `call_single_data`s.
     pub csd_locked: CsdLocks,
     /// Each initiator's `flush_tlb_info` (per-CPU since v5.x).
@@ -122,6 +122,7 @@ impl Machine {
         self.tasks.iter_mut().for_each(HashCached::forget);
         self.mms.iter_mut().for_each(HashCached::forget);
         self.ept.pages.iter_mut().for_each(HashCached::forget);
+        self.oracle.forget();
         if let Some(h) = &mut self.host {
             h.vcpus.iter_mut().for_each(HashCached::forget);
             h.kvms.iter_mut().for_each(HashCached::forget);
@@ -161,7 +162,7 @@ impl Machine {
             mms: vec![Mm::new(0, n, "init_mm".into()).into()],
             pt_pages: PtPages::default(),
             ept: Default::default(),
-            oracle: Oracle::new(1),
+            oracle: HashCached::new(Oracle::new(1)),
             csd_locked: CsdLocks::new(n),
             flush_info: vec![None; n],
             spec_pages: Vec::new(),
