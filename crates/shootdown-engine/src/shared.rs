@@ -57,7 +57,7 @@ impl<T> Deref for Shared<T> {
 /// The value, made this handle's own: a private copy if another handle shares it.
 impl<T: Clone> DerefMut for Shared<T> {
     /// Always inlined: the timed driver takes this path millions of times a second, and only
-    /// the flag test belongs in the caller (the copy is [`Shared::make_own`], out of line).
+    /// the flag test belongs in the caller (the copy is `make_own`, out of line).
     #[inline(always)]
     fn deref_mut(&mut self) -> &mut T {
         // Relaxed suffices: `Clone` set `shared` through a shared borrow of this handle (or of
@@ -68,7 +68,7 @@ impl<T: Clone> DerefMut for Shared<T> {
             return self.make_own();
         }
         // SAFETY: `shared` is false, so this `Arc` was never cloned since it was made (or
-        // since `make_mut` above found it unique), and no `Weak` is ever made from it: its
+        // since `make_own` made it unique), and no `Weak` is ever made from it: its
         // strong count is 1 and `&mut self` is the only way to it — what `Arc::get_mut` would
         // check with an atomic operation.
         unsafe { &mut (*Arc::as_ptr(&self.inner).cast_mut()).value }
