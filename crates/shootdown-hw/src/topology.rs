@@ -122,6 +122,11 @@ impl Topology {
     pub fn core_of(&self, cpu: CpuId) -> usize {
         self.core_div.rem(cpu)
     }
+    /// Which hardware thread of its core a CPU is (0..threads_per_core): Linux numbers all
+    /// cores' first threads, then the second threads.
+    pub fn thread_of(&self, cpu: CpuId) -> usize {
+        self.core_div.div(cpu)
+    }
     pub fn socket_of(&self, cpu: CpuId) -> usize {
         self.socket_div.div(self.core_of(cpu))
     }
@@ -162,6 +167,8 @@ mod tests {
         assert_eq!(t.distance(0, 24), Distance::SameCore);
         assert_eq!(t.distance(0, 1), Distance::SameSocket);
         assert_eq!(t.distance(0, 12), Distance::CrossSocket);
+        assert_eq!((t.core_of(30), t.thread_of(30)), (6, 1));
+        assert_eq!((t.core_of(5), t.thread_of(5)), (5, 0));
         assert_eq!(t.cpus_of_socket(1)[0], 12);
         assert_eq!(t.cpus_of_socket(0).len(), 24);
     }

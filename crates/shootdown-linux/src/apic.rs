@@ -105,9 +105,9 @@ impl Machine {
                 // interrupt is taken at the earlier arrival.
                 let mut arrival = sent + lat;
                 if already {
-                    arrival = arrival.min(self.perf.ipi_arrival[t]);
+                    arrival = arrival.min(self.perf.cpu[t].ipi_arrival);
                 }
-                self.perf.ipi_arrival[t] = arrival;
+                self.perf.cpu[t].ipi_arrival = arrival;
                 env.wake(t, arrival);
             }
             if env.tracing() {

@@ -18,14 +18,14 @@ impl Machine {
     ) {
         if env.timed() {
             let cost = self.core_time(t(&self.perf.profile.costs));
-            self.perf.busy[cpu].pending += cost;
+            self.perf.cpu[cpu].busy.pending += cost;
         }
     }
 
     /// The CPU (a vCPU the host deschedules) stops its interruptible work now; the rest is
     /// resumed when it next runs with an empty interrupt stack.
     pub(crate) fn suspend_busy(&mut self, cpu: CpuId, now: Time) {
-        let b = &mut self.perf.busy[cpu];
+        let b = &mut self.perf.cpu[cpu].busy;
         if b.until > now {
             b.left += b.until - now;
         }
@@ -34,7 +34,7 @@ impl Machine {
 
     /// Parked for interruptible work (not halted, not spinning).
     pub(crate) fn is_busy(&self, cpu: CpuId) -> bool {
-        self.perf.busy[cpu].until > Time::ZERO
+        self.perf.cpu[cpu].busy.until > Time::ZERO
     }
 
     /// Timed driver: before `a` runs, account for interruptible work in progress. An interrupt
@@ -51,7 +51,7 @@ impl Machine {
             Action::Step(c) => {
                 let c = c as usize;
                 let irq_idle = self.cpus[c].irq_stack.is_empty();
-                let b = &mut self.perf.busy[c];
+                let b = &mut self.perf.cpu[c].busy;
                 let resumed = if b.until > now {
                     b.pending = b.until - now;
                     true
@@ -79,14 +79,14 @@ impl Machine {
             return park;
         };
         let c = c as usize;
-        let pending = std::mem::take(&mut self.perf.busy[c].pending);
+        let pending = std::mem::take(&mut self.perf.cpu[c].busy.pending);
         if pending == Time::ZERO {
             return park;
         }
         if park == Park::Run && self.irqs_enabled(c) {
             let until = env.now() + env.elapsed() + pending;
-            self.perf.busy[c].until = until;
-            self.perf.busy[c].scale = self.perf.core_scale_permille;
+            self.perf.cpu[c].busy.until = until;
+            self.perf.cpu[c].busy.scale = self.perf.core_scale_permille;
             env.wake(c, until);
             Park::Halt
         } else {

@@ -173,7 +173,7 @@ impl Machine {
             host: None,
             guest_words: Vec::new(),
             guest_word_pages: Vec::new(),
-            perf: Unhashed(Perf::new(profile.clone(), n, topo.nr_cpus())),
+            perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
             topo,
         };
         for c in 0..n {
@@ -326,7 +326,7 @@ impl Model for Machine {
             }
         }
         if self.cpus[agent].ipi_pending
-            && now >= self.perf.ipi_arrival[agent]
+            && now >= self.perf.cpu[agent].ipi_arrival
             && self.irqs_enabled(agent)
         {
             Action::Interrupt(agent as u32)
@@ -437,12 +437,12 @@ impl Machine {
         if matches!(park, Park::Spin | Park::SpinOn(_) | Park::Halt) {
             let c = self.agent_of(a);
             if self.cpus[c].ipi_pending && self.irqs_enabled(c) {
-                env.wake(c, self.perf.ipi_arrival[c]);
+                env.wake(c, self.perf.cpu[c].ipi_arrival);
             }
             // Likewise a host kick on its way to a vCPU that parks (the wake its sender asked
             // for may have been merged into an earlier one of this agent).
             if timed && c < self.cpus.len() && self.host.is_some() && self.kick_deliverable(c) {
-                env.wake(c, self.perf.kick_arrival[c]);
+                env.wake(c, self.perf.cpu[c].kick_arrival);
             }
         }
         Outcome {

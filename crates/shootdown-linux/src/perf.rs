@@ -5,7 +5,7 @@
 use crate::counters::Counters;
 use crate::host::HostPerf;
 use shootdown_engine::{Time, Violation};
-use shootdown_hw::CostProfile;
+use shootdown_hw::{CostProfile, Topology};
 use std::sync::Arc;
 
 /// Performance-only state: never distinguishes two states for the explorer.
@@ -14,15 +14,11 @@ pub struct Perf {
     pub profile: Arc<CostProfile>,
     pub lines: shootdown_hw::cacheline::LineDirectory,
     pub counters: Counters,
-    /// When each CPU's pending IPI arrives.
-    pub ipi_arrival: Vec<Time>,
+    /// Per CPU (or vCPU): what its timed steps read and write, one cache line each.
+    pub cpu: Vec<CpuPerf>,
     /// Per CPU: the trace flow ids of the CALL_FUNCTION IPIs pending on it (several senders'
     /// IPIs coalesce into one interrupt, which ends all their arrows). Tracing only.
     pub ipi_flows: Vec<Vec<u64>>,
-    /// Per CPU: interruptible work in progress ([`Machine::charge_interruptible`]).
-    pub busy: Vec<Busy>,
-    /// When each CPU's current task started its time slice.
-    pub slice_start: Vec<Time>,
     /// The next trace flow id: every IPI gets its own arrow.
     pub next_flow_id: u64,
     /// Workload events at or after `measure_from` count towards the metric.
@@ -36,8 +32,6 @@ pub struct Perf {
     pub host_marks: Vec<(usize, Time)>,
     /// Host threads not yet exited.
     pub host_threads_alive: usize,
-    /// When each vCPU's pending kick IPI arrives.
-    pub kick_arrival: Vec<Time>,
     /// User tasks not yet exited (kept in step with task states so `finished` is O(1)).
     pub user_tasks_alive: usize,
     /// Translation uses the oracle checked.
@@ -50,26 +44,24 @@ pub struct Perf {
     /// The running step's own text, shown when it produced no more specific label
     /// ([`Machine::summary`]).
     pub summary: Option<String>,
-    /// Per CPU: whether its timeline has opened the running task's slices yet.
-    pub trace_started: Vec<bool>,
     /// Host scheduling timers (machines with a host only).
     pub host: HostPerf,
+    /// Per core: which of its hardware threads execute after their last step — running a
+    /// task or handler, or parked for interruptible work; not idle, not busy-waiting (bit `t`
+    /// for thread `t`, smt.rs). One byte per core, so that a step learns whether its siblings
+    /// execute without reading their state.
+    pub core_executing: Vec<u8>,
     /// How much the running step's core-bound costs stretch, in thousandths: set at the start
     /// of each timed step from the SMT siblings' state (smt.rs).
     pub core_scale_permille: u32,
-    /// Per CPU: executing after its last step — running a task or handler, or parked for
-    /// interruptible work; not idle, not busy-waiting (smt.rs).
-    pub smt_executing: Vec<bool>,
 }
 
 shootdown_engine::clone_by_fields!(Perf {
     profile,
     lines,
     counters,
-    ipi_arrival,
+    cpu,
     ipi_flows,
-    busy,
-    slice_start,
     next_flow_id,
     measure_from,
     events_measured,
@@ -78,18 +70,33 @@ shootdown_engine::clone_by_fields!(Perf {
     marks,
     host_marks,
     host_threads_alive,
-    kick_arrival,
     user_tasks_alive,
     uses_checked,
     violation,
     labels_on,
     labels,
     summary,
-    trace_started,
     host,
     core_scale_permille,
-    smt_executing,
+    core_executing,
 });
+
+/// A CPU's performance state. A timed step of a CPU reads or writes most of these, so they
+/// share one cache line (an array per field cost a miss per field at thousands of CPUs).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(align(64))]
+pub struct CpuPerf {
+    /// When its pending IPI arrives.
+    pub ipi_arrival: Time,
+    /// When a vCPU's pending kick IPI arrives.
+    pub kick_arrival: Time,
+    /// When its current task started its time slice.
+    pub slice_start: Time,
+    /// Interruptible work in progress ([`Machine::charge_interruptible`]).
+    pub busy: Busy,
+    /// Whether its timeline has opened the running task's slices yet.
+    pub trace_started: bool,
+}
 
 /// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user
 /// code, exception and syscall entry, a writeback's cache flushes): the timed driver parks the
@@ -111,16 +118,15 @@ pub struct Busy {
 }
 
 impl Perf {
-    /// The performance state of a machine of `n` CPUs on `pcpus` physical CPUs.
-    pub(crate) fn new(profile: Arc<CostProfile>, n: usize, pcpus: usize) -> Perf {
+    /// The performance state of a machine of `n` CPUs on the physical CPUs of `topo`.
+    pub(crate) fn new(profile: Arc<CostProfile>, n: usize, topo: &Topology) -> Perf {
+        let pcpus = topo.nr_cpus();
         Perf {
             lines: shootdown_hw::cacheline::LineDirectory::new(pcpus)
                 .with_dense(crate::mem::csd_lines(n)),
             counters: Counters::new(),
-            ipi_arrival: vec![Time::ZERO; n],
+            cpu: vec![CpuPerf::default(); n],
             ipi_flows: vec![Vec::new(); n],
-            busy: vec![Busy::default(); n],
-            slice_start: vec![Time::ZERO; n],
             next_flow_id: 1,
             measure_from: Time::ZERO,
             events_measured: 0,
@@ -129,17 +135,15 @@ impl Perf {
             marks: Vec::new(),
             host_marks: Vec::new(),
             host_threads_alive: 0,
-            kick_arrival: vec![Time::ZERO; n],
             user_tasks_alive: 0,
             uses_checked: 0,
             violation: None,
             labels_on: false,
             labels: Vec::new(),
             summary: None,
-            trace_started: vec![false; n],
             host: HostPerf::default(),
             core_scale_permille: 1000,
-            smt_executing: vec![false; n],
+            core_executing: vec![0; topo.nr_cores()],
             profile,
         }
     }

@@ -110,7 +110,7 @@ impl Machine {
                 self.cpus[cpu].need_resched = false;
                 if next == prev {
                     self.tasks[prev as usize].state = TaskState::Running;
-                    self.perf.slice_start[cpu] = env.now();
+                    self.perf.cpu[cpu].slice_start = env.now();
                     self.say(|| "schedule: keep running".into());
                     return Flow::Return;
                 }
@@ -152,7 +152,7 @@ impl Machine {
                 t.on_cpu = true;
                 self.cpus[cpu].curr = next;
                 self.tasks[prev as usize].on_cpu = false;
-                self.perf.slice_start[cpu] = env.now();
+                self.perf.cpu[cpu].slice_start = env.now();
                 env.notify_key(crate::mem::on_cpu_key(prev));
                 if env.tracing() {
                     // This __schedule frame is off prev's stack while it is stepped.

@@ -31,7 +31,8 @@ impl Machine {
     /// How much `cpu`'s core-bound work stretches now, in thousandths: the profile's
     /// `smt_slowdown` if an SMT sibling of `cpu` executes, else 1000.
     pub(crate) fn smt_core_scale(&self, cpu: CpuId) -> u32 {
-        if self.smt_priced() && siblings(&self.topo, cpu).any(|s| self.perf.smt_executing[s]) {
+        let (core, thread) = (self.topo.core_of(cpu), self.topo.thread_of(cpu));
+        if self.smt_priced() && self.perf.core_executing[core] & !(1 << thread) != 0 {
             self.perf.profile.features.smt_slowdown_permille
         } else {
             1000
@@ -57,13 +58,14 @@ impl Machine {
             Park::Halt => self.is_busy(cpu),
             Park::Spin | Park::SpinOn(_) | Park::Done => false,
         };
-        if executing == self.perf.smt_executing[cpu] {
+        let (core, bit) = (self.topo.core_of(cpu), 1 << self.topo.thread_of(cpu));
+        if executing == (self.perf.core_executing[core] & bit != 0) {
             return;
         }
-        self.perf.smt_executing[cpu] = executing;
+        self.perf.core_executing[core] ^= bit;
         let now = env.now() + env.elapsed();
         for s in siblings(&self.topo, cpu) {
-            let b = self.perf.busy[s];
+            let b = self.perf.cpu[s].busy;
             if b.until <= now {
                 continue;
             }
@@ -74,7 +76,7 @@ impl Machine {
             // The work left, in unstretched time, at the new stretch.
             let left = Time((b.until - now).0 * 1000 / old as u64);
             let until = now + stretch(left, new);
-            let b = &mut self.perf.busy[s];
+            let b = &mut self.perf.cpu[s].busy;
             b.until = until;
             b.scale = new;
             // Earlier: wake it then. Later: it wakes at the old time and parks for the rest.

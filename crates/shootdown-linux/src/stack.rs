@@ -128,8 +128,8 @@ impl Machine {
     }
 
     pub(crate) fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
-        if env.tracing() && !self.perf.trace_started[cpu] {
-            self.perf.trace_started[cpu] = true;
+        if env.tracing() && !self.perf.cpu[cpu].trace_started {
+            self.perf.cpu[cpu].trace_started = true;
             self.trace_task_in(cpu, self.cpus[cpu].curr, env);
         }
         let (at, frame) = self.pop_frame(cpu);
@@ -264,10 +264,10 @@ impl Machine {
                 violation: None,
             };
         }
-        if env.tracing() && self.traces_host(v) && !self.perf.trace_started[v] {
+        if env.tracing() && self.traces_host(v) && !self.perf.cpu[v].trace_started {
             // The vCPU's first traced step is on its host side: open its guest task's slices,
             // then those of the host frames it starts with (set up outside any step).
-            self.perf.trace_started[v] = true;
+            self.perf.cpu[v].trace_started = true;
             self.trace_task_in(v, self.cpus[v].curr, env);
             for f in self.host_stack(v) {
                 env.trace(TraceEvent::Begin {

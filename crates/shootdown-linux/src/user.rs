@@ -353,7 +353,7 @@ impl Machine {
         // Time-slice preemption at return to user.
         if env.timed()
             && !self.cpus[cpu].runqueue.is_empty()
-            && env.now().saturating_sub(self.perf.slice_start[cpu])
+            && env.now().saturating_sub(self.perf.cpu[cpu].slice_start)
                 >= Time::from_us(self.opts.sched_timeslice_us.0)
         {
             let f = self.schedule_frame();

@@ -50,7 +50,7 @@ impl Machine {
     /// due.
     pub(crate) fn vcpu_timed_action(&self, agent: CpuId, now: Time) -> Option<Action> {
         let v = &self.host_ref().vcpus[agent];
-        if self.kick_deliverable(agent) && now >= self.perf.kick_arrival[agent] {
+        if self.kick_deliverable(agent) && now >= self.perf.cpu[agent].kick_arrival {
             return Some(Action::HostIrq(agent as u32));
         }
         if !v.stack.is_empty() || v.thread != ThreadState::Running {

@@ -70,7 +70,7 @@ impl Machine {
         if entering {
             // An IPI that waited for this vCPU's thread: how long, from its arrival to entry.
             if self.vcpu_in_guest(v) && self.cpus[v].ipi_pending {
-                let waited = (now + charged).saturating_sub(self.perf.ipi_arrival[v]);
+                let waited = (now + charged).saturating_sub(self.perf.cpu[v].ipi_arrival);
                 self.perf.counters.add(
                     Counter::PreemptedIpiWaitUs,
                     waited.as_us_f64().round() as u64,

@@ -511,11 +511,11 @@ impl Machine {
             // acknowledges every pending one then (simplified: a later IPI is acknowledged
             // with the first rather than at its own arrival).
             let at = if pending {
-                self.perf.kick_arrival[v].min(at)
+                self.perf.cpu[v].kick_arrival.min(at)
             } else {
                 at
             };
-            self.perf.kick_arrival[v] = at;
+            self.perf.cpu[v].kick_arrival = at;
             env.wake(v, at);
         }
     }
