@@ -62,19 +62,23 @@ pub struct HashCached<T> {
 /// The value and its digest with its lowest bit set, split in two words; `lo == 0` means not
 /// known. (Atomics: states are shared between the explorer's threads, and two of them may take
 /// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
+///
+/// The digest first (`repr(C)`): a mutable borrow writes `lo`, and beside the sharing flag it
+/// shares a cache line with the value's first fields (see [`Shared`]'s layout).
+#[repr(C)]
 struct Digested<T> {
-    value: T,
     lo: AtomicU64,
     hi: AtomicU64,
+    value: T,
 }
 
 /// A private copy for a writer: the value, without the digest it is about to change.
 impl<T: Clone> Clone for Digested<T> {
     fn clone(&self) -> Self {
         Digested {
-            value: self.value.clone(),
             lo: AtomicU64::new(0),
             hi: AtomicU64::new(0),
+            value: self.value.clone(),
         }
     }
 }
@@ -88,9 +92,9 @@ impl<T> HashCached<T> {
     pub fn new(value: T) -> Self {
         HashCached {
             inner: Shared::new(Digested {
-                value,
                 lo: AtomicU64::new(0),
                 hi: AtomicU64::new(0),
+                value,
             }),
         }
     }

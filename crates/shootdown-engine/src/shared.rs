@@ -22,12 +22,19 @@ pub struct Shared<T> {
     inner: Arc<Inner<T>>,
 }
 
+///
+/// Laid out for the timed driver, where a step of one of thousands of CPUs misses the cache on
+/// every line of that CPU's state it touches: aligned to a cache line, with the flag (which
+/// every mutable borrow reads) first, so that it shares the first line with the reference
+/// counts and the value's first fields — which a value laid out hot-first (`Cpu`, `Task`) makes
+/// the fields a step reads.
+#[repr(C, align(64))]
 struct Inner<T> {
-    value: T,
     /// Whether a second `Shared` may point here: set by `Clone` (through a shared borrow,
     /// hence an atomic; relaxed is enough, see `deref_mut`), cleared by the one owner that
     /// found itself alone again.
     shared: AtomicBool,
+    value: T,
 }
 
 impl<T> Shared<T> {
@@ -35,8 +42,8 @@ impl<T> Shared<T> {
     pub fn new(value: T) -> Self {
         Shared {
             inner: Arc::new(Inner {
-                value,
                 shared: AtomicBool::new(false),
+                value,
             }),
         }
     }
@@ -92,8 +99,8 @@ impl<T: Clone> Shared<T> {
 impl<T: Clone> Clone for Inner<T> {
     fn clone(&self) -> Self {
         Inner {
-            value: self.value.clone(),
             shared: AtomicBool::new(false),
+            value: self.value.clone(),
         }
     }
 }

@@ -131,17 +131,21 @@ pub struct TlbContext {
 
 /// `cpu_tlbstate` (+ `cpu_tlbstate_shared.is_lazy`). `loaded_mm` and `is_lazy` are read by
 /// other CPUs and live in memory (see `mem.rs`); the rest is CPU-private.
+///
+/// `repr(C)`, the scalars first: they share a cache line with the `Cpu`'s call queue, the
+/// ASID slots follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct TlbState {
     pub loaded_mm: u64,
     pub loaded_mm_asid: u16,
     pub next_asid: u16,
-    pub ctxs: [TlbContext; TLB_NR_DYN_ASIDS],
     pub is_lazy: bool,
     /// v4.12 `cpu_tlbstate.state`: true = TLBSTATE_LAZY.
     pub legacy_lazy: bool,
     /// PTI: user PCIDs whose flush is deferred to the next return to user (bit per ASID).
     pub user_pcid_flush_mask: u16,
+    pub ctxs: [TlbContext; TLB_NR_DYN_ASIDS],
 }
 
 /// Hashed as one run of words (every CPU's `cpu_tlbstate` is in every fingerprint: one write
@@ -290,32 +294,40 @@ impl CsdLocks {
 }
 
 /// Physical CPU state.
-#[derive(Debug, PartialEq, Eq, Hash)]
+///
+/// Laid out hot-first (`repr(C)`): the fields nearly every step of this CPU reads — whether an
+/// IPI is pending, interrupts, the current task, the interrupt stack, the call queue — lead,
+/// so that with [`HashCached`](shootdown_engine::HashCached)'s header they share the first
+/// cache line or two (a step of one of thousands of CPUs misses on every line it touches); the
+/// TLB, touched only by translations and flushes, comes last. The fingerprint hashes the
+/// fields in the order `state_fields!` lists them, whatever the layout.
+#[derive(Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct Cpu {
-    pub tlb: Tlb,
+    /// CALL_FUNCTION vector pending.
+    pub ipi_pending: bool,
+    pub need_resched: bool,
+    /// Halted in the idle loop (for the wake-up cost).
+    pub halted: bool,
+    /// Depth of IRQ-disabled sections (0 = interrupts enabled).
+    pub irq_off: u32,
+    pub curr: TaskId,
+    pub idle_task: TaskId,
     /// mm whose page tables CR3 points to, and the loaded hardware PCID.
     pub cr3_mm: MmId,
     pub cr3_pcid: u16,
-    pub tlbstate: TlbState,
     /// Interrupt stack: frames of the handler being run.
     pub irq_stack: Vec<Frame>,
-    /// Depth of IRQ-disabled sections (0 = interrupts enabled).
-    pub irq_off: u32,
-    /// CALL_FUNCTION vector pending.
-    pub ipi_pending: bool,
     /// `call_single_queue`: csds queued for this CPU (llist, newest first).
     pub call_queue: Vec<CsdKey>,
-    pub curr: TaskId,
-    pub idle_task: TaskId,
+    pub tlbstate: TlbState,
     pub runqueue: VecDeque<TaskId>,
-    pub need_resched: bool,
     /// TSO store buffer.
     pub sb: StoreBuffer<crate::mem::Loc>,
-    /// Halted in the idle loop (for the wake-up cost).
-    pub halted: bool,
+    pub tlb: Tlb,
 }
 
-shootdown_engine::clone_by_fields!(Cpu {
+shootdown_engine::state_fields!(Cpu {
     tlb,
     cr3_mm,
     cr3_pcid,
@@ -330,7 +342,7 @@ shootdown_engine::clone_by_fields!(Cpu {
     need_resched,
     sb,
     halted,
-});
+} fixed {});
 
 /// What a user-mode task does next: its program is a list of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -501,20 +513,25 @@ pub enum TaskState {
 
 /// A task (thread). Kernel frames of a task live on its own stack, so a task can block in the
 /// middle of a system call and resume there.
+///
+/// Laid out hot-first (`repr(C)`, see [`Cpu`]): the stack and scheduling state every step
+/// reads, then the user program's progress, then the rest.
 #[derive(Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct Task {
-    pub name: String,
+    pub stack: Vec<Frame>,
     /// None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB).
     pub mm: Option<MmId>,
-    pub state: TaskState,
     pub cpu: CpuId,
-    pub stack: Vec<Frame>,
-    pub program: Vec<UserOp>,
+    pub state: TaskState,
+    /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
+    pub on_cpu: bool,
     pub pc: u16,
-    /// Remaining iterations of the loop op at each pc (lazily created).
-    pub loop_left: Vec<(u16, u32)>,
     /// Progress inside a multi-page op.
     pub op_progress: u64,
+    pub program: Vec<UserOp>,
+    /// Remaining iterations of the loop op at each pc (lazily created).
+    pub loop_left: Vec<(u16, u32)>,
     /// Random block chosen for the current TouchRandomBlock / FileioExec op.
     pub op_base: Option<Vpn>,
     /// When the current TouchRegions region's first attempt began (its access faulted).
@@ -523,8 +540,7 @@ pub struct Task {
     pub fsync_file: Option<u32>,
     /// CPUs for SetAffinityNext.
     pub cpus: Vec<CpuId>,
-    /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
-    pub on_cpu: bool,
+    pub name: String,
 }
 
 // The program and name are fixed for a run and left out of the fingerprint. (A task is
