@@ -26,7 +26,7 @@ pub mod trace;
 pub mod unhashed;
 
 pub use digest::{digest, HashCached};
-pub use model::{Env, Model, Outcome, Park, StepKind, Violation};
+pub use model::{prefetch, Env, Lead, Model, Outcome, Park, StepKind, Violation};
 pub use rng::DetRng;
 pub use shared::Shared;
 pub use time::Time;

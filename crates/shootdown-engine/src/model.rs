@@ -139,4 +139,30 @@ pub trait Model: Clone + Eq + Hash + Debug {
     fn check_state(&self) -> Option<Violation> {
         None
     }
+    /// The timed driver's hint that `agent` is likely to run soon: start bringing what its
+    /// step will read into the host's cache ([`prefetch`]). It must not change the state (it
+    /// only reads), so a wrong hint costs time, never a result. The hints for an agent come
+    /// one step apart, `Lead::Two` first: the second may read what the first fetched and
+    /// fetch what that leads to (a CPU, then its current task).
+    fn prefetch(&self, _agent: AgentId, _lead: Lead) {}
+}
+
+/// How many steps ahead a [`Model::prefetch`] hint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lead {
+    One,
+    Two,
+}
+
+/// Start fetching the cache line at `p` into the host's caches (x86 `PREFETCHT0`; nothing
+/// elsewhere). Prefetching never faults, whatever the address.
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it reads nothing the program sees and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }

@@ -9,7 +9,7 @@
 //! The run is a pure function of the model's initial state and the seed: no wall-clock, thread
 //! count or hash-map order enters it.
 
-use crate::model::{AgentId, Env, Model, Park, Violation};
+use crate::model::{prefetch, AgentId, Env, Lead, Model, Park, Violation};
 use crate::profile::{Profile, Profiler};
 use crate::rng::DetRng;
 use crate::time::Time;
@@ -116,6 +116,11 @@ impl Entry {
         self.0 as u64 as AgentId
     }
 }
+
+/// Below this many agents the timed driver gives the model no prefetch hints
+/// ([`Model::prefetch`]): their state stays in the host's cache anyway. (A host-speed setting;
+/// hints never change a result.)
+const PREFETCH_MIN_AGENTS: usize = 256;
 
 /// The discrete-event driver. Holds only scheduling state; the model holds everything else.
 pub struct TimedDriver {
@@ -322,6 +327,32 @@ impl TimedDriver {
         Reverse(Entry::new(a.at, agent))
     }
 
+    /// While the earliest agent steps, prefetch for the two agents most likely to run after
+    /// it: the second- and third-earliest queue entries (a child of the root, then the other
+    /// child or a grandchild). With thousands of agents nearly every step is another agent's,
+    /// whose state is cold; hinted one and two steps ahead, it arrives while other steps run
+    /// (at 1024 CPUs the guesses are right for 97 % and 92 % of steps; hints three steps ahead,
+    /// right for 74 %, were slower). A stale entry, or an agent the step wakes earlier, only
+    /// wastes a prefetch. With few agents everything is in the host's cache already, and the
+    /// hints only cost time.
+    #[inline]
+    fn prefetch_next<M: Model>(&self, model: &M) {
+        let q = self.queue.as_slice();
+        if self.agents.len() < PREFETCH_MIN_AGENTS || q.len() < 3 {
+            return;
+        }
+        let key = |i: usize| q.get(i).map_or(u128::MAX, |e| e.0 .0);
+        let (second, other) = if key(1) <= key(2) { (1, 2) } else { (2, 1) };
+        let third = [other, 2 * second + 1, 2 * second + 2]
+            .into_iter()
+            .min_by_key(|&i| key(i))
+            .expect("three candidates");
+        let (next, after) = (q[second].0.agent(), q[third].0.agent());
+        prefetch(&self.agents[after]);
+        model.prefetch(after, Lead::Two);
+        model.prefetch(next, Lead::One);
+    }
+
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
     pub fn run<M: Model>(&mut self, model: &mut M, limits: Limits) -> RunStats {
         let mut wakes: Vec<(AgentId, Time)> = Vec::new();
@@ -357,6 +388,7 @@ impl TimedDriver {
                 break Stop::TimeLimit;
             }
             let now = t.max(a.clock);
+            self.prefetch_next(model);
             let action = model.timed_action(agent, now);
             wakes.clear();
             deadlines.clear();

@@ -22,7 +22,7 @@ use crate::options::Options;
 use crate::perf::Perf;
 use crate::state::*;
 use shootdown_engine::{
-    Env, HashCached, Model, Outcome, Park, StepKind, Time, Unhashed, Violation,
+    prefetch, Env, HashCached, Lead, Model, Outcome, Park, StepKind, Time, Unhashed, Violation,
 };
 use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
@@ -372,6 +372,32 @@ impl Model for Machine {
 
     fn finished(&self) -> bool {
         self.perf.user_tasks_alive == 0 && self.perf.host_threads_alive == 0
+    }
+
+    /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read
+    /// first) and its performance line. One step ahead: through the CPU, now cached, its
+    /// current task and the top frame of its interrupt stack.
+    fn prefetch(&self, agent: usize, lead: Lead) {
+        let Some(c) = self.cpus.get(agent) else {
+            return;
+        };
+        match lead {
+            Lead::Two => {
+                let p: *const Cpu = &**c;
+                prefetch(p);
+                prefetch(p.cast::<u8>().wrapping_add(64));
+                prefetch(&self.perf.cpu[agent]);
+            }
+            Lead::One => {
+                if let Some(t) = self.tasks.get(c.curr as usize) {
+                    let p: *const Task = &**t;
+                    prefetch(p);
+                }
+                if let Some(f) = c.irq_stack.last() {
+                    prefetch(f);
+                }
+            }
+        }
     }
 }
 
