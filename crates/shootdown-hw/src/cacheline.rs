@@ -103,6 +103,15 @@ struct Line {
     busy_until: Time,
 }
 
+impl Line {
+    /// A line no CPU holds.
+    const UNTOUCHED: Line = Line {
+        owner: None,
+        sharers: Sharers::EMPTY,
+        busy_until: Time::ZERO,
+    };
+}
+
 /// Hashes a line id with splitmix64's finalizer: ids are structured (class in the top byte,
 /// CPUs in fixed fields), and every bit must reach the bucket index.
 #[derive(Clone, Copy, Debug, Default)]
@@ -124,15 +133,34 @@ impl std::hash::Hasher for LineHasher {
     }
 }
 
-/// The directory: one entry per line ever touched. Most lines live in a hash table; one large
-/// family the caller numbers densely (a line per pair of CPUs: the `call_single_data`s) lives
-/// in a flat array instead, so that a CPU walking its targets touches neighbouring entries
-/// rather than a random bucket of a table that grows with the square of the CPUs.
+/// The directory: one entry per line ever touched. Most lines live in a hash table; two
+/// families the caller numbers densely live in arrays instead. One holds a line per pair of
+/// CPUs (the `call_single_data`s), packed, so that a CPU walking its targets touches
+/// neighbouring entries rather than a random bucket of a table that grows with the square of
+/// the CPUs. The other holds each CPU's own lines (its per-CPU variables), whole and side by
+/// side: one slot each, where a cold hash probe costs two cache misses at thousands of CPUs.
 #[derive(Clone, Debug, Default)]
 pub struct LineDirectory {
     lines: std::collections::HashMap<LineId, Line, std::hash::BuildHasherDefault<LineHasher>>,
     words: usize,
     dense: Dense,
+    flat: Flat,
+}
+
+/// Lines `base..base + len`, kept whole in an array ([`LineDirectory::with_flat`]), allocated
+/// on first use.
+#[derive(Clone, Debug, Default)]
+struct Flat {
+    base: LineId,
+    len: u64,
+    lines: Vec<Line>,
+}
+
+impl Flat {
+    fn index(&self, line: LineId) -> Option<usize> {
+        let i = line.wrapping_sub(self.base);
+        (i < self.len).then_some(i as usize)
+    }
 }
 
 /// Lines `base..base + len`, kept flat ([`LineDirectory::with_dense`]), allocated on first
@@ -204,6 +232,30 @@ impl LineDirectory {
             lines: Default::default(),
             words: nr_cpus.div_ceil(64).max(1),
             dense: Dense::default(),
+            flat: Flat::default(),
+        }
+    }
+
+    /// Keep lines `ids` whole in an array rather than the hash table (same prices, one slot
+    /// per line): for a family of lines the caller numbers densely, such as each CPU's own
+    /// lines side by side. The array is allocated when one of them is first touched.
+    pub fn with_flat(mut self, ids: std::ops::Range<LineId>) -> Self {
+        self.flat = Flat {
+            base: ids.start,
+            len: ids.end - ids.start,
+            lines: Vec::new(),
+        };
+        self
+    }
+
+    /// Start fetching `line`'s entry into the host's cache, if it has a slot of its own (a
+    /// hint for the timed driver: see `shootdown_engine::Model::prefetch`).
+    #[inline]
+    pub fn prefetch(&self, line: LineId) {
+        if let Some(l) = self.flat.index(line).and_then(|i| self.flat.lines.get(i)) {
+            shootdown_engine::prefetch(l);
+        } else if let Some(s) = self.dense.index(line).and_then(|i| self.dense.slots.get(i)) {
+            shootdown_engine::prefetch(s);
         }
     }
 
@@ -244,6 +296,12 @@ impl LineDirectory {
         at: Time,
     ) -> Time {
         let words = self.words;
+        if let Some(i) = self.flat.index(line) {
+            if self.flat.lines.is_empty() {
+                self.flat.lines = vec![Line::UNTOUCHED; self.flat.len as usize];
+            }
+            return Self::access_line(&mut self.flat.lines[i], words, topo, costs, cpu, write, at);
+        }
         if let Some(i) = self.dense.index(line) {
             if self.dense.slots.is_empty() {
                 self.dense.slots = vec![[0; 2]; self.dense.len as usize];
@@ -262,11 +320,7 @@ impl LineDirectory {
                 return cost;
             }
         }
-        let l = self.lines.entry(line).or_insert(Line {
-            owner: None,
-            sharers: Sharers::EMPTY,
-            busy_until: Time::ZERO,
-        });
+        let l = self.lines.entry(line).or_insert(Line::UNTOUCHED);
         Self::access_line(l, words, topo, costs, cpu, write, at)
     }
 
@@ -419,8 +473,9 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Lines kept flat are priced exactly as hashed ones, whatever the access sequence:
-        /// packing, the two inline sharers and the move of a line with more to the hash table.
+        /// Lines kept in arrays are priced exactly as hashed ones, whatever the access
+        /// sequence: packing, the two inline sharers and the move of a line with more to the
+        /// hash table; lines kept whole.
         #[test]
         fn dense_lines_are_priced_as_hashed_ones(
             accesses in proptest::collection::vec((0usize..20, 0u64..6, proptest::bool::ANY, 0u64..40), 1..300)
@@ -429,7 +484,7 @@ mod tests {
             let p = CostProfile::uniform("t", 10.0, Features::modern());
             let c = &p.costs;
             let mut hashed = LineDirectory::new(topo.nr_cpus());
-            let mut dense = LineDirectory::new(topo.nr_cpus()).with_dense(2..5);
+            let mut dense = LineDirectory::new(topo.nr_cpus()).with_dense(2..4).with_flat(4..6);
             let mut t = Time::from_ns(1000);
             for (cpu, line, write, dt) in accesses {
                 t += Time::from_ns(dt);

@@ -387,6 +387,9 @@ impl Model for Machine {
                 prefetch(p);
                 prefetch(p.cast::<u8>().wrapping_add(64));
                 prefetch(&self.perf.cpu[agent]);
+                let lines = &self.perf.lines;
+                lines.prefetch(crate::mem::percpu_line(agent, crate::mem::PerCpuLine::Tlbstate0));
+                lines.prefetch(crate::mem::percpu_line(agent, crate::mem::PerCpuLine::CallQueue));
             }
             Lead::One => {
                 if let Some(t) = self.tasks.get(c.curr as usize) {

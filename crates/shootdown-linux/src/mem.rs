@@ -81,8 +81,39 @@ macro_rules! locations {
 }
 
 const MM_LINES: u64 = 1 << 56;
-const TLBSTATE_SHARED_LINES: u64 = 3 << 56;
 const CSD_LINES: u64 = 4 << 56;
+/// Each CPU's own lines (its per-CPU variables), numbered densely: [`percpu_line`].
+const PERCPU_LINES: u64 = 22 << 56;
+
+/// The lines of one CPU's per-CPU variables ([`percpu_line`]).
+#[derive(Clone, Copy)]
+pub(crate) enum PerCpuLine {
+    /// `cpu_tlbstate`'s first line (`loaded_mm`, `loaded_mm_asid`, `is_lazy` until v5.13,
+    /// `ctxs[0..2]`) and its second (`ctxs[2..6]`): [`tlbstate_line`].
+    Tlbstate0,
+    Tlbstate1,
+    /// `cpu_tlbstate_shared` (`is_lazy` from v5.13).
+    TlbstateShared,
+    /// The CPU's `flush_tlb_info`.
+    FlushInfo,
+    /// Its `call_single_queue` head.
+    CallQueue,
+    /// A vCPU's steal-time area (one 64-byte aligned struct per vCPU).
+    StealTime,
+    /// A vCPU's `mode` and `requests` (neighbours in `struct kvm_vcpu`).
+    VcpuMode,
+}
+const PERCPU_KINDS: u64 = 8;
+
+/// The line of `cpu`'s per-CPU variable `kind`, numbered CPU-major so that the directory keeps
+/// each CPU's lines side by side in one array ([`percpu_lines`]).
+pub(crate) fn percpu_line(cpu: CpuId, kind: PerCpuLine) -> LineId {
+    PERCPU_LINES + cpu as u64 * PERCPU_KINDS + kind as u64
+}
+/// Every per-CPU line of a machine of `n` CPUs (or vCPUs).
+pub(crate) fn percpu_lines(n: usize) -> std::ops::Range<LineId> {
+    PERCPU_LINES..PERCPU_LINES + n as u64 * PERCPU_KINDS
+}
 
 locations! {
     /// `mm->context.tlb_gen`.
@@ -109,7 +140,7 @@ locations! {
     /// `cpu_tlbstate(_shared).is_lazy` of a CPU.
     IsLazy(c: u32) {
         line(m) = if m.opts.tlbstate_shared {
-            TLBSTATE_SHARED_LINES | c as u64
+            percpu_line(c as CpuId, PerCpuLine::TlbstateShared)
         } else {
             tlbstate_line(c as CpuId, TLBSTATE_IS_LAZY_OFFSET)
         };
@@ -161,8 +192,7 @@ locations! {
     /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
     /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
     Preempted(c: u32) {
-        // One steal-time area (64-byte aligned struct) per vCPU.
-        line(m) = (8u64 << 56) | c as u64;
+        line(m) = percpu_line(c as CpuId, PerCpuLine::StealTime);
         read(m) = m.host.as_ref().map_or(0, |h| h.steal_preempted[c as usize]) as u64;
         write(m, v) = if let Some(h) = m.host.as_mut() {
             h.steal_preempted[c as usize] = v as u8;
@@ -179,15 +209,14 @@ locations! {
     }
     /// KVM: `vcpu->mode` (`kvm::mode`).
     VcpuMode(v: u32) {
-        // `mode` and `requests` are neighbours in struct kvm_vcpu.
-        line(m) = (12u64 << 56) | v as u64;
+        line(m) = percpu_line(v as CpuId, PerCpuLine::VcpuMode);
         read(m) = m.host_ref().vcpus[v as usize].mode;
         write(m, x) = m.host_mut().vcpus[v as usize].mode = x;
         rename(f) = Loc::VcpuMode(f(v));
     }
     /// KVM: `vcpu->requests` (a bit per `kvm::Request`).
     VcpuRequests(v: u32) {
-        line(m) = (12u64 << 56) | v as u64;
+        line(m) = percpu_line(v as CpuId, PerCpuLine::VcpuMode);
         read(m) = m.host_ref().vcpus[v as usize].requests;
         write(m, x) = m.host_mut().vcpus[v as usize].requests = x;
         rename(f) = Loc::VcpuRequests(f(v));
@@ -327,7 +356,11 @@ const TLBSTATE_CTXS_OFFSET: u64 = 32;
 /// (`loaded_mm_asid`, `user_pcid_flush_mask`, `ctxs[]`) moves when other CPUs have been reading
 /// `is_lazy` from line 0. `loaded_mm` and `is_lazy` themselves are [`Loc`]s.
 pub(crate) fn tlbstate_line(cpu: CpuId, offset: u64) -> LineId {
-    (2u64 << 56) | (offset / 64) << 32 | cpu as u64
+    match offset / 64 {
+        0 => percpu_line(cpu, PerCpuLine::Tlbstate0),
+        1 => percpu_line(cpu, PerCpuLine::Tlbstate1),
+        _ => unreachable!("struct tlb_state spans two lines (offset {offset})"),
+    }
 }
 
 /// The line of `cpu_tlbstate.ctxs[asid]`: `ctxs[0]` and `ctxs[1]` share line 0 with `is_lazy`,
@@ -343,7 +376,7 @@ pub(crate) fn struct_file_line(file: u32) -> LineId {
 }
 /// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
 pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
-    (5u64 << 56) | cpu as u64
+    percpu_line(cpu, PerCpuLine::FlushInfo)
 }
 /// The line of the `call_single_data` `k` on a machine of `n` CPUs: numbered densely, sender
 /// major, so that the directory keeps them in one flat array ([`csd_lines`]) and a sender's
@@ -359,7 +392,7 @@ pub(crate) fn csd_lines(n: usize) -> std::ops::Range<LineId> {
 }
 /// A CPU's `call_single_queue` head.
 pub(crate) fn call_queue_line(cpu: CpuId) -> LineId {
-    (6u64 << 56) | cpu as u64
+    percpu_line(cpu, PerCpuLine::CallQueue)
 }
 
 /// Wake-up key of a location: a CPU spinning on `loc` parks with this key and a store to `loc`

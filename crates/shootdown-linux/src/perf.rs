@@ -123,7 +123,8 @@ impl Perf {
         let pcpus = topo.nr_cpus();
         Perf {
             lines: shootdown_hw::cacheline::LineDirectory::new(pcpus)
-                .with_dense(crate::mem::csd_lines(n)),
+                .with_dense(crate::mem::csd_lines(n))
+                .with_flat(crate::mem::percpu_lines(n)),
             counters: Counters::new(),
             cpu: vec![CpuPerf::default(); n],
             ipi_flows: vec![Vec::new(); n],
