@@ -325,6 +325,7 @@ impl LineDirectory {
     }
 
     /// [`Self::access`] on the line's entry.
+    #[inline(always)]
     fn access_line(
         l: &mut Line,
         words: usize,

@@ -49,6 +49,8 @@ impl Machine {
 
     /// After a timed step of `cpu` that parked it with `park`: record whether it now executes;
     /// if that changed, reprice what is left of its siblings' parked interruptible work.
+    /// (Inlined into every timed step: usually nothing changed.)
+    #[inline]
     pub(crate) fn smt_after_step<E: Env>(&mut self, cpu: CpuId, park: Park, env: &mut E) {
         if !self.smt_priced() {
             return;
@@ -63,6 +65,12 @@ impl Machine {
             return;
         }
         self.perf.core_executing[core] ^= bit;
+        self.smt_reprice_siblings(cpu, env);
+    }
+
+    /// `cpu` started or stopped executing: its siblings' parked work stretches anew.
+    #[inline(never)]
+    fn smt_reprice_siblings<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
         let now = env.now() + env.elapsed();
         for s in siblings(&self.topo, cpu) {
             let b = self.perf.cpu[s].busy;
