@@ -4,12 +4,17 @@
 //! `cargo bench -p shootdown-experiments --bench timed_driver`
 //!
 //! The `sysbench_cpus_*` cases widen seed 000's machine (2 sockets × N cores × 2 threads, one
-//! sysbench thread per CPU, 2 ms simulated) to show how the cost of a step grows with the
-//! number of CPUs (issue 16; 4096 CPUs: `shootdown bench` in docs/performance.md).
+//! sysbench thread per CPU) to show how the cost of a step grows with the number of CPUs
+//! (issue 16): 64 and 1024 CPUs for 2 ms simulated, 4096 CPUs for 1.2 ms (about 30 M steps a
+//! run; the whole 12 ms row is `shootdown bench` in docs/performance.md). The allocator is
+//! the one the shipped binaries use (mimalloc).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shootdown_experiments::{load, run_point};
 use std::path::Path;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn bench_case(c: &mut Criterion, name: &str, file: &str, sets: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -41,7 +46,7 @@ fn benches(c: &mut Criterion) {
         "experiments/seeds/seed000-sysbench-mitigations.toml",
         &["experiment.rows=[48]", "workload.measure_ms=2"],
     );
-    for cores in [16, 256] {
+    for (cores, warmup, measure) in [(16, "1", "1"), (256, "1", "1"), (1024, "1", "0.2")] {
         let cpus = cores * 4;
         let (cores_set, rows) = (
             format!("topology.cores_per_socket={cores}"),
@@ -54,8 +59,8 @@ fn benches(c: &mut Criterion) {
             &[
                 &cores_set,
                 &rows,
-                "workload.warmup_ms=1",
-                "workload.measure_ms=1",
+                &format!("workload.warmup_ms={warmup}"),
+                &format!("workload.measure_ms={measure}"),
             ],
         );
     }
