@@ -122,15 +122,21 @@ impl Entry {
 /// hints never change a result.)
 const PREFETCH_MIN_AGENTS: usize = 256;
 
-/// The discrete-event driver. Holds only scheduling state; the model holds everything else.
+/// The discrete-event driver. Holds only scheduling state and what a step may ask of the
+/// driver (randomness, the trace); the model holds everything else.
 pub struct TimedDriver {
+    sched: Schedule,
+    rng: DetRng,
+    trace: Option<TraceSink>,
+}
+
+/// Who runs when: the agents' slots and the queue of their next runs.
+struct Schedule {
     agents: Vec<Agent>,
     queue: BinaryHeap<Reverse<Entry>>,
     spinners: Vec<AgentId>,
     /// Agents spinning on a specific key.
     keyed: BTreeMap<u64, Vec<AgentId>>,
-    rng: DetRng,
-    trace: Option<TraceSink>,
     steps: u64,
 }
 
@@ -152,15 +158,29 @@ impl TraceSink {
     }
 }
 
+/// What a step sees of the driver. One lives for a whole run, reset before each step (it
+/// used to be built per step: a dozen stores a step the driver does not need).
 struct StepEnv<'a> {
     now: Time,
     charged: Time,
     rng: &'a mut DetRng,
-    wakes: &'a mut Vec<(AgentId, Time)>,
-    deadlines: &'a mut Vec<(AgentId, Time)>,
+    wakes: Vec<(AgentId, Time)>,
+    deadlines: Vec<(AgentId, Time)>,
     notified: bool,
-    keys: &'a mut Vec<u64>,
+    keys: Vec<u64>,
     trace: Option<&'a mut TraceSink>,
+}
+
+impl StepEnv<'_> {
+    /// Ready for the next step, which starts at `now`.
+    fn reset(&mut self, now: Time) {
+        self.now = now;
+        self.charged = Time::ZERO;
+        self.notified = false;
+        self.wakes.clear();
+        self.deadlines.clear();
+        self.keys.clear();
+    }
 }
 
 impl Env for StepEnv<'_> {
@@ -202,98 +222,7 @@ impl Env for StepEnv<'_> {
     }
 }
 
-impl TimedDriver {
-    /// A driver for `agents` agents, all runnable at time zero.
-    pub fn new(agents: usize, seed: u64, stream: u64) -> Self {
-        let mut queue = BinaryHeap::with_capacity(agents * 2);
-        for a in 0..agents {
-            queue.push(Reverse(Entry::new(Time::ZERO, a)));
-        }
-        TimedDriver {
-            agents: vec![
-                Agent {
-                    clock: Time::ZERO,
-                    at: Time::ZERO,
-                    key: 0,
-                    state: AgentState::Scheduled,
-                    deadline: false,
-                    keyed: false,
-                };
-                agents
-            ],
-            queue,
-            spinners: Vec::new(),
-            keyed: BTreeMap::new(),
-            rng: DetRng::new(seed, stream),
-            trace: None,
-            steps: 0,
-        }
-    }
-
-    /// Record trace events from now on.
-    pub fn enable_trace(&mut self) {
-        self.trace = Some(TraceSink::Record(Vec::new()));
-    }
-
-    /// Record only the trace events of a window of simulated time ([`WindowSink`]).
-    pub fn enable_trace_window(&mut self, start: WindowStart, duration: Time) {
-        self.trace = Some(TraceSink::Window(Box::new(WindowSink::new(
-            start, duration,
-        ))));
-    }
-
-    /// The end of the trace window, once its start is known (a run can stop there).
-    pub fn trace_window_end(&self) -> Option<Time> {
-        match &self.trace {
-            Some(TraceSink::Window(w)) => w.end(),
-            _ => None,
-        }
-    }
-
-    /// The trace window's events, every slice closed ([`WindowSink::finish`]).
-    pub fn take_trace_window(&mut self, run_end: Time) -> Vec<Stamped> {
-        match self.trace.take() {
-            Some(TraceSink::Window(w)) => w.finish(run_end),
-            other => {
-                self.trace = other;
-                Vec::new()
-            }
-        }
-    }
-
-    /// Recorded trace events (empty unless [`TimedDriver::enable_trace`] was called).
-    pub fn take_trace(&mut self) -> Vec<Stamped> {
-        match self.trace.take() {
-            Some(TraceSink::Record(v)) => v,
-            other => {
-                self.trace = other;
-                Vec::new()
-            }
-        }
-    }
-
-    /// Profile where agent time goes after `from` (instead of recording a timeline): see
-    /// [`crate::profile`].
-    pub fn enable_profile(&mut self, from: Time) {
-        self.trace = Some(TraceSink::Profile(Profiler::new(self.agents.len(), from)));
-    }
-
-    /// The profile up to `end` (`None` unless [`TimedDriver::enable_profile`] was called).
-    pub fn take_profile(&mut self, end: Time) -> Option<Profile> {
-        match self.trace.take() {
-            Some(TraceSink::Profile(p)) => Some(p.finish(end)),
-            other => {
-                self.trace = other;
-                None
-            }
-        }
-    }
-
-    /// Clock of an agent.
-    pub fn clock(&self, agent: AgentId) -> Time {
-        self.agents[agent].clock
-    }
-
+impl Schedule {
     fn schedule(&mut self, agent: AgentId, at: Time) {
         let a = &mut self.agents[agent];
         a.deadline = false;
@@ -353,34 +282,219 @@ impl TimedDriver {
         model.prefetch(next, Lead::One);
     }
 
+    /// After `agent`'s step from `now` to `end`: park or requeue it as the step said, then
+    /// wake whom the step woke and notified (`env`).
+    fn after_step(&mut self, agent: AgentId, park: Park, now: Time, end: Time, env: &StepEnv) {
+        self.agents[agent].state = AgentState::Halted; // placeholder until decided below
+        match park {
+            Park::Run => {
+                // What `schedule(agent, end)` would push, put in the step's own entry.
+                let entry = self.make_runnable(agent, end);
+                *self.queue.peek_mut().expect("the step's entry") = entry;
+            }
+            Park::Halt => {
+                self.queue.pop();
+            }
+            Park::Spin => {
+                self.queue.pop();
+                self.agents[agent].state = AgentState::Spinning;
+                self.spinners.push(agent);
+            }
+            Park::SpinOn(k) => {
+                self.queue.pop();
+                let a = &mut self.agents[agent];
+                a.state = AgentState::Spinning;
+                (a.keyed, a.key) = (true, k);
+                self.keyed.entry(k).or_default().push(agent);
+            }
+            Park::Done => {
+                self.queue.pop();
+                self.agents[agent].state = AgentState::Done;
+            }
+        }
+        for &(a, at) in &env.wakes {
+            self.schedule(a, at.max(now));
+        }
+        for &(a, at) in &env.deadlines {
+            let at = at.max(now);
+            let s = &mut self.agents[a];
+            if s.state == AgentState::Spinning {
+                if s.spin_deadline().map_or(true, |d| at < d) {
+                    (s.deadline, s.at) = (true, at);
+                    self.queue.push(Reverse(Entry::new(at, a)));
+                }
+            } else {
+                self.schedule(a, at);
+            }
+        }
+        if env.notified {
+            let mut all = std::mem::take(&mut self.spinners);
+            for (_, v) in std::mem::take(&mut self.keyed) {
+                all.extend(v);
+            }
+            all.sort_unstable();
+            for s in all {
+                self.agents[s].keyed = false;
+                if s != agent {
+                    self.agents[s].state = AgentState::Halted;
+                    self.schedule(s, end);
+                } else {
+                    self.spinners.push(s);
+                }
+            }
+        }
+        for &k in &env.keys {
+            if let Some(mut v) = self.keyed.remove(&k) {
+                v.sort_unstable();
+                for s in v {
+                    self.agents[s].keyed = false;
+                    if s != agent {
+                        self.agents[s].state = AgentState::Halted;
+                        self.schedule(s, end);
+                    } else {
+                        (self.agents[s].keyed, self.agents[s].key) = (true, k);
+                        self.keyed.entry(k).or_default().push(s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl TimedDriver {
+    /// A driver for `agents` agents, all runnable at time zero.
+    pub fn new(agents: usize, seed: u64, stream: u64) -> Self {
+        let mut queue = BinaryHeap::with_capacity(agents * 2);
+        for a in 0..agents {
+            queue.push(Reverse(Entry::new(Time::ZERO, a)));
+        }
+        TimedDriver {
+            sched: Schedule {
+                agents: vec![
+                    Agent {
+                        clock: Time::ZERO,
+                        at: Time::ZERO,
+                        key: 0,
+                        state: AgentState::Scheduled,
+                        deadline: false,
+                        keyed: false,
+                    };
+                    agents
+                ],
+                queue,
+                spinners: Vec::new(),
+                keyed: BTreeMap::new(),
+                steps: 0,
+            },
+            rng: DetRng::new(seed, stream),
+            trace: None,
+        }
+    }
+
+    /// Record trace events from now on.
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(TraceSink::Record(Vec::new()));
+    }
+
+    /// Record only the trace events of a window of simulated time ([`WindowSink`]).
+    pub fn enable_trace_window(&mut self, start: WindowStart, duration: Time) {
+        self.trace = Some(TraceSink::Window(Box::new(WindowSink::new(
+            start, duration,
+        ))));
+    }
+
+    /// The end of the trace window, once its start is known (a run can stop there).
+    pub fn trace_window_end(&self) -> Option<Time> {
+        match &self.trace {
+            Some(TraceSink::Window(w)) => w.end(),
+            _ => None,
+        }
+    }
+
+    /// The trace window's events, every slice closed ([`WindowSink::finish`]).
+    pub fn take_trace_window(&mut self, run_end: Time) -> Vec<Stamped> {
+        match self.trace.take() {
+            Some(TraceSink::Window(w)) => w.finish(run_end),
+            other => {
+                self.trace = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Recorded trace events (empty unless [`TimedDriver::enable_trace`] was called).
+    pub fn take_trace(&mut self) -> Vec<Stamped> {
+        match self.trace.take() {
+            Some(TraceSink::Record(v)) => v,
+            other => {
+                self.trace = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Profile where agent time goes after `from` (instead of recording a timeline): see
+    /// [`crate::profile`].
+    pub fn enable_profile(&mut self, from: Time) {
+        self.trace = Some(TraceSink::Profile(Profiler::new(
+            self.sched.agents.len(),
+            from,
+        )));
+    }
+
+    /// The profile up to `end` (`None` unless [`TimedDriver::enable_profile`] was called).
+    pub fn take_profile(&mut self, end: Time) -> Option<Profile> {
+        match self.trace.take() {
+            Some(TraceSink::Profile(p)) => Some(p.finish(end)),
+            other => {
+                self.trace = other;
+                None
+            }
+        }
+    }
+
+    /// Clock of an agent.
+    pub fn clock(&self, agent: AgentId) -> Time {
+        self.sched.agents[agent].clock
+    }
+
     /// Run until the model finishes, a limit is hit, or an invariant breaks.
     pub fn run<M: Model>(&mut self, model: &mut M, limits: Limits) -> RunStats {
-        let mut wakes: Vec<(AgentId, Time)> = Vec::new();
-        let mut deadlines: Vec<(AgentId, Time)> = Vec::new();
-        let mut keys: Vec<u64> = Vec::new();
+        let TimedDriver { sched, rng, trace } = self;
+        let mut env = StepEnv {
+            now: Time::ZERO,
+            charged: Time::ZERO,
+            rng,
+            wakes: Vec::new(),
+            deadlines: Vec::new(),
+            notified: false,
+            keys: Vec::new(),
+            trace: trace.as_mut(),
+        };
+        let prefetching = sched.agents.len() >= PREFETCH_MIN_AGENTS;
         let mut latest = Time::ZERO;
         let stop = loop {
             if model.finished() {
                 break Stop::Finished;
             }
-            if self.steps >= limits.max_steps {
+            if sched.steps >= limits.max_steps {
                 break Stop::StepLimit;
             }
             // The earliest entry stays in the queue while its step runs: an agent that goes on
             // running replaces it in place (one sift-down instead of a pop and a push).
-            let Some(&Reverse(e)) = self.queue.peek() else {
+            let Some(&Reverse(e)) = sched.queue.peek() else {
                 break Stop::Deadlock;
             };
             let (t, agent) = (e.time(), e.agent());
-            let a = self.agents[agent];
+            let a = sched.agents[agent];
             if a.spin_deadline() == Some(t) {
                 // A spinner's deadline: it stops waiting for notifications and runs now.
-                self.queue.pop();
-                self.schedule(agent, t);
+                sched.queue.pop();
+                sched.schedule(agent, t);
                 continue;
             }
             if !a.is_scheduled_at(t) {
-                self.queue.pop();
+                sched.queue.pop();
                 continue; // superseded entry
             }
             if t > limits.max_time {
@@ -388,110 +502,25 @@ impl TimedDriver {
                 break Stop::TimeLimit;
             }
             let now = t.max(a.clock);
-            self.prefetch_next(model);
+            if prefetching {
+                sched.prefetch_next(model);
+            }
             let action = model.timed_action(agent, now);
-            wakes.clear();
-            deadlines.clear();
-            keys.clear();
-            let (outcome, charged, notified) = {
-                let mut env = StepEnv {
-                    now,
-                    charged: Time::ZERO,
-                    rng: &mut self.rng,
-                    wakes: &mut wakes,
-                    deadlines: &mut deadlines,
-                    notified: false,
-                    keys: &mut keys,
-                    trace: self.trace.as_mut(),
-                };
-                let o = model.apply(action, &mut env);
-                (o, env.charged, env.notified)
-            };
-            self.steps += 1;
-            let end = now + charged;
-            self.agents[agent].clock = end;
+            env.reset(now);
+            let outcome = model.apply(action, &mut env);
+            sched.steps += 1;
+            let end = now + env.charged;
+            sched.agents[agent].clock = end;
             latest = latest.max(end);
             if let Some(v) = outcome.violation {
-                self.queue.pop();
+                sched.queue.pop();
                 break Stop::Violation(v);
             }
-            self.agents[agent].state = AgentState::Halted; // placeholder until decided below
-            match outcome.park {
-                Park::Run => {
-                    // What `schedule(agent, end)` would push, put in the step's own entry.
-                    let entry = self.make_runnable(agent, end);
-                    *self.queue.peek_mut().expect("the step's entry") = entry;
-                }
-                Park::Halt => {
-                    self.queue.pop();
-                }
-                Park::Spin => {
-                    self.queue.pop();
-                    self.agents[agent].state = AgentState::Spinning;
-                    self.spinners.push(agent);
-                }
-                Park::SpinOn(k) => {
-                    self.queue.pop();
-                    let a = &mut self.agents[agent];
-                    a.state = AgentState::Spinning;
-                    (a.keyed, a.key) = (true, k);
-                    self.keyed.entry(k).or_default().push(agent);
-                }
-                Park::Done => {
-                    self.queue.pop();
-                    self.agents[agent].state = AgentState::Done;
-                }
-            }
-            for &(a, at) in &wakes {
-                self.schedule(a, at.max(now));
-            }
-            for &(a, at) in &deadlines {
-                let at = at.max(now);
-                let s = &mut self.agents[a];
-                if s.state == AgentState::Spinning {
-                    if s.spin_deadline().map_or(true, |d| at < d) {
-                        (s.deadline, s.at) = (true, at);
-                        self.queue.push(Reverse(Entry::new(at, a)));
-                    }
-                } else {
-                    self.schedule(a, at);
-                }
-            }
-            if notified {
-                let mut all = std::mem::take(&mut self.spinners);
-                for (_, v) in std::mem::take(&mut self.keyed) {
-                    all.extend(v);
-                }
-                all.sort_unstable();
-                for s in all {
-                    self.agents[s].keyed = false;
-                    if s != agent {
-                        self.agents[s].state = AgentState::Halted;
-                        self.schedule(s, end);
-                    } else {
-                        self.spinners.push(s);
-                    }
-                }
-            }
-            for &k in &keys {
-                if let Some(mut v) = self.keyed.remove(&k) {
-                    v.sort_unstable();
-                    for s in v {
-                        self.agents[s].keyed = false;
-                        if s != agent {
-                            self.agents[s].state = AgentState::Halted;
-                            self.schedule(s, end);
-                        } else {
-                            (self.agents[s].keyed, self.agents[s].key) = (true, k);
-                            self.keyed.entry(k).or_default().push(s);
-                        }
-                    }
-                }
-            }
+            sched.after_step(agent, outcome.park, now, end, &env);
         };
         RunStats {
             stop,
-            steps: self.steps,
+            steps: sched.steps,
             end: latest,
         }
     }
