@@ -334,11 +334,11 @@ impl Schedule {
             }
             all.sort_unstable();
             for s in all {
-                self.agents[s].keyed = false;
                 if s != agent {
-                    self.agents[s].state = AgentState::Halted;
-                    self.schedule(s, end);
+                    self.release(s, end);
                 } else {
+                    // The notifier itself spins on, on anything.
+                    self.agents[s].keyed = false;
                     self.spinners.push(s);
                 }
             }
@@ -347,17 +347,23 @@ impl Schedule {
             if let Some(mut v) = self.keyed.remove(&k) {
                 v.sort_unstable();
                 for s in v {
-                    self.agents[s].keyed = false;
                     if s != agent {
-                        self.agents[s].state = AgentState::Halted;
-                        self.schedule(s, end);
+                        self.release(s, end);
                     } else {
-                        (self.agents[s].keyed, self.agents[s].key) = (true, k);
+                        // The notifier itself spins on, on the same key.
                         self.keyed.entry(k).or_default().push(s);
                     }
                 }
             }
         }
+    }
+
+    /// A spinner already taken out of the spinner sets: runnable after the step that notified
+    /// it, which ended at `end`.
+    fn release(&mut self, s: AgentId, end: Time) {
+        self.agents[s].keyed = false;
+        let entry = self.make_runnable(s, end);
+        self.queue.push(entry);
     }
 }
 
