@@ -147,28 +147,39 @@ pub struct LineDirectory {
     flat: Flat,
 }
 
-/// Lines `base..base + len`, kept whole in an array ([`LineDirectory::with_flat`]), allocated
-/// on first use.
-#[derive(Clone, Debug, Default)]
-struct Flat {
+/// A family of lines numbered densely, `base..base + len`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Family {
     base: LineId,
     len: u64,
-    lines: Vec<Line>,
 }
 
-impl Flat {
+impl Family {
+    fn new(ids: std::ops::Range<LineId>) -> Self {
+        Family {
+            base: ids.start,
+            len: ids.end - ids.start,
+        }
+    }
+    /// The line's place in the family, if it belongs to it.
     fn index(&self, line: LineId) -> Option<usize> {
         let i = line.wrapping_sub(self.base);
         (i < self.len).then_some(i as usize)
     }
 }
 
-/// Lines `base..base + len`, kept flat ([`LineDirectory::with_dense`]), allocated on first
-/// use (zeroed pages, so untouched lines cost nothing).
+/// A family kept whole in an array ([`LineDirectory::with_flat`]), allocated on first use.
+#[derive(Clone, Debug, Default)]
+struct Flat {
+    ids: Family,
+    lines: Vec<Line>,
+}
+
+/// A family kept packed in an array ([`LineDirectory::with_dense`]), allocated on first use
+/// (zeroed pages, so untouched lines cost nothing).
 #[derive(Clone, Debug, Default)]
 struct Dense {
-    base: LineId,
-    len: u64,
+    ids: Family,
     slots: Vec<Slot>,
 }
 
@@ -182,11 +193,6 @@ const MOVED: u64 = 1 << 63;
 const _: () = assert!(MAX_CPUS < 0xffff);
 
 impl Dense {
-    fn index(&self, line: LineId) -> Option<usize> {
-        let i = line.wrapping_sub(self.base);
-        (i < self.len).then_some(i as usize)
-    }
-
     /// The 16-bit field `k` (0: owner, 1 and 2: sharers): a CPU, or `None`.
     fn field(s: &Slot, k: u32) -> Option<u32> {
         match (s[0] >> (16 * k)) & 0xffff {
@@ -241,8 +247,7 @@ impl LineDirectory {
     /// lines side by side. The array is allocated when one of them is first touched.
     pub fn with_flat(mut self, ids: std::ops::Range<LineId>) -> Self {
         self.flat = Flat {
-            base: ids.start,
-            len: ids.end - ids.start,
+            ids: Family::new(ids),
             lines: Vec::new(),
         };
         self
@@ -252,9 +257,9 @@ impl LineDirectory {
     /// hint for the timed driver: see `shootdown_engine::Model::prefetch`).
     #[inline]
     pub fn prefetch(&self, line: LineId) {
-        if let Some(l) = self.flat.index(line).and_then(|i| self.flat.lines.get(i)) {
+        if let Some(l) = self.flat.ids.index(line).and_then(|i| self.flat.lines.get(i)) {
             shootdown_engine::prefetch(l);
-        } else if let Some(s) = self.dense.index(line).and_then(|i| self.dense.slots.get(i)) {
+        } else if let Some(s) = self.dense.ids.index(line).and_then(|i| self.dense.slots.get(i)) {
             shootdown_engine::prefetch(s);
         }
     }
@@ -268,8 +273,7 @@ impl LineDirectory {
             return self;
         }
         self.dense = Dense {
-            base: ids.start,
-            len: ids.end - ids.start,
+            ids: Family::new(ids),
             slots: Vec::new(),
         };
         self
@@ -296,15 +300,15 @@ impl LineDirectory {
         at: Time,
     ) -> Time {
         let words = self.words;
-        if let Some(i) = self.flat.index(line) {
+        if let Some(i) = self.flat.ids.index(line) {
             if self.flat.lines.is_empty() {
-                self.flat.lines = vec![Line::UNTOUCHED; self.flat.len as usize];
+                self.flat.lines = vec![Line::UNTOUCHED; self.flat.ids.len as usize];
             }
             return Self::access_line(&mut self.flat.lines[i], words, topo, costs, cpu, write, at);
         }
-        if let Some(i) = self.dense.index(line) {
+        if let Some(i) = self.dense.ids.index(line) {
             if self.dense.slots.is_empty() {
-                self.dense.slots = vec![[0; 2]; self.dense.len as usize];
+                self.dense.slots = vec![[0; 2]; self.dense.ids.len as usize];
             }
             let slot = &mut self.dense.slots[i];
             if slot[0] & MOVED == 0 {
