@@ -257,9 +257,10 @@ impl LineDirectory {
     /// hint for the timed driver: see `shootdown_engine::Model::prefetch`).
     #[inline]
     pub fn prefetch(&self, line: LineId) {
-        if let Some(l) = self.flat.ids.index(line).and_then(|i| self.flat.lines.get(i)) {
+        let (flat, dense) = (&self.flat, &self.dense);
+        if let Some(l) = flat.ids.index(line).and_then(|i| flat.lines.get(i)) {
             shootdown_engine::prefetch(l);
-        } else if let Some(s) = self.dense.ids.index(line).and_then(|i| self.dense.slots.get(i)) {
+        } else if let Some(s) = dense.ids.index(line).and_then(|i| dense.slots.get(i)) {
             shootdown_engine::prefetch(s);
         }
     }

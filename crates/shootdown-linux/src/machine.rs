@@ -18,6 +18,7 @@
 use crate::counters::Counters;
 use crate::host::{Host, HostConfig};
 use crate::mem::MemoryModel;
+use crate::mem::{percpu_line, PerCpuLine};
 use crate::options::Options;
 use crate::perf::Perf;
 use crate::state::*;
@@ -388,8 +389,8 @@ impl Model for Machine {
                 prefetch(p.cast::<u8>().wrapping_add(64));
                 prefetch(&self.perf.cpu[agent]);
                 let lines = &self.perf.lines;
-                lines.prefetch(crate::mem::percpu_line(agent, crate::mem::PerCpuLine::Tlbstate0));
-                lines.prefetch(crate::mem::percpu_line(agent, crate::mem::PerCpuLine::CallQueue));
+                lines.prefetch(percpu_line(agent, PerCpuLine::Tlbstate0));
+                lines.prefetch(percpu_line(agent, PerCpuLine::CallQueue));
             }
             Lead::One => {
                 if let Some(t) = self.tasks.get(c.curr as usize) {
