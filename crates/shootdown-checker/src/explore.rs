@@ -14,7 +14,7 @@
 //! [`explore`] callers that need the globally shortest path re-run without POR up to that depth,
 //! see `lib.rs`).
 
-use shootdown_engine::{Env, Model, Violation};
+use shootdown_engine::{Env, Interner, Model, Violation};
 use std::borrow::BorrowMut;
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -298,6 +298,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
         depth: 0,
         env: ExploreEnv::default(),
         scratch: None,
+        interner: Interner::default(),
     };
     let (verdict, violation, path, approximate) = b.run(init);
     let states = b.visited.len() as u64 - u64::from(verdict == Verdict::BoundReached);
@@ -351,6 +352,8 @@ struct Bfs<'r, M: Model, R> {
     env: ExploreEnv,
     /// The successor being examined (reused while successors are visited: [`copy_into`]).
     scratch: Option<M>,
+    /// One copy of each distinct component among the stored states ([`Interner`]).
+    interner: Interner,
 }
 
 /// Why a successor was not stored: the search ends.
@@ -399,7 +402,8 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
             }
             let nid = self.parents.len() as u32;
             self.parents.push((id, a));
-            let t = self.scratch.take().expect("the successor just built");
+            let mut t = self.scratch.take().expect("the successor just built");
+            t.intern(&self.interner);
             self.queue.push_back((nid, d + 1, alt, t));
             self.images += u64::from(alt);
         }
@@ -447,6 +451,10 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
         }
         self.queue.push_back((0, 0, false, init.clone()));
         while let Some((id, d, alt, s)) = self.queue.pop_front() {
+            if d > self.depth {
+                // A new level: the copies only the finished one held are no longer needed.
+                self.interner.purge();
+            }
             self.depth = self.depth.max(d);
             progress.tick(self.visited.len(), self.queue.len(), self.depth);
             if self.limits.max_depth.is_some_and(|md| d >= md) {

@@ -26,7 +26,7 @@ use crate::explore::{
     Verdict,
 };
 use rayon::prelude::*;
-use shootdown_engine::{Model, Violation};
+use shootdown_engine::{Interner, Model, Violation};
 use std::time::Instant;
 
 /// A successor not visited before this level: the action, whether it was applied to a
@@ -90,6 +90,7 @@ fn expand<M: Model, R: Reduction<M>>(
     red: &R,
     limits: Limits,
     before: &FpSet,
+    interner: &Interner,
     w: &mut Worker<M>,
     (id, alt, s): (u32, bool, &M),
 ) -> Expanded<M> {
@@ -121,7 +122,10 @@ fn expand<M: Model, R: Reduction<M>>(
         let fp = red.fingerprint(t);
         if !before.contains(&fp) {
             let state = if w.seen.insert(fp) {
-                w.scratch.take()
+                w.scratch.take().map(|mut t| {
+                    t.intern(interner);
+                    t
+                })
             } else {
                 None
             };
@@ -195,6 +199,7 @@ where
         t0: Instant::now(),
         visited: FpSet::default(),
         parents: Vec::new(),
+        interner: Interner::default(),
         transitions: 0,
         reduced: 0,
         images: 0,
@@ -245,6 +250,9 @@ struct Levels<'r, M: Model, R> {
     visited: FpSet,
     /// `parents[id] = (parent id, action)`; id 0 is the initial state.
     parents: Vec<(u32, M::Action)>,
+    /// One copy of each distinct component among the stored states ([`Interner`]): each
+    /// kept successor's fresh components are interned on its worker.
+    interner: Interner,
     transitions: u64,
     reduced: u64,
     images: u64,
@@ -301,13 +309,14 @@ where
         level: Level<M>,
         pool: &rayon::ThreadPool,
     ) -> Result<Level<M>, Ending<M::Action>> {
-        let (red, limits, before) = (self.red, self.limits, &self.visited);
+        let (red, limits, before, interner) =
+            (self.red, self.limits, &self.visited, &self.interner);
         let mut expanded: Vec<Expanded<M>> = pool.install(|| {
             level
                 .into_par_iter()
                 .with_min_len(MIN_PIECE)
                 .map_init(Worker::new, |w, (id, alt, s)| {
-                    let x = expand(red, limits, before, w, (id, alt, &s));
+                    let x = expand(red, limits, before, interner, w, (id, alt, &s));
                     if w.spare.len() < SPARES {
                         w.spare.push(s);
                     }
@@ -349,13 +358,15 @@ where
                 }
             }
         }
-        // The states not taken are freed on the workers (most were allocated there).
+        // The states not taken are freed on the workers (most were allocated there); then
+        // the copies only they and the finished level held.
         pool.install(|| {
             rayon::join(
                 || losers.into_par_iter().for_each(drop),
                 || expanded.into_par_iter().for_each(drop),
             )
         });
+        self.interner.purge();
         match ending {
             Some(e) => Err(e),
             None => Ok(next),

@@ -8,12 +8,16 @@
 //! * fingerprints leave out the fields `hash_by_fields!` declares fixed for a run (options,
 //!   topology, programs, names, host configuration): no step may change them;
 //! * components remember their digests (`HashCached`): after every step, of the walked state
-//!   and of its copy, the fingerprint from remembered digests is the one computed afresh.
+//!   and of its copy, the fingerprint from remembered digests is the one computed afresh;
+//! * interning (`Interner`, as the breadth-first searches do to every state they store)
+//!   changes no value or fingerprint, and an interned state steps like any other: the walked
+//!   state and its copy are interned after every step, into one interner for the run, so
+//!   that they share components with each other and with earlier states.
 mod common;
 use common::*;
 use shootdown_checker::explore::{fingerprint, ExploreEnv};
 use shootdown_checker::{scenario::parse_memory_model, Scenario};
-use shootdown_engine::Model;
+use shootdown_engine::{Interner, Model};
 use shootdown_linux::Machine;
 
 #[test]
@@ -31,6 +35,9 @@ fn clone_from_copies_every_scenario_state_exactly() {
         let sc = Scenario::load(path).unwrap();
         for mm in ["sc", "tso"] {
             let mut m = sc.build(None, parse_memory_model(mm).unwrap()).unwrap();
+            // One per run, as in the searches: a component's digest leaves out its fields
+            // fixed for the run (a task's program).
+            let interner = Interner::default();
             let init = m.clone();
             let mut enabled = Vec::new();
             for _ in 0..300 {
@@ -58,6 +65,8 @@ fn clone_from_copies_every_scenario_state_exactly() {
                 let o1 = m.apply(a, &mut ExploreEnv::default());
                 let o2 = copy.apply(a, &mut ExploreEnv::default());
                 assert_eq!(o1.violation, o2.violation, "{}: {a:?}", path.display());
+                m.intern(&interner);
+                copy.intern(&interner);
                 assert!(
                     *copy == m,
                     "{}: the copy stepped differently",

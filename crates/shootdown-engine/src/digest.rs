@@ -59,6 +59,19 @@ pub struct HashCached<T> {
     inner: Shared<Digested<T>>,
 }
 
+/// Something done to each [`HashCached`] component of a state: a state lists its components
+/// once (a `visit_components` of its own) for every such use — forgetting their digests,
+/// interning them. `index` is the component's place in its list (0 for one alone): with its
+/// type, it names which component this is, whose fields fixed for a run (a task's name and
+/// program, which its digest leaves out) are the same in every state of the run.
+pub trait Components {
+    fn component<T: Clone + Hash + Send + Sync + 'static>(
+        &mut self,
+        index: usize,
+        c: &mut HashCached<T>,
+    );
+}
+
 /// The value and its digest with its lowest bit set, split in two words; `lo == 0` means not
 /// known. (Atomics: states are shared between the explorer's threads, and two of them may take
 /// a digest at once — they store the same value. `hi` is stored before `lo` is released.)
@@ -97,6 +110,14 @@ impl<T> HashCached<T> {
                 value,
             }),
         }
+    }
+    /// Whether `a` and `b` hold the very same value.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Shared::ptr_eq(&a.inner, &b.inner)
+    }
+    /// How many handles share the value (1: this one alone).
+    pub fn handles(this: &Self) -> usize {
+        Shared::handles(&this.inner)
     }
     /// The remembered digest, if any (for tests).
     pub fn remembered(&self) -> Option<u128> {

@@ -16,6 +16,7 @@
 pub mod clone;
 pub mod digest;
 pub mod hash;
+pub mod intern;
 pub mod model;
 pub mod profile;
 pub mod rng;
@@ -25,7 +26,8 @@ pub mod timed;
 pub mod trace;
 pub mod unhashed;
 
-pub use digest::{digest, HashCached};
+pub use digest::{digest, Components, HashCached};
+pub use intern::Interner;
 pub use model::{prefetch, Env, Lead, Model, Outcome, Park, StepKind, Violation};
 pub use rng::DetRng;
 pub use shared::Shared;

@@ -7,6 +7,7 @@
 //! ([`Model::timed_action`]); the explorer asks for every enabled action ([`Model::enabled`]).
 //! Both then call the same [`Model::apply`].
 
+use crate::intern::Interner;
 use crate::time::Time;
 use crate::trace::TraceEvent;
 use std::fmt::Debug;
@@ -145,6 +146,10 @@ pub trait Model: Clone + Eq + Hash + Debug {
     /// one step apart, `Lead::Two` first: the second may read what the first fetched and
     /// fetch what that leads to (a CPU, then its current task).
     fn prefetch(&self, _agent: AgentId, _lead: Lead) {}
+    /// Point the state's components at the interner's copies of their values
+    /// ([`Interner`]): the explorer calls it on each state it stores. It changes no value,
+    /// digest or fingerprint; the default does nothing.
+    fn intern(&mut self, _interner: &Interner) {}
 }
 
 /// How many steps ahead a [`Model::prefetch`] hint is.

@@ -47,9 +47,13 @@ impl<T> Shared<T> {
             }),
         }
     }
-    /// Whether `a` and `b` hold the very same value (for tests).
+    /// Whether `a` and `b` hold the very same value.
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
         Arc::ptr_eq(&a.inner, &b.inner)
+    }
+    /// How many handles share the value (1: this one alone).
+    pub fn handles(this: &Self) -> usize {
+        Arc::strong_count(&this.inner)
     }
 }
 

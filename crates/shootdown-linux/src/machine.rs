@@ -23,13 +23,15 @@ use crate::options::Options;
 use crate::perf::Perf;
 use crate::state::*;
 use shootdown_engine::{
-    prefetch, Env, HashCached, Lead, Model, Outcome, Park, StepKind, Time, Unhashed, Violation,
+    prefetch, Components, Env, HashCached, Interner, Lead, Model, Outcome, Park, StepKind, Time,
+    Unhashed, Violation,
 };
 use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
 use shootdown_hw::tlb::Tlb;
 use shootdown_hw::{CostProfile, CpuId, Topology};
 use std::collections::BTreeMap;
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// An explorer/timed-driver action.
@@ -116,19 +118,42 @@ shootdown_engine::state_fields!(Machine {
 });
 
 impl Machine {
+    /// Every [`HashCached`] component of the state, to `v`.
+    fn visit_components(&mut self, v: &mut impl Components) {
+        fn each<T: Clone + Hash + Send + Sync + 'static>(
+            v: &mut impl Components,
+            list: &mut [HashCached<T>],
+        ) {
+            list.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| v.component(i, c));
+        }
+        each(v, &mut self.cpus);
+        each(v, &mut self.tasks);
+        each(v, &mut self.mms);
+        each(v, &mut self.ept.pages);
+        v.component(0, &mut self.oracle);
+        if let Some(h) = &mut self.host {
+            each(v, &mut h.vcpus);
+            each(v, &mut h.kvms);
+            each(v, &mut h.threads);
+        }
+    }
+
     /// Forget every remembered component digest ([`HashCached`]), so that the next
     /// fingerprint is computed from scratch (tests compare it with the remembered one).
     pub fn forget_digests(&mut self) {
-        self.cpus.iter_mut().for_each(HashCached::forget);
-        self.tasks.iter_mut().for_each(HashCached::forget);
-        self.mms.iter_mut().for_each(HashCached::forget);
-        self.ept.pages.iter_mut().for_each(HashCached::forget);
-        self.oracle.forget();
-        if let Some(h) = &mut self.host {
-            h.vcpus.iter_mut().for_each(HashCached::forget);
-            h.kvms.iter_mut().for_each(HashCached::forget);
-            h.threads.iter_mut().for_each(HashCached::forget);
+        struct Forget;
+        impl Components for Forget {
+            fn component<T: Clone + Hash + Send + Sync + 'static>(
+                &mut self,
+                _: usize,
+                c: &mut HashCached<T>,
+            ) {
+                c.forget();
+            }
         }
+        self.visit_components(&mut Forget);
     }
 
     /// A machine with every CPU idle in init_mm.
@@ -373,6 +398,20 @@ impl Model for Machine {
 
     fn finished(&self) -> bool {
         self.perf.user_tasks_alive == 0 && self.perf.host_threads_alive == 0
+    }
+
+    fn intern(&mut self, interner: &Interner) {
+        struct Intern<'a>(&'a Interner);
+        impl Components for Intern<'_> {
+            fn component<T: Clone + Hash + Send + Sync + 'static>(
+                &mut self,
+                index: usize,
+                c: &mut HashCached<T>,
+            ) {
+                self.0.intern(index, c);
+            }
+        }
+        self.visit_components(&mut Intern(interner));
     }
 
     /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read
