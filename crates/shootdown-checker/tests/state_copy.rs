@@ -12,7 +12,9 @@
 //! * interning (`Interner`, as the breadth-first searches do to every state they store)
 //!   changes no value or fingerprint, and an interned state steps like any other: the walked
 //!   state and its copy are interned after every step, into one interner for the run, so
-//!   that they share components with each other and with earlier states.
+//!   that they share components with each other and with earlier states; a walk never
+//!   interned takes the same steps to the same states (stowing the performance arrays of a
+//!   stored state changes no step).
 mod common;
 use common::*;
 use shootdown_checker::explore::{fingerprint, ExploreEnv};
@@ -39,6 +41,9 @@ fn clone_from_copies_every_scenario_state_exactly() {
             // fixed for the run (a task's program).
             let interner = Interner::default();
             let init = m.clone();
+            // The same walk, never interned: stowing a stored state's performance arrays
+            // (`Perf::stow`) must change no step.
+            let mut plain = m.clone();
             let mut enabled = Vec::new();
             for _ in 0..300 {
                 let copy = match &mut scratch {
@@ -65,6 +70,13 @@ fn clone_from_copies_every_scenario_state_exactly() {
                 let o1 = m.apply(a, &mut ExploreEnv::default());
                 let o2 = copy.apply(a, &mut ExploreEnv::default());
                 assert_eq!(o1.violation, o2.violation, "{}: {a:?}", path.display());
+                let o3 = plain.apply(a, &mut ExploreEnv::default());
+                assert_eq!(o1.violation, o3.violation, "{}: {a:?}", path.display());
+                assert!(
+                    plain == m,
+                    "{}: an interned state stepped differently",
+                    path.display()
+                );
                 m.intern(&interner);
                 copy.intern(&interner);
                 assert!(

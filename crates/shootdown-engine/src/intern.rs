@@ -22,12 +22,14 @@ use crate::digest::HashCached;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A set of shared component copies, usable from every thread of a search.
 pub struct Interner {
     /// Sharded by the digest's top bits, so that the explorer's threads rarely wait.
     shards: Vec<Mutex<HashMap<Key, Box<dyn Stored>>>>,
+    /// One value per type for the whole run ([`Interner::constant`]).
+    constants: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 /// A component's type, its place in the state and its digest.
@@ -55,6 +57,7 @@ impl Default for Interner {
     fn default() -> Self {
         Interner {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            constants: Mutex::default(),
         }
     }
 }
@@ -88,6 +91,19 @@ impl Interner {
                 shard.insert(key, Box::new(c.clone()));
             }
         }
+    }
+
+    /// The run's one value of type `T`, made by `make` on the first call: what every stored
+    /// state may point at instead of a copy of its own — the model's blank performance state,
+    /// say, which a stored state needs no copy of. `make` must give the same value whichever
+    /// state first calls it, for the search not to depend on which thread gets there first.
+    pub fn constant<T: Send + Sync + 'static>(&self, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut c = self.constants.lock().expect("the interner's constants");
+        let v = c
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(make()) as Arc<dyn Any + Send + Sync>)
+            .clone();
+        v.downcast::<T>().expect("one type per TypeId")
     }
 
     /// Drop the copies no state holds any more (between levels of a search).
@@ -150,6 +166,15 @@ mod tests {
         i.intern(0, &mut b);
         assert_eq!(i.len(), 2);
         assert_eq!((*a, *b), (7, 7));
+    }
+
+    #[test]
+    fn a_constant_is_made_once() {
+        let i = Interner::default();
+        let a = i.constant(|| vec![1u8]);
+        let b = i.constant(|| -> Vec<u8> { unreachable!("made twice") });
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(*i.constant(|| 3u32), 3);
     }
 
     /// Equal values at different places stay apart: their digests may leave out fields

@@ -156,6 +156,18 @@ impl Machine {
         self.visit_components(&mut Forget);
     }
 
+    /// The performance state of this machine at time zero, before any step: what a stored
+    /// explorer state's stands for ([`Perf::stow`]). It depends only on what is fixed for the
+    /// run (the CPUs, the topology, the host's configuration), so every state of the run
+    /// gives the same one.
+    fn blank_perf(&self) -> Perf {
+        let mut p = Perf::new(self.perf.profile.clone(), self.cpus.len(), &self.topo);
+        if let Some(h) = &self.host {
+            p.host = h.perf();
+        }
+        p
+    }
+
     /// A machine with every CPU idle in init_mm.
     pub fn new(
         topo: Topology,
@@ -374,6 +386,11 @@ impl Model for Machine {
     }
 
     fn apply<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
+        if self.perf.stowed.is_some() {
+            // A stored explorer state stepped in place (the searches step copies, which
+            // are whole): its steps write the arrays it left to the blank.
+            self.perf.unstow();
+        }
         if self.host.is_some() && env.timed() {
             return self.apply_on_host(a, env);
         }
@@ -412,6 +429,8 @@ impl Model for Machine {
             }
         }
         self.visit_components(&mut Intern(interner));
+        let blank = interner.constant(|| self.blank_perf());
+        self.perf.stow(blank);
     }
 
     /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read

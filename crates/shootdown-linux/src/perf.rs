@@ -54,21 +54,74 @@ pub struct Perf {
     /// How much the running step's core-bound costs stretch, in thousandths: set at the start
     /// of each timed step from the SMT siblings' state (smt.rs).
     pub core_scale_permille: u32,
+    /// A stored explorer state's blank, whose arrays stand for its own ([`Perf::stow`]).
+    pub stowed: Option<Arc<Perf>>,
 }
 
-shootdown_engine::clone_by_fields!(Perf {
-    profile,
+/// `Perf`'s fields, each declared once in one of two lists: `arrays`, sized by the machine and
+/// read only by timed steps, which a stored explorer state leaves to the run's blank
+/// ([`Perf::stow`]); `scalars`, which every state keeps (whether the run is finished, the
+/// step's violation and labels). `Clone` is fieldwise, `clone_from` keeps the destination's
+/// allocations (as `clone_by_fields!`), and a copy of a stowed state has the blank's arrays.
+/// The destructuring in `clone` is exhaustive: a field in neither list does not compile.
+macro_rules! perf_parts {
+    (arrays { $($a:ident),* $(,)? } scalars { $($s:ident),* $(,)? }) => {
+        impl Clone for Perf {
+            fn clone(&self) -> Perf {
+                let Perf { $($a: _,)* $($s,)* stowed: _ } = self;
+                let arrays = self.stowed.as_deref().unwrap_or(self);
+                Perf { $($a: arrays.$a.clone(),)* $($s: $s.clone(),)* stowed: None }
+            }
+            fn clone_from(&mut self, source: &Perf) {
+                let arrays = source.stowed.as_deref().unwrap_or(source);
+                $(self.$a.clone_from(&arrays.$a);)*
+                $(self.$s.clone_from(&source.$s);)*
+                self.stowed = None;
+            }
+        }
+
+        impl Perf {
+            /// The stored form of this performance state: its arrays freed and `blank`'s
+            /// standing for them, its scalars kept.
+            ///
+            /// Why the explorer may: nothing but timed steps reads the arrays (costs, clocks,
+            /// cache-line owners, counters), and the explorer never takes a timed step; what it
+            /// reads — whether tasks are left, a step's violation — is a scalar. A frontier
+            /// state then costs no copy of them (1.6 KB of a `pv_tlb_flush_3vcpu` state), and
+            /// the copy a successor is built in takes the blank's, as it would a parent's.
+            pub fn stow(&mut self, blank: Arc<Perf>) {
+                debug_assert!(blank.stowed.is_none(), "a blank is a whole performance state");
+                $(self.$a = Default::default();)*
+                self.stowed = Some(blank);
+            }
+
+            /// Whole again, with the blank's arrays (a stowed state about to take a step).
+            #[cold]
+            pub fn unstow(&mut self) {
+                if let Some(blank) = self.stowed.take() {
+                    $(self.$a.clone_from(&blank.$a);)*
+                }
+            }
+        }
+    };
+}
+
+perf_parts!(arrays {
     lines,
     counters,
     cpu,
     ipi_flows,
+    marks,
+    host_marks,
+    host,
+    core_executing,
+} scalars {
+    profile,
     next_flow_id,
     measure_from,
     events_measured,
     first_event_at,
     last_event_at,
-    marks,
-    host_marks,
     host_threads_alive,
     user_tasks_alive,
     uses_checked,
@@ -76,9 +129,7 @@ shootdown_engine::clone_by_fields!(Perf {
     labels_on,
     labels,
     summary,
-    host,
     core_scale_permille,
-    core_executing,
 });
 
 /// A CPU's performance state. A timed step of a CPU reads or writes most of these, so they
@@ -146,6 +197,7 @@ impl Perf {
             core_scale_permille: 1000,
             core_executing: vec![0; topo.nr_cores()],
             profile,
+            stowed: None,
         }
     }
 }
