@@ -3,10 +3,10 @@
 //!
 //! Why: a successor copies the component its step changed (a CPU, a task, the oracle), and
 //! two states of a level built from different parents often hold equal copies — CPU 1 stepped
-//! from the same local state in states that differ only in CPU 2. A breadth-first level of
-//! `smp_call_concurrent` holds a few hundred distinct components among tens of thousands of
-//! states. Interning a stored state's fresh components replaces each by the copy already
-//! stored, so a frontier state costs its shell and little more.
+//! from the same local state in states that differ only in CPU 2. Interning a stored state's
+//! fresh components replaces each by the copy already stored, if there is one, so that many
+//! frontier states cost their shells and little more (`pv_tlb_flush_3vcpu`'s peak memory
+//! 169 → 128 MB, `docs/performance.md`).
 //!
 //! Components are looked up by their type, their place in the state (`index`: task 2 is
 //! always task 2) and their [`HashCached`] digest, 128 bits, like states by their

@@ -264,9 +264,9 @@ impl Machine {
         let pcpus = topo.nr_cpus();
         let n = cfg.vms * cfg.vcpus_per_vm;
         let mut m = Machine::with_cpus(topo, n, profile, opts, memory_model);
-        let host = Host::new(cfg, pcpus);
-        m.perf.host = host.perf();
-        m.host = Some(Box::new(host));
+        m.host = Some(Box::new(Host::new(cfg, pcpus)));
+        // With the host's scheduling timers.
+        m.perf = Unhashed(m.blank_perf());
         m
     }
 
