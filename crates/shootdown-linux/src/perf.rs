@@ -73,8 +73,7 @@ macro_rules! perf_parts {
                 Perf { $($a: arrays.$a.clone(),)* $($s: $s.clone(),)* stowed: None }
             }
             fn clone_from(&mut self, source: &Perf) {
-                let arrays = source.stowed.as_deref().unwrap_or(source);
-                $(self.$a.clone_from(&arrays.$a);)*
+                self.clone_arrays_from(source.stowed.as_deref().unwrap_or(source));
                 $(self.$s.clone_from(&source.$s);)*
                 self.stowed = None;
             }
@@ -99,8 +98,13 @@ macro_rules! perf_parts {
             #[cold]
             pub fn unstow(&mut self) {
                 if let Some(blank) = self.stowed.take() {
-                    $(self.$a.clone_from(&blank.$a);)*
+                    self.clone_arrays_from(&blank);
                 }
+            }
+
+            /// The arrays of `from`, into this state's allocations.
+            fn clone_arrays_from(&mut self, from: &Perf) {
+                $(self.$a.clone_from(&from.$a);)*
             }
         }
     };
