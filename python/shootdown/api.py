@@ -306,11 +306,12 @@ def check(
         max_states: state bound of the exhaustive search.
         sample: sample this many schedules instead of exploring all of them.
         seed: RNG seed of the sampling strategies.
-        strategy: ``"parallel"`` (breadth-first, shortest counterexamples, each level
-            expanded on every core; results independent of the core count), ``"bfs"`` (the
-            same search on one thread, in less memory), ``"dfs"`` (the same verdicts with a
-            fingerprint-only visited set: far less memory), ``"random"`` or ``"pct"``;
-            default ``"random"`` when ``sample`` is given, else ``"parallel"``.
+        strategy: ``"auto"`` (``"dfs"``, then ``"parallel"`` for a shortest counterexample
+            if it finds a violation), ``"dfs"`` (depth-first on every core with a
+            fingerprint-only visited set: the least memory), ``"parallel"`` (breadth-first,
+            shortest counterexamples, each level expanded on every core), ``"bfs"`` (the same
+            on one thread), ``"random"`` or ``"pct"``; default ``"random"`` when ``sample``
+            is given, else ``"auto"``. The exhaustive ones find the same on any core count.
         progress: show a live line (states, states/s, frontier, depth) on stderr while
             exploring; display only (the CLI turns it on when stderr is a terminal).
         symmetry: reduce by the scenario's declared ``symmetric`` CPU groups (exhaustive
@@ -327,7 +328,7 @@ def check(
     if resolved is None:
         raise ConfigError(f"{scenario}: scenario: no such scenario file or name")
     if strategy is None:
-        strategy = "random" if sample is not None else "parallel"
+        strategy = "random" if sample is not None else "auto"
     module = native()
     if hasattr(module, "set_check_progress"):
         module.set_check_progress(bool(progress))

@@ -133,6 +133,7 @@ class MemoryModel(str, Enum):
 
 
 class Strategy(str, Enum):
+    auto = "auto"
     bfs = "bfs"
     dfs = "dfs"
     parallel = "parallel"
@@ -396,7 +397,7 @@ def check(
     ),
     seed: int = typer.Option(0, "--seed", help="RNG seed for sampling."),
     strategy: Optional[Strategy] = typer.Option(
-        None, "--strategy", help="parallel (breadth-first on every core: shortest counterexamples, the same result on any core count), bfs (the same on one thread, less memory), dfs (the same verdicts in far less memory), random or pct (default: random with --sample, else parallel)."
+        None, "--strategy", help="auto (the default without --sample: dfs, then parallel for a shortest counterexample if it finds a violation), dfs (depth-first on every core, fingerprints only: the least memory), parallel (breadth-first on every core: shortest counterexamples), bfs (the same on one thread), random or pct (the default with --sample: random). The exhaustive ones find the same on any core count."
     ),
     no_symmetry: bool = typer.Option(
         False, "--no-symmetry", help="Do not reduce by the scenario's symmetric CPU groups."

@@ -1,11 +1,13 @@
-//! Explorer throughput on the scenarios issue 16 names, with the search `shootdown check` runs
-//! by default (the parallel breadth-first search, on every core) and the allocator the shipped
-//! binaries use (mimalloc): `flush_catchup` under TSO, `pv_tlb_flush_3vcpu` under SC and
-//! `smp_call_concurrent` under TSO; and the one-thread breadth-first search on `flush_catchup`
-//! for comparison. Each case prints its states, seconds, states/s and index bytes per state
-//! once before criterion times it:
+//! Explorer throughput on the scenarios issue 16 names, with the two searches `shootdown check`
+//! runs by default (depth-first on every core to verify, [`explore_dfs`]; breadth-first on
+//! every core for a shortest counterexample, [`explore_parallel`]) and the allocator the
+//! shipped binaries use (mimalloc): `flush_catchup` under TSO, `pv_tlb_flush_3vcpu` under SC
+//! and `smp_call_concurrent` under TSO; and the one-thread breadth-first search on
+//! `flush_catchup` for comparison. Each case prints its states, seconds, states/s and index
+//! bytes per state once before criterion times it:
 //! `cargo bench -p shootdown-checker --bench explorer`.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use shootdown_checker::dfs::explore_dfs;
 use shootdown_checker::explore::{explore, Limits};
 use shootdown_checker::parallel::explore_parallel;
 use shootdown_checker::reduce::MachineReduction;
@@ -16,19 +18,20 @@ use std::path::Path;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// A scenario, its memory model, and the states its full search visits (pinned, so that a
-/// bench that stopped exploring what it should fails instead of getting faster).
-const CASES: [(&str, MemoryModel, u64); 3] = [
-    ("flush_catchup", MemoryModel::Tso, 36_208),
-    ("pv_tlb_flush_3vcpu", MemoryModel::Sc, 439_930),
-    ("smp_call_concurrent", MemoryModel::Tso, 920_860),
+/// A scenario, its memory model, and the states the full search visits, breadth-first and
+/// depth-first (pinned, so that a bench that stopped exploring what it should fails instead
+/// of getting faster; the two provisos of partial-order reduction may keep different states).
+const CASES: [(&str, MemoryModel, u64, u64); 3] = [
+    ("flush_catchup", MemoryModel::Tso, 36_208, 36_208),
+    ("pv_tlb_flush_3vcpu", MemoryModel::Sc, 439_930, 439_930),
+    ("smp_call_concurrent", MemoryModel::Tso, 920_860, 920_860),
 ];
 
 fn bench(c: &mut Criterion) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut g = c.benchmark_group("explorer");
     g.sample_size(10);
-    for (name, model, states) in CASES {
+    for (name, model, states, dfs_states) in CASES {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
         let sc = Scenario::load(&path).expect("scenario");
@@ -46,6 +49,25 @@ fn bench(c: &mut Criterion) {
             ex.index_bytes as f64 / ex.states as f64,
             ex.peak_frontier,
         );
+        let d = explore_dfs(&init, &red, Limits::default(), threads).ex;
+        assert_eq!(d.states, dfs_states, "{name}");
+        println!(
+            "{name} ({model:?}, dfs, {threads} threads): {} states, {} transitions, {:.3} s \
+             => {:.0} states/s; index {:.1} B/state; deepest path {}",
+            d.states,
+            d.transitions,
+            d.seconds,
+            d.states as f64 / d.seconds,
+            d.index_bytes as f64 / d.states as f64,
+            d.depth,
+        );
+        g.throughput(Throughput::Elements(dfs_states));
+        g.bench_function(format!("{name}_{model:?}_dfs").to_lowercase(), |b| {
+            b.iter(|| {
+                let d = explore_dfs(&init, &red, Limits::default(), threads).ex;
+                assert_eq!(d.states, dfs_states);
+            })
+        });
         g.throughput(Throughput::Elements(states));
         g.bench_function(format!("{name}_{model:?}_parallel").to_lowercase(), |b| {
             b.iter(|| {

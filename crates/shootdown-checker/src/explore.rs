@@ -56,6 +56,12 @@ pub trait Reduction<M: Model> {
     fn persistent_singleton(&self, _m: &M, _enabled: &[M::Action]) -> Option<M::Action> {
         None
     }
+    /// Every enabled action that would form such a persistent set on its own, into `out` (the
+    /// depth-first search chooses among them by a function of the state's class, `dfs.rs`).
+    /// By default the [`Reduction::persistent_singleton`].
+    fn persistent_candidates(&self, m: &M, enabled: &[M::Action], out: &mut Vec<M::Action>) {
+        out.extend(self.persistent_singleton(m, enabled));
+    }
     /// Renamed copies `(π(m), π(a))` of `m` and `a` to expand beside `a`, when applying `a` to
     /// `m` fixed an order over CPUs (`orders`, reported through [`Env::cpu_order`]) that the
     /// fingerprint treats as interchangeable. Their successors are what `a` does in the states

@@ -50,10 +50,12 @@ pub struct CheckOptions {
     /// counterexample is a globally shortest one.
     pub shortest: bool,
     /// Depth-first search with a fingerprint-only visited set ([`dfs`]): far less memory, a
-    /// counterexample that need not be the shortest.
+    /// counterexample that need not be the shortest; on `parallel`'s number of threads (one
+    /// if None).
     pub dfs: bool,
-    /// Level-synchronous parallel breadth-first search on this many threads ([`parallel`]);
-    /// what it finds does not depend on the number.
+    /// Level-synchronous parallel breadth-first search on this many threads ([`parallel`]),
+    /// or with `dfs`, depth-first search on this many; what either finds does not depend on
+    /// the number.
     pub parallel: Option<usize>,
 }
 
@@ -130,10 +132,12 @@ pub fn check_scenario(
     }
     let mut notes = Vec::new();
     let mut run = search(&init, &red, opts);
+    notes.append(&mut run.notes);
     let mut symmetric = red.symmetric();
     if run.ex.verdict == Verdict::Violation && run.ex.approximate {
         // Found in the symmetric closure through a renamed state: check the model itself.
-        let plain = search(&init, &reduce::MachineReduction::new(sc, false), opts);
+        let mut plain = search(&init, &reduce::MachineReduction::new(sc, false), opts);
+        notes.append(&mut plain.notes);
         notes.push(format!(
             "symmetry: the violation found through a renamed state ({} states) was checked again without symmetry",
             run.states
@@ -143,6 +147,7 @@ pub fn check_scenario(
             transitions: run.transitions + plain.transitions,
             seconds: run.seconds + plain.seconds,
             ex: plain.ex,
+            notes: vec![],
         };
         symmetric = false;
     }
@@ -151,6 +156,7 @@ pub fn check_scenario(
         states,
         transitions,
         seconds,
+        ..
     } = run;
     if opts.dfs && ex.verdict == Verdict::Violation {
         notes.push(
@@ -202,12 +208,14 @@ pub fn check_scenario(
     })
 }
 
-/// One exhaustive search and its totals (a shortest-counterexample re-run included).
+/// One exhaustive search and its totals (a shortest-counterexample re-run included), and
+/// what the user should know about how it went.
 struct Run {
     ex: Exploration<Action>,
     states: u64,
     transitions: u64,
     seconds: f64,
+    notes: Vec<String>,
 }
 
 /// Explore with `red`; when partial-order reduction found a violation, re-run without it up to
@@ -218,12 +226,35 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
         max_depth: None,
         por: opts.por,
     };
+    let mut notes = Vec::new();
+    let (mut states, mut transitions, mut seconds) = (0, 0, 0.0);
     let mut ex = match (opts.dfs, opts.parallel) {
-        (true, _) => dfs::explore_dfs(init, red, limits),
+        (true, threads) => {
+            let d = dfs::explore_dfs(init, red, limits, threads.unwrap_or(1));
+            match d.end {
+                dfs::DfsEnd::LocalCycle(path) => {
+                    // The static proviso does not hold: breadth-first search's does.
+                    notes.push(format!(
+                        "depth-first: persistent singletons form a cycle after {} steps (the static proviso needs local steps to be acyclic, dfs.rs); searched breadth-first instead",
+                        path.len()
+                    ));
+                    states += d.ex.states;
+                    transitions += d.ex.transitions;
+                    seconds += d.ex.seconds;
+                    match threads {
+                        Some(t) => parallel::explore_parallel(init, red, limits, t),
+                        None => explore(init, red, limits),
+                    }
+                }
+                _ => d.ex,
+            }
+        }
         (false, Some(threads)) => parallel::explore_parallel(init, red, limits, threads),
         (false, None) => explore(init, red, limits),
     };
-    let (mut states, mut transitions, mut seconds) = (ex.states, ex.transitions, ex.seconds);
+    states += ex.states;
+    transitions += ex.transitions;
+    seconds += ex.seconds;
     if ex.verdict == Verdict::Violation && opts.por && opts.shortest && ex.reduced > 0 && !opts.dfs
     {
         let again = explore(
@@ -247,15 +278,18 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
         states,
         transitions,
         seconds,
+        notes,
     }
 }
 
 /// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
 /// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
 ///
-/// `strategy` is `parallel` (exhaustive, breadth-first on every core, the same result on any
-/// number of them; the default when `sample` is None), `bfs` (the same on one thread, in less
-/// memory), `dfs` (exhaustive, depth-first, in far less memory), `random` or `pct`.
+/// `strategy` is `auto` (the default when `sample` is None: `dfs`, then `parallel` if it
+/// found a violation), `dfs` (exhaustive, depth-first on every core, fingerprints only: the
+/// least memory; a counterexample, not necessarily a shortest one), `parallel` (exhaustive,
+/// breadth-first on every core: shortest counterexamples), `bfs` (the same on one thread), `random`
+/// or `pct`. What the exhaustive ones find does not depend on the number of cores.
 /// `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
 /// strategies).
 #[allow(clippy::too_many_arguments)]
@@ -348,29 +382,36 @@ fn check_dispatch(
     strategy: &str,
 ) -> Result<CheckResult, CheckError> {
     let max_states = exhaustive.max_states;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let dfs = CheckOptions {
+        dfs: true,
+        parallel: Some(cores),
+        ..exhaustive
+    };
+    let parallel = CheckOptions {
+        parallel: Some(cores),
+        ..exhaustive
+    };
     match (strategy, sample) {
         ("bfs", None) => check_scenario(sc, mutant, mem, exhaustive),
-        ("dfs", None) => check_scenario(
-            sc,
-            mutant,
-            mem,
-            CheckOptions {
-                dfs: true,
-                ..exhaustive
-            },
-        ),
-        ("parallel" | "", None) => check_scenario(
-            sc,
-            mutant,
-            mem,
-            CheckOptions {
-                parallel: Some(
-                    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-                ),
-                ..exhaustive
-            },
-        ),
-        ("bfs" | "dfs" | "parallel", Some(_)) => Err(CheckError::new(
+        ("dfs", None) => check_scenario(sc, mutant, mem, dfs),
+        ("parallel", None) => check_scenario(sc, mutant, mem, parallel),
+        ("auto" | "", None) => {
+            // Verify depth-first (fingerprints only: the least memory); a violation is then
+            // found again breadth-first, for a shortest counterexample.
+            let first = check_scenario(sc, mutant, mem, dfs)?;
+            if first.verdict != "violation" {
+                return Ok(first);
+            }
+            let mut r = check_scenario(sc, mutant, mem, parallel)?;
+            r.seconds += first.seconds;
+            r.notes.insert(
+                0,
+                "depth-first search found a violation; the counterexample is breadth-first search's, a shortest one (its states are counted)".into(),
+            );
+            Ok(r)
+        }
+        ("auto" | "bfs" | "dfs" | "parallel", Some(_)) => Err(CheckError::new(
             file,
             "strategy",
             "--sample needs --strategy random or pct",
@@ -418,7 +459,7 @@ fn check_dispatch(
         (other, _) => Err(CheckError::new(
             file,
             "strategy",
-            format!("expected bfs, dfs, parallel, random or pct, got '{other}'"),
+            format!("expected auto, bfs, dfs, parallel, random or pct, got '{other}'"),
         )),
     }
 }

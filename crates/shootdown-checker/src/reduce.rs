@@ -206,6 +206,13 @@ impl Reduction<Machine> for MachineReduction {
         })
     }
 
+    fn persistent_candidates(&self, m: &Machine, enabled: &[Action], out: &mut Vec<Action>) {
+        out.extend(enabled.iter().copied().filter(|&a| match a {
+            Action::Step(c) => m.step_is_local(c as usize),
+            _ => false,
+        }));
+    }
+
     fn images(&self, m: &Machine, a: Action, orders: &[Vec<usize>]) -> Vec<(Machine, Action)> {
         if !self.orders_a_group(orders) {
             return Vec::new();
