@@ -161,7 +161,11 @@ impl Machine {
     /// run (the CPUs, the topology, the host's configuration), so every state of the run
     /// gives the same one.
     fn blank_perf(&self) -> Perf {
-        let mut p = Perf::new(self.perf.profile.clone(), self.cpus.len(), &self.topo);
+        let mut p = Perf::new(
+            Arc::clone(&self.perf.profile.0),
+            self.cpus.len(),
+            &self.topo,
+        );
         if let Some(h) = &self.host {
             p.host = h.perf();
         }

@@ -8,10 +8,37 @@ use shootdown_engine::{Time, Violation};
 use shootdown_hw::{CostProfile, Topology};
 use std::sync::Arc;
 
+/// The run's cost profile: one `Arc` that every state of a run points at.
+///
+/// Why not a bare `Arc`: copying a state into another that already points at the same profile
+/// must leave the reference count alone. `Arc`'s own `clone_from` adds a handle and drops one,
+/// two atomic writes to the one cache line every explorer worker's copies then share, on every
+/// transition.
+#[derive(Debug)]
+pub struct Profile(pub Arc<CostProfile>);
+
+impl Clone for Profile {
+    fn clone(&self) -> Self {
+        Profile(Arc::clone(&self.0))
+    }
+    fn clone_from(&mut self, source: &Self) {
+        if !Arc::ptr_eq(&self.0, &source.0) {
+            self.0 = Arc::clone(&source.0);
+        }
+    }
+}
+
+impl std::ops::Deref for Profile {
+    type Target = CostProfile;
+    fn deref(&self) -> &CostProfile {
+        &self.0
+    }
+}
+
 /// Performance-only state: never distinguishes two states for the explorer.
 #[derive(Debug)]
 pub struct Perf {
-    pub profile: Arc<CostProfile>,
+    pub profile: Profile,
     pub lines: shootdown_hw::cacheline::LineDirectory,
     pub counters: Counters,
     /// Per CPU (or vCPU): what its timed steps read and write, one cache line each.
@@ -200,7 +227,7 @@ impl Perf {
             host: HostPerf::default(),
             core_scale_permille: 1000,
             core_executing: vec![0; topo.nr_cores()],
-            profile,
+            profile: Profile(profile),
             stowed: None,
         }
     }
