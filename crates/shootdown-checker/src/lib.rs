@@ -166,11 +166,17 @@ pub fn check_scenario(
     }
     if ex.verdict == Verdict::BoundReached {
         // How far it got; the bound that would finish is not known in advance.
+        let reach = if opts.dfs {
+            format!("paths {} deep", ex.depth)
+        } else {
+            format!(
+                "depth {}, up to {} states waiting in the frontier",
+                ex.depth, ex.peak_frontier
+            )
+        };
         notes.push(format!(
-            "stopped at the --max-states bound ({} states, depth {}, up to {} states waiting in the frontier) before exploring every interleaving: nothing is proved; try --max-states {}",
+            "stopped at the --max-states bound ({} states, {reach}) before exploring every interleaving: nothing is proved; try --max-states {}",
             ex.states,
-            ex.depth,
-            ex.peak_frontier,
             ex.states.saturating_mul(10)
         ));
     }

@@ -130,6 +130,29 @@ fn the_number_of_workers_changes_nothing_but_the_time() {
 }
 
 #[test]
+fn the_state_bound_stops_every_worker() {
+    for strategy in ["dfs", "auto"] {
+        let r = check(
+            &scenario("flush_catchup"),
+            None,
+            "tso",
+            1000,
+            None,
+            0,
+            strategy,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.verdict.as_str(), r.states),
+            ("bound-reached", 1000),
+            "{strategy}"
+        );
+        assert!(r.notes.iter().any(|n| n.contains("nothing is proved")));
+    }
+}
+
+#[test]
 fn the_default_strategy_verifies_depth_first_and_prints_a_shortest_counterexample() {
     let v = check(
         &scenario("flush_catchup"),
