@@ -312,8 +312,9 @@ def check(
             shortest counterexamples, each level expanded on every core), ``"bfs"`` (the same
             on one thread), ``"random"`` or ``"pct"``; default ``"random"`` when ``sample``
             is given, else ``"auto"``. The exhaustive ones find the same on any core count.
-        progress: show a live line (states, states/s, frontier, depth) on stderr while
-            exploring; display only (the CLI turns it on when stderr is a terminal).
+        progress: show a live line (states, states/s, the deepest path or the frontier) on
+            stderr while exploring; display only (the CLI turns it on when stderr is a
+            terminal).
         symmetry: reduce by the scenario's declared ``symmetric`` CPU groups (exhaustive
             strategies; sound where the kernel's CPU-id order matters, see docs/checker.md).
 

@@ -1,5 +1,5 @@
-"""`check` shows its progress (states, states/s, frontier, depth) on stderr, and a bound that
-was reached says how far the search got and which bound to try next."""
+"""`check` shows its progress (states, states/s, the deepest path or the frontier) on stderr,
+and a bound that was reached says how far the search got and which bound to try next."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ from conftest import requires_native
 @requires_native
 def test_check_progress_goes_to_stderr_and_the_bound_note_suggests_a_bound() -> None:
     # The line is first drawn after half a second: the search must run well past that on a
-    # fast machine too (600,000 of the 920,860 TSO states take about 2.5 s on 2 cores here;
-    # 150,000 SC states once took 0.65 s, and sometimes under 0.5 s).
+    # fast machine too (900,000 of the 920,860 TSO states take about 1.3 s on 2 cores here,
+    # depth-first; 150,000 SC states once took 0.65 s, and sometimes under 0.5 s).
     code = (
         "import json, shootdown\n"
-        "r = shootdown.check('smp_call_concurrent', memory_model='tso', max_states=600_000,"
+        "r = shootdown.check('smp_call_concurrent', memory_model='tso', max_states=900_000,"
         " progress=True)\n"
         "print(json.dumps(r['notes']))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
-    assert "checking: " in done.stderr and "states/s, frontier " in done.stderr
+    assert "checking: " in done.stderr and "states/s, depth-first, deepest path " in done.stderr
     assert done.stderr.endswith("\x1b[K"), repr(done.stderr[-40:])  # erased at the end
     assert "checking" not in done.stdout
     notes = done.stdout
-    assert "600000 states, depth " in notes and "try --max-states 6000000" in notes
+    assert "900000 states, paths " in notes and "try --max-states 9000000" in notes
 
 
 @requires_native

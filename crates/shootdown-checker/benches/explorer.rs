@@ -37,44 +37,35 @@ fn bench(c: &mut Criterion) {
         let sc = Scenario::load(&path).expect("scenario");
         let init = sc.build(None, model).expect("build");
         let red = MachineReduction::new(&sc, true);
-        let ex = explore_parallel(&init, &red, Limits::default(), threads);
-        assert_eq!(ex.states, states, "{name}");
-        println!(
-            "{name} ({model:?}, parallel, {threads} threads): {} states, {} transitions, {:.3} s \
-             => {:.0} states/s; index {:.1} B/state; widest level {} states",
-            ex.states,
-            ex.transitions,
-            ex.seconds,
-            ex.states as f64 / ex.seconds,
-            ex.index_bytes as f64 / ex.states as f64,
-            ex.peak_frontier,
-        );
-        let d = explore_dfs(&init, &red, Limits::default(), threads).ex;
-        assert_eq!(d.states, dfs_states, "{name}");
-        println!(
-            "{name} ({model:?}, dfs, {threads} threads): {} states, {} transitions, {:.3} s \
-             => {:.0} states/s; index {:.1} B/state; deepest path {}",
-            d.states,
-            d.transitions,
-            d.seconds,
-            d.states as f64 / d.seconds,
-            d.index_bytes as f64 / d.states as f64,
-            d.depth,
-        );
-        g.throughput(Throughput::Elements(dfs_states));
-        g.bench_function(format!("{name}_{model:?}_dfs").to_lowercase(), |b| {
-            b.iter(|| {
-                let d = explore_dfs(&init, &red, Limits::default(), threads).ex;
-                assert_eq!(d.states, dfs_states);
-            })
-        });
-        g.throughput(Throughput::Elements(states));
-        g.bench_function(format!("{name}_{model:?}_parallel").to_lowercase(), |b| {
-            b.iter(|| {
-                let ex = explore_parallel(&init, &red, Limits::default(), threads);
-                assert_eq!(ex.states, states);
-            })
-        });
+        let search = |dfs: bool| {
+            if dfs {
+                explore_dfs(&init, &red, Limits::default(), threads).ex
+            } else {
+                explore_parallel(&init, &red, Limits::default(), threads)
+            }
+        };
+        for (kind, dfs, pinned) in [("dfs", true, dfs_states), ("parallel", false, states)] {
+            let ex = search(dfs);
+            assert_eq!(ex.states, pinned, "{name} {kind}");
+            println!(
+                "{name} ({model:?}, {kind}, {threads} threads): {} states, {} transitions, \
+                 {:.3} s => {:.0} states/s; index {:.1} B/state; {}",
+                ex.states,
+                ex.transitions,
+                ex.seconds,
+                ex.states as f64 / ex.seconds,
+                ex.index_bytes as f64 / ex.states as f64,
+                if dfs {
+                    format!("deepest path {}", ex.depth)
+                } else {
+                    format!("widest level {} states", ex.peak_frontier)
+                },
+            );
+            g.throughput(Throughput::Elements(pinned));
+            g.bench_function(format!("{name}_{model:?}_{kind}").to_lowercase(), |b| {
+                b.iter(|| assert_eq!(search(dfs).states, pinned))
+            });
+        }
     }
     // The sequential breadth-first search (its partial-order reduction's proviso sees the
     // states visited so far, so it keeps a few more states than the parallel one).

@@ -458,11 +458,8 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
             if self.since_look >= DONATE_EVERY {
                 self.since_look = 0;
                 if let Some(p) = self.progress.as_mut() {
-                    p.show(
-                        self.sh.visited.len.load(Relaxed) as usize,
-                        stack.len(),
-                        self.depth,
-                    );
+                    let states = self.sh.visited.len.load(Relaxed) as usize;
+                    p.show_with(states, &format!("depth-first, deepest path {}", self.depth));
                 }
                 if self.sh.hungry.load(Relaxed) > 0 {
                     self.donate(&mut stack, &prefix)?;

@@ -221,8 +221,8 @@ pub(crate) fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
     v
 }
 
-/// Print a live progress line (states, states/s, frontier, depth) on stderr while exploring.
-/// Display only: it never changes what is explored. Off by default; the CLI turns it on when
+/// Print a live progress line (states, states/s, and the frontier and depth or the deepest
+/// path) on stderr while exploring. Display only: it never changes what is explored. Off by default; the CLI turns it on when
 /// stderr is a terminal.
 static PROGRESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -260,6 +260,11 @@ impl ProgressLine {
 
     /// Redraw, unless it was drawn less than half a second ago.
     pub(crate) fn show(&mut self, states: usize, frontier: usize, depth: u32) {
+        self.show_with(states, &format!("frontier {frontier}, depth {depth}"));
+    }
+
+    /// Redraw with `how` after the states and rate (the search's own measure of progress).
+    pub(crate) fn show_with(&mut self, states: usize, how: &str) {
         if !self.on {
             return;
         }
@@ -270,9 +275,7 @@ impl ProgressLine {
         self.last = now;
         self.shown = true;
         let rate = states as f64 / now.duration_since(self.t0).as_secs_f64().max(1e-9);
-        eprint!(
-            "\r\x1b[Kchecking: {states} states, {rate:.0} states/s, frontier {frontier}, depth {depth}"
-        );
+        eprint!("\r\x1b[Kchecking: {states} states, {rate:.0} states/s, {how}");
     }
 }
 

@@ -2,13 +2,16 @@
 //!
 //! The explorer: it runs the very step code the timed driver runs (`shootdown_linux::Machine`
 //! through the engine's [`Model`] trait) but chooses itself which enabled action happens next,
-//! covering every interleaving of a small scenario breadth-first (so a counterexample is a
-//! shortest one), or sampling schedules of a larger one (random walk, PCT). The coherence oracle
+//! covering every interleaving of a small scenario (depth-first on every core to verify, then
+//! breadth-first for a shortest counterexample if there is one), or sampling schedules of a
+//! larger one (random walk, PCT). The coherence oracle
 //! inside the model reports violations (`INV-STALE`, `INV-PTFREE`, `INV-ASID`, `INV-CTX`); the
 //! explorer adds deadlock (`X4-DEADLOCK`).
 //!
 //! * [`scenario`] — scenario files (`scenarios/*.toml`);
 //! * [`explore`] — generic breadth-first exploration with state hashing, POR and symmetry hooks;
+//! * [`dfs`] — depth-first verification on every core, fingerprints only;
+//! * [`parallel`] — breadth-first search with each level expanded on every core;
 //! * [`reduce`] — the reductions for `Machine` (local-step POR, CPU symmetry);
 //! * [`sample`] — random-walk and PCT sampling;
 //! * [`report`] — results, text/JSON output, scenario listing.
