@@ -358,17 +358,15 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
             }
         }
         if !self.sh.visited.insert(f) {
-            {
-                if single {
-                    let t = self.scratch.take().expect("the successor just built");
-                    let cycle = self.local_cycle(&t);
-                    self.scratch = Some(t);
-                    if cycle {
-                        return Err(DfsEnd::LocalCycle(vec![a]));
-                    }
+            if single {
+                let t = self.scratch.take().expect("the successor just built");
+                let cycle = self.local_cycle(&t);
+                self.scratch = Some(t);
+                if cycle {
+                    return Err(DfsEnd::LocalCycle(vec![a]));
                 }
-                return Ok(None);
             }
+            return Ok(None);
         }
         // The shared count lags by less than a batch per worker, and only counts states
         // stored: past the bound by it, the search is past it.
@@ -394,14 +392,11 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
     /// Search depth-first from `item`, handing work to idle workers on the way. `Err` ends
     /// the whole search (with the path prefix still to be added by the caller).
     fn search(&mut self, item: Item<M>) -> Result<(), DfsEnd<M::Action>> {
-        let Item { state, path, alt } = item;
-        let prefix = path;
-        let at = |stack: &[Level<M>], tail: Vec<M::Action>| {
-            let mut p = prefix.clone();
-            p.extend(stack.iter().filter_map(|l| l.via));
-            p.extend(tail);
-            p
-        };
+        let Item {
+            state,
+            path: prefix,
+            alt,
+        } = item;
         let mut stack: Vec<Level<M>> = Vec::new();
         match self.todo(&state) {
             Ok(todo) => stack.push(Level {
@@ -410,7 +405,7 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
                 via: None,
                 alt,
             }),
-            Err((tail, v)) => return Err(DfsEnd::Violation(v, at(&stack, tail), alt)),
+            Err((tail, v)) => return Err(with_prefix(DfsEnd::Violation(v, tail, alt), &prefix)),
         }
         let mut more = Vec::new();
         while let Some(top) = stack.last_mut() {
@@ -438,7 +433,7 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
             let (t, a, alt) = match got {
                 Ok(Some(x)) => x,
                 Ok(None) => continue,
-                Err(e) => return Err(self.with_prefix(e, &at(&stack, vec![]))),
+                Err(e) => return Err(with_prefix(e, &path_of(&prefix, &stack))),
             };
             self.depth = self.depth.max((prefix.len() + stack.len()) as u32);
             match self.todo(&t) {
@@ -449,9 +444,8 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
                     alt,
                 }),
                 Err((tail, v)) => {
-                    let mut p = vec![a];
-                    p.extend(tail);
-                    return Err(DfsEnd::Violation(v, at(&stack, p), alt));
+                    let e = DfsEnd::Violation(v, [&[a][..], &tail].concat(), alt);
+                    return Err(with_prefix(e, &path_of(&prefix, &stack)));
                 }
             }
             self.since_look += 1;
@@ -469,17 +463,6 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
         Ok(())
     }
 
-    /// A search ending found at the top of a path whose actions so far are `path`: the
-    /// ending with the path in front of the actions it names.
-    fn with_prefix(&self, e: DfsEnd<M::Action>, path: &[M::Action]) -> DfsEnd<M::Action> {
-        let full = |tail: Vec<M::Action>| [path, &tail].concat();
-        match e {
-            DfsEnd::Violation(v, tail, alt) => DfsEnd::Violation(v, full(tail), alt),
-            DfsEnd::LocalCycle(tail) => DfsEnd::LocalCycle(full(tail)),
-            e => e,
-        }
-    }
-
     /// Hand half the actions left at the bottom-most level that has any to the pool, as the
     /// new states they lead to.
     fn donate(
@@ -490,8 +473,7 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
         let Some(i) = stack.iter().position(|l| !l.todo.is_empty()) else {
             return Ok(());
         };
-        let mut path = prefix.to_vec();
-        path.extend(stack[..=i].iter().filter_map(|l| l.via));
+        let path = path_of(prefix, &stack[..=i]);
         let n = stack[i].todo.len().div_ceil(2);
         // The front of the list is what this worker would have tried last.
         let mut todo: Vec<Todo<M>> = stack[i].todo.drain(..n).collect();
@@ -511,12 +493,31 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
                 Ok(None) => {}
                 Err(e) => {
                     self.sh.give(items);
-                    return Err(self.with_prefix(e, &path));
+                    return Err(with_prefix(e, &path));
                 }
             }
         }
         self.sh.give(items);
         Ok(())
+    }
+}
+
+/// The actions that reach the last of `levels`: those that reach the first (`prefix`), then
+/// each level's own.
+fn path_of<M: Model>(prefix: &[M::Action], levels: &[Level<M>]) -> Vec<M::Action> {
+    let mut p = prefix.to_vec();
+    p.extend(levels.iter().filter_map(|l| l.via));
+    p
+}
+
+/// A search ending found at the end of `path`: the ending with the path in front of the
+/// actions it names.
+fn with_prefix<A: Copy>(e: DfsEnd<A>, path: &[A]) -> DfsEnd<A> {
+    let full = |tail: Vec<A>| [path, &tail].concat();
+    match e {
+        DfsEnd::Violation(v, tail, alt) => DfsEnd::Violation(v, full(tail), alt),
+        DfsEnd::LocalCycle(tail) => DfsEnd::LocalCycle(full(tail)),
+        e => e,
     }
 }
 

@@ -237,29 +237,27 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
     };
     let mut notes = Vec::new();
     let (mut states, mut transitions, mut seconds) = (0, 0, 0.0);
-    let mut ex = match (opts.dfs, opts.parallel) {
-        (true, threads) => {
-            let d = dfs::explore_dfs(init, red, limits, threads.unwrap_or(1));
-            match d.end {
-                dfs::DfsEnd::LocalCycle(path) => {
-                    // The static proviso does not hold: breadth-first search's does.
-                    notes.push(format!(
-                        "depth-first: persistent singletons form a cycle after {} steps (the static proviso needs local steps to be acyclic, dfs.rs); searched breadth-first instead",
-                        path.len()
-                    ));
-                    states += d.ex.states;
-                    transitions += d.ex.transitions;
-                    seconds += d.ex.seconds;
-                    match threads {
-                        Some(t) => parallel::explore_parallel(init, red, limits, t),
-                        None => explore(init, red, limits),
-                    }
-                }
-                _ => d.ex,
-            }
+    let breadth_first = |threads: Option<usize>| match threads {
+        Some(t) => parallel::explore_parallel(init, red, limits, t),
+        None => explore(init, red, limits),
+    };
+    let mut ex = if opts.dfs {
+        let d = dfs::explore_dfs(init, red, limits, opts.parallel.unwrap_or(1));
+        if let dfs::DfsEnd::LocalCycle(path) = d.end {
+            // The static proviso does not hold: breadth-first search's does.
+            notes.push(format!(
+                "depth-first: persistent singletons form a cycle after {} steps (the static proviso needs local steps to be acyclic, dfs.rs); searched breadth-first instead",
+                path.len()
+            ));
+            states += d.ex.states;
+            transitions += d.ex.transitions;
+            seconds += d.ex.seconds;
+            breadth_first(opts.parallel)
+        } else {
+            d.ex
         }
-        (false, Some(threads)) => parallel::explore_parallel(init, red, limits, threads),
-        (false, None) => explore(init, red, limits),
+    } else {
+        breadth_first(opts.parallel)
     };
     states += ex.states;
     transitions += ex.transitions;

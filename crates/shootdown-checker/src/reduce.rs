@@ -39,6 +39,14 @@ use crate::explore::{fingerprint, Reduction};
 use crate::scenario::Scenario;
 use shootdown_linux::{Action, Machine};
 
+/// Whether `a` is a CPU's local step: a persistent set on its own (module documentation).
+fn is_local(m: &Machine, a: Action) -> bool {
+    match a {
+        Action::Step(c) => m.step_is_local(c as usize),
+        _ => false,
+    }
+}
+
 /// A renaming of the CPUs (and with them their tasks) within the declared groups.
 struct Perm {
     cpus: Vec<usize>,
@@ -200,17 +208,11 @@ impl Reduction<Machine> for MachineReduction {
     }
 
     fn persistent_singleton(&self, m: &Machine, enabled: &[Action]) -> Option<Action> {
-        enabled.iter().copied().find(|&a| match a {
-            Action::Step(c) => m.step_is_local(c as usize),
-            _ => false,
-        })
+        enabled.iter().copied().find(|&a| is_local(m, a))
     }
 
     fn persistent_candidates(&self, m: &Machine, enabled: &[Action], out: &mut Vec<Action>) {
-        out.extend(enabled.iter().copied().filter(|&a| match a {
-            Action::Step(c) => m.step_is_local(c as usize),
-            _ => false,
-        }));
+        out.extend(enabled.iter().copied().filter(|&a| is_local(m, a)));
     }
 
     fn images(&self, m: &Machine, a: Action, orders: &[Vec<usize>]) -> Vec<(Machine, Action)> {
