@@ -12,6 +12,7 @@
 //! versions were superseded, so the [`crate::oracle`] can tell whether a cached translation was
 //! already stale before a flush began.
 
+use crate::pte_map::PteMap;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -89,7 +90,7 @@ pub enum Walk {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AddressSpace {
     /// Leaf entries, including non-present ones that keep their version history.
-    pub ptes: BTreeMap<Vpn, Pte>,
+    pub ptes: PteMap,
     /// PMD level: which page-table page covers each 512-page group.
     pub pmd: BTreeMap<PtIndex, PtPageId>,
     /// PMD leaf entries (2 MiB pages) by 512-page group, including non-present ones that keep
@@ -100,7 +101,7 @@ pub struct AddressSpace {
 
 impl AddressSpace {
     pub fn pte(&self, vpn: Vpn) -> Pte {
-        self.ptes.get(&vpn).copied().unwrap_or(Pte::NONE)
+        self.ptes.get(vpn).copied().unwrap_or(Pte::NONE)
     }
     /// The PMD leaf entry of 512-page group `pt` (non-present if none).
     pub fn huge_pmd(&self, pt: PtIndex) -> Pte {

@@ -142,7 +142,7 @@ impl Machine {
         let (s, e) = group(pt);
         let m = &mut self.mms[mm as usize];
         for (i, v) in (s..e).enumerate() {
-            let pte = m.space.ptes.entry(v).or_insert(Pte::NONE);
+            let pte = m.space.ptes.get_or_insert(v, Pte::NONE);
             pte.pfn = leaf.pfn + i as u32;
             pte.present = true;
             pte.writable = leaf.writable;

@@ -10,7 +10,7 @@ use crate::state::*;
 use shootdown_engine::HashCached;
 use shootdown_hw::pagetable::{Pte, Vpn};
 use shootdown_hw::CpuId;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 impl Machine {
     /// A machine that has been up a while: other processes have run on every CPU since boot,
@@ -95,20 +95,12 @@ impl Machine {
             pfn: (vpn & 0xffff_ffff) as u32,
             ..old.copied().unwrap_or(Pte::NONE)
         };
-        let ptes = &mut self.mms[mm as usize].space.ptes;
-        // (Appending merges the whole map: only worth it for a range that is not tiny beside it.)
-        if npages as usize >= ptes.len() / 8 && ptes.range(start..end).next().is_none() {
-            // Fresh range (workload set-up maps up to millions of pages): build the new entries
-            // as a tree in one pass and merge it, instead of one insertion per page.
-            let mut fresh: BTreeMap<Vpn, Pte> =
-                (start..end).map(|v| (v, pte_at(None, v))).collect();
-            ptes.append(&mut fresh);
-        } else {
-            for vpn in start..end {
-                let pte = pte_at(ptes.get(&vpn), vpn);
-                ptes.insert(vpn, pte);
-            }
-        }
+        // A fresh page-table page's entries are built in one pass (set-up maps up to millions
+        // of pages), an existing entry keeps its version history.
+        self.mms[mm as usize]
+            .space
+            .ptes
+            .map_range(start..end, pte_at);
     }
 
     /// Map a file of a DAX filesystem at `[start, start+npages)` of `mm` (write faults mark

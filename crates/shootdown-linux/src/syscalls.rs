@@ -339,10 +339,10 @@ impl Machine {
             .ptes
             .range(start..start + npages)
             .filter(|(_, p)| p.present)
-            .map(|(v, _)| *v)
+            .map(|(v, _)| v)
             .collect();
         for v in keys {
-            let pte = m.space.ptes.get_mut(&v).expect("listed");
+            let pte = m.space.ptes.get_mut(v).expect("listed");
             pte.present = false;
             pte.writable = false;
             self.oracle.pte_changed(pte);
@@ -566,7 +566,7 @@ impl Machine {
                     *i += 1;
                     *pc = FdatasyncPc::Writeback;
                     let m = &mut self.mms[mm as usize];
-                    let Some(pte) = m.space.ptes.get_mut(&v) else {
+                    let Some(pte) = m.space.ptes.get_mut(v) else {
                         return Flow::Next;
                     };
                     if !(pte.present && (pte.writable || pte.dirty)) {
