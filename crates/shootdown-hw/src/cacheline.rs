@@ -38,6 +38,7 @@ impl Sharers {
         cpus: [0; FEW],
     };
 
+    #[inline]
     fn contains(&self, cpu: usize) -> bool {
         match self {
             Sharers::Few { n, cpus } => cpus[..*n as usize].contains(&(cpu as u32)),
@@ -45,7 +46,9 @@ impl Sharers {
         }
     }
 
-    /// Add `cpu` (a machine of `words` × 64 CPUs).
+    /// Add `cpu` (a machine of `words` × 64 CPUs). Inlined, like the other methods: a step
+    /// makes several accesses, and the calls' register saves cost more than their work.
+    #[inline]
     fn insert(&mut self, cpu: usize, words: usize) {
         if self.contains(cpu) {
             return;
@@ -55,19 +58,27 @@ impl Sharers {
                 cpus[*n as usize] = cpu as u32;
                 *n += 1;
             }
-            Sharers::Few { cpus, .. } => {
-                let mut bits = vec![0u64; words].into_boxed_slice();
-                for &c in cpus.iter() {
-                    bits[c as usize / 64] |= 1 << (c % 64);
-                }
-                bits[cpu / 64] |= 1 << (cpu % 64);
-                *self = Sharers::Many(bits);
-            }
+            Sharers::Few { .. } => self.grow(cpu, words),
             Sharers::Many(bits) => bits[cpu / 64] |= 1 << (cpu % 64),
         }
     }
 
+    /// A full inline set plus `cpu`, as a bit per CPU.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, cpu: usize, words: usize) {
+        let mut bits = vec![0u64; words].into_boxed_slice();
+        if let Sharers::Few { cpus, .. } = self {
+            for &c in cpus.iter() {
+                bits[c as usize / 64] |= 1 << (c % 64);
+            }
+        }
+        bits[cpu / 64] |= 1 << (cpu % 64);
+        *self = Sharers::Many(bits);
+    }
+
     /// Exactly `{cpu}`?
+    #[inline]
     fn is_only(&self, cpu: usize) -> bool {
         match self {
             Sharers::Few { n, cpus } => *n == 1 && cpus[0] == cpu as u32,
@@ -79,6 +90,7 @@ impl Sharers {
     }
 
     /// Every sharer.
+    #[inline]
     fn for_each(&self, mut f: impl FnMut(usize)) {
         match self {
             Sharers::Few { n, cpus } => cpus[..*n as usize].iter().for_each(|&c| f(c as usize)),
