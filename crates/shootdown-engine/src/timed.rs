@@ -183,6 +183,14 @@ impl StepEnv<'_> {
     }
 }
 
+impl StepEnv<'_> {
+    /// The step woke, gave a deadline to, and notified no one.
+    #[inline]
+    fn is_quiet(&self) -> bool {
+        self.wakes.is_empty() && self.deadlines.is_empty() && !self.notified && self.keys.is_empty()
+    }
+}
+
 impl Env for StepEnv<'_> {
     fn timed(&self) -> bool {
         true
@@ -282,16 +290,20 @@ impl Schedule {
         model.prefetch(next, Lead::One);
     }
 
+    /// `agent`, whose step ended at `end`, runs on: what `schedule(agent, end)` would push,
+    /// put in the step's own entry (one sift-down instead of a pop and a push).
+    #[inline]
+    fn run_on(&mut self, agent: AgentId, end: Time) {
+        let entry = self.make_runnable(agent, end);
+        *self.queue.peek_mut().expect("the step's entry") = entry;
+    }
+
     /// After `agent`'s step from `now` to `end`: park or requeue it as the step said, then
     /// wake whom the step woke and notified (`env`).
     fn after_step(&mut self, agent: AgentId, park: Park, now: Time, end: Time, env: &StepEnv) {
         self.agents[agent].state = AgentState::Halted; // placeholder until decided below
         match park {
-            Park::Run => {
-                // What `schedule(agent, end)` would push, put in the step's own entry.
-                let entry = self.make_runnable(agent, end);
-                *self.queue.peek_mut().expect("the step's entry") = entry;
-            }
+            Park::Run => self.run_on(agent, end),
             Park::Halt => {
                 self.queue.pop();
             }
@@ -522,7 +534,13 @@ impl TimedDriver {
                 sched.queue.pop();
                 break Stop::Violation(v);
             }
-            sched.after_step(agent, outcome.park, now, end, &env);
+            if matches!(outcome.park, Park::Run) && env.is_quiet() {
+                // Most steps: the agent runs on and nobody else is woken or notified. What
+                // `after_step` would do, without its call (30 instructions a step).
+                sched.run_on(agent, end);
+            } else {
+                sched.after_step(agent, outcome.park, now, end, &env);
+            }
         };
         RunStats {
             stop,
