@@ -358,6 +358,7 @@ impl Model for Machine {
         self.host_threads_enabled(out);
     }
 
+    #[inline]
     fn timed_action(&self, agent: usize, now: Time) -> Action {
         if agent >= self.cpus.len() {
             return Action::Step(agent as u32);
@@ -389,6 +390,7 @@ impl Model for Machine {
         }
     }
 
+    #[inline]
     fn apply<E: Env>(&mut self, a: Action, env: &mut E) -> Outcome {
         if self.perf.stowed.is_some() {
             // A stored explorer state stepped in place (the searches step copies, which

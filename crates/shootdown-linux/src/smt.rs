@@ -50,7 +50,7 @@ impl Machine {
     /// After a timed step of `cpu` that parked it with `park`: record whether it now executes;
     /// if that changed, reprice what is left of its siblings' parked interruptible work.
     /// (Inlined into every timed step: usually nothing changed.)
-    #[inline]
+    #[inline(always)]
     pub(crate) fn smt_after_step<E: Env>(&mut self, cpu: CpuId, park: Park, env: &mut E) {
         if !self.smt_priced() {
             return;

@@ -61,6 +61,7 @@ impl Machine {
         }
     }
 
+    #[inline]
     fn pop_frame(&mut self, cpu: CpuId) -> (StackRef, Option<Frame>) {
         let c = &mut self.cpus[cpu];
         if let Some(f) = c.irq_stack.pop() {
@@ -70,6 +71,7 @@ impl Machine {
         (StackRef::Task(t), self.tasks[t as usize].stack.pop())
     }
 
+    #[inline]
     fn push_frame(&mut self, cpu: CpuId, at: StackRef, f: Frame) {
         match at {
             StackRef::Irq => self.cpus[cpu].irq_stack.push(f),
