@@ -1,19 +1,11 @@
 //! `cargo run --release -p shootdown-experiments --example counters -- FILE [--quick] [--threads N] [--set K=V]...`:
 //! run an experiment and print, per point, the metric, the published value and every non-zero
 //! counter. A developer's tool for looking at what a run did.
+#[path = "common/cli.rs"]
+mod cli;
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let path = std::path::PathBuf::from(&args[0]);
-    let quick = args.iter().any(|a| a == "--quick");
-    let sets: Vec<String> = args
-        .windows(2)
-        .filter(|w| w[0] == "--set")
-        .map(|w| w[1].clone())
-        .collect();
-    let exp = shootdown_experiments::load(&path, &sets).unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
+    let (exp, quick, args) = cli::load("counters FILE [--quick] [--threads N] [--set K=V]...");
     let pts = exp.points(quick);
     let idx: Vec<usize> = (0..pts.len()).collect();
     let t0 = std::time::Instant::now();

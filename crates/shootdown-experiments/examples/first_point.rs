@@ -8,24 +8,13 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "common/cli.rs"]
+mod cli;
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(path) = args.first().map(std::path::PathBuf::from) else {
-        eprintln!("usage: first_point FILE [--quick] [--set K=V]...");
-        std::process::exit(2)
-    };
-    let quick = args.iter().any(|a| a == "--quick");
-    let sets: Vec<String> = args
-        .windows(2)
-        .filter(|w| w[0] == "--set")
-        .map(|w| w[1].clone())
-        .collect();
-    let exp = shootdown_experiments::load(&path, &sets).unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
+    let (exp, quick, _) = cli::load("first_point FILE [--quick] [--set K=V]...");
     let Some(p) = exp.points(quick).into_iter().next() else {
-        eprintln!("error: {}: no points", path.display());
+        eprintln!("error: {}: no points", exp.path.display());
         std::process::exit(2)
     };
     let r = shootdown_experiments::run_point(&exp, &p, quick).unwrap_or_else(|e| {

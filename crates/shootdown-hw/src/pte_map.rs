@@ -41,11 +41,22 @@ impl Table {
         self.offs.binary_search(&off)
     }
 
-    /// The positions of the entries with offsets in `lo..hi`.
-    fn span(&self, lo: u64, hi: u64) -> Range<usize> {
+    /// This page's (page-table page `pt`'s) first virtual page, and the positions of its
+    /// entries for the pages in `r`.
+    fn slice(&self, pt: PtIndex, r: &Range<Vpn>) -> (Vpn, Range<usize>) {
+        let (lo, hi) = within(pt, r);
         let a = self.offs.partition_point(|&o| (o as u64) < lo);
         let b = self.offs.partition_point(|&o| (o as u64) < hi);
-        a..b
+        (pt * PTRS_PER_PT, a..b)
+    }
+}
+
+/// The page-table pages that hold the pages in `r`.
+fn tables_of(r: &Range<Vpn>) -> Range<PtIndex> {
+    if r.start < r.end {
+        pt_index(r.start)..pt_index(r.end - 1) + 1
+    } else {
+        0..0
     }
 }
 
@@ -136,39 +147,24 @@ impl PteMap {
 
     /// The entries of the pages in `r`, by page.
     pub fn range(&self, r: Range<Vpn>) -> impl Iterator<Item = (Vpn, &Pte)> + '_ {
-        let tables = if r.start < r.end {
-            self.tables.range(pt_index(r.start)..=pt_index(r.end - 1))
-        } else {
-            self.tables.range(0..0)
-        };
-        tables.flat_map(move |(&pt, t)| {
-            let (lo, hi) = within(pt, &r);
-            let s = t.span(lo, hi);
-            let base = pt * PTRS_PER_PT;
-            t.offs[s.clone()]
-                .iter()
-                .zip(&t.ptes[s])
+        self.tables.range(tables_of(&r)).flat_map(move |(&pt, t)| {
+            let (base, s) = t.slice(pt, &r);
+            let offs = t.offs[s.clone()].iter();
+            offs.zip(&t.ptes[s])
                 .map(move |(&o, p)| (base + o as u64, p))
         })
     }
 
     /// The entries of the pages in `r`, by page, to change in place.
     pub fn range_mut(&mut self, r: Range<Vpn>) -> impl Iterator<Item = (Vpn, &mut Pte)> + '_ {
-        let tables = if r.start < r.end {
-            self.tables
-                .range_mut(pt_index(r.start)..=pt_index(r.end - 1))
-        } else {
-            self.tables.range_mut(0..0)
-        };
-        tables.flat_map(move |(&pt, t)| {
-            let (lo, hi) = within(pt, &r);
-            let s = t.span(lo, hi);
-            let base = pt * PTRS_PER_PT;
-            t.offs[s.clone()]
-                .iter()
-                .zip(&mut t.ptes[s])
-                .map(move |(&o, p)| (base + o as u64, p))
-        })
+        self.tables
+            .range_mut(tables_of(&r))
+            .flat_map(move |(&pt, t)| {
+                let (base, s) = t.slice(pt, &r);
+                let offs = t.offs[s.clone()].iter();
+                offs.zip(&mut t.ptes[s])
+                    .map(move |(&o, p)| (base + o as u64, p))
+            })
     }
 }
 
