@@ -181,9 +181,7 @@ impl StepEnv<'_> {
         self.deadlines.clear();
         self.keys.clear();
     }
-}
 
-impl StepEnv<'_> {
     /// The step woke, gave a deadline to, and notified no one.
     #[inline]
     fn is_quiet(&self) -> bool {

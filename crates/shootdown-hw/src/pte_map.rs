@@ -92,23 +92,26 @@ impl PteMap {
 
     /// The entry of `vpn`, first set to `pte` if there was none.
     pub fn get_or_insert(&mut self, vpn: Vpn, pte: Pte) -> &mut Pte {
-        if self.get(vpn).is_none() {
-            self.insert(vpn, pte);
-        }
-        self.get_mut(vpn).expect("just inserted")
+        self.slot(vpn, pte).0
     }
 
     /// Set the entry of `vpn`; the one it replaced, if any.
     pub fn insert(&mut self, vpn: Vpn, pte: Pte) -> Option<Pte> {
+        let (e, new) = self.slot(vpn, pte);
+        (!new).then(|| std::mem::replace(e, pte))
+    }
+
+    /// The entry of `vpn`, and whether it was just made, as `pte`.
+    fn slot(&mut self, vpn: Vpn, pte: Pte) -> (&mut Pte, bool) {
         let t = self.tables.entry(pt_index(vpn)).or_default();
         let off = (vpn % PTRS_PER_PT) as u16;
         match t.find(off) {
-            Ok(i) => Some(std::mem::replace(&mut t.ptes[i], pte)),
+            Ok(i) => (&mut t.ptes[i], false),
             Err(i) => {
                 t.offs.insert(i, off);
                 t.ptes.insert(i, pte);
                 self.len += 1;
-                None
+                (&mut t.ptes[i], true)
             }
         }
     }
