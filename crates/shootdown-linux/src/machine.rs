@@ -20,7 +20,7 @@ use crate::host::{Host, HostConfig};
 use crate::mem::MemoryModel;
 use crate::mem::{percpu_line, PerCpuLine};
 use crate::options::Options;
-use crate::perf::Perf;
+use crate::perf::{Peer, Perf};
 use crate::state::*;
 use shootdown_engine::{
     prefetch, Components, Env, HashCached, Interner, Lead, Model, Outcome, Park, StepKind, Time,
@@ -464,7 +464,45 @@ impl Model for Machine {
                 if let Some(f) = c.irq_stack.last() {
                     prefetch(f);
                 }
+                // Its line is cached: the hint was fetched with it two steps ahead.
+                if let Some(peer) = self.perf.cpu[agent].peer.get() {
+                    self.prefetch_peer(agent, peer);
+                }
             }
+        }
+    }
+}
+
+impl Machine {
+    /// What `agent`'s next step reads about `peer` ([`PeerHint`]): a target's `struct Cpu`
+    /// (its `call_single_queue` in the first line, `cpu_tlbstate` in the next two) and the
+    /// directory's entries for its lines, or a sender's `flush_tlb_info`; and their csd's lock
+    /// bit and line.
+    fn prefetch_peer(&self, agent: CpuId, peer: Peer) {
+        let n = self.cpus.len();
+        let lines = &self.perf.lines;
+        let k = match peer {
+            Peer::Target(t) => {
+                let Some(c) = self.cpus.get(t) else { return };
+                let p: *const Cpu = &**c;
+                for off in [0, 64, 128] {
+                    prefetch(p.cast::<u8>().wrapping_add(off));
+                }
+                lines.prefetch(percpu_line(t, PerCpuLine::Tlbstate0));
+                lines.prefetch(percpu_line(t, PerCpuLine::TlbstateShared));
+                lines.prefetch(percpu_line(t, PerCpuLine::CallQueue));
+                CsdKey { src: agent, dst: t }
+            }
+            Peer::Sender(s) => {
+                let Some(info) = self.flush_info.get(s) else { return };
+                prefetch(info);
+                lines.prefetch(percpu_line(s, PerCpuLine::FlushInfo));
+                CsdKey { src: s, dst: agent }
+            }
+        };
+        if k.src < n && k.dst < n {
+            lines.prefetch(crate::mem::csd_line(n, k));
+            self.csd_locked.prefetch(k);
         }
     }
 }

@@ -5,7 +5,7 @@
 use crate::counters::Counters;
 use crate::host::HostPerf;
 use shootdown_engine::{Time, Violation};
-use shootdown_hw::{CostProfile, Topology};
+use shootdown_hw::{CostProfile, CpuId, Topology};
 use std::sync::Arc;
 
 /// The run's cost profile: one `Arc` that every state of a run points at.
@@ -178,6 +178,58 @@ pub struct CpuPerf {
     pub busy: Busy,
     /// Whether its timeline has opened the running task's slices yet.
     pub trace_started: bool,
+    /// Whose state its next step most likely reads (a prefetch hint; no effect on results).
+    pub peer: PeerHint,
+}
+const _: () = assert!(std::mem::size_of::<CpuPerf>() == 64);
+
+/// The other CPU whose state a CPU's next step will most likely read, noted by the steps of a
+/// walk over other CPUs so that the timed driver's prefetch one step ahead
+/// ([`shootdown_engine::Model::prefetch`]) can fetch it: at thousands of CPUs a step's own
+/// lines are cold (every other CPU stepped since), and so are the next target's. A hint only:
+/// a stale one costs a wasted prefetch. One word, so that [`CpuPerf`] stays one cache line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerHint(u32);
+
+/// Who a [`PeerHint`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// A target of this CPU's `smp_call_function_many_cond` walk: its `cpu_tlbstate`, its
+    /// `call_single_queue`, and this CPU's csd for it.
+    Target(CpuId),
+    /// The sender of the csd this CPU's CALL_FUNCTION handler runs next: its `flush_tlb_info`
+    /// and its csd for this CPU.
+    Sender(CpuId),
+}
+
+impl PeerHint {
+    const SENDER: u32 = 1 << 31;
+    pub const NONE: PeerHint = PeerHint(u32::MAX);
+
+    pub fn new(peer: Peer) -> PeerHint {
+        match peer {
+            Peer::Target(c) => PeerHint(c as u32),
+            Peer::Sender(c) => PeerHint(c as u32 | Self::SENDER),
+        }
+    }
+
+    pub fn get(self) -> Option<Peer> {
+        if self == Self::NONE {
+            return None;
+        }
+        let c = (self.0 & !Self::SENDER) as CpuId;
+        Some(if self.0 & Self::SENDER != 0 {
+            Peer::Sender(c)
+        } else {
+            Peer::Target(c)
+        })
+    }
+}
+
+impl Default for PeerHint {
+    fn default() -> Self {
+        Self::NONE
+    }
 }
 
 /// Work a CPU does with interrupts enabled and that publishes nothing when it ends (user

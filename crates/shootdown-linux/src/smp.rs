@@ -10,6 +10,7 @@ use crate::counters::Counter;
 use crate::frame::{CallCond, Flow};
 use crate::machine::Machine;
 use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
+use crate::perf::{Peer, PeerHint};
 use crate::state::*;
 use crate::tlb::{loaded_mm_text, FlushFunc};
 use shootdown_engine::Env;
@@ -119,6 +120,23 @@ impl Default for CallFunctionIrq {
 }
 
 impl Machine {
+    /// Note for the timed driver's prefetch that `cpu`'s next step reads about `targets[i]`
+    /// (a hint only: see [`PeerHint`]).
+    #[inline]
+    fn hint_next_target(&mut self, cpu: CpuId, targets: &[CpuId], i: usize) {
+        if let Some(&t) = targets.get(i) {
+            self.perf.cpu[cpu].peer = PeerHint::new(Peer::Target(t));
+        }
+    }
+
+    /// Note that `cpu`'s handler runs `entries[i]` next (a hint only: see [`PeerHint`]).
+    #[inline]
+    fn hint_next_sender(&mut self, cpu: CpuId, entries: &[CsdKey], i: usize) {
+        if let Some(k) = entries.get(i) {
+            self.perf.cpu[cpu].peer = PeerHint::new(Peer::Sender(k.src));
+        }
+    }
+
     /// Mainline `should_flush_tlb(cpu, info)`.
     fn should_flush_tlb<E: Env>(
         &mut self,
@@ -203,6 +221,7 @@ impl Machine {
                 } else {
                     s.i += 1;
                 }
+                self.hint_next_target(cpu, &s.candidates, s.i);
                 Flow::Next
             }
             Queue => {
@@ -236,6 +255,7 @@ impl Machine {
                 s.queued.push(t);
                 s.i += 1;
                 s.pc = Cond;
+                self.hint_next_target(cpu, &s.candidates, s.i);
                 Flow::Next
             }
             SendIpis => {
@@ -261,6 +281,7 @@ impl Machine {
             RunLocal => {
                 s.pc = Wait;
                 s.i = 0;
+                self.hint_next_target(cpu, &s.queued, 0);
                 if s.run_local {
                     if s.inc_gen_locally {
                         if let Some(mm) = s.info.mm {
@@ -297,6 +318,7 @@ impl Machine {
                 self.load(env, cpu, Loc::CsdLock(k));
                 self.summary(|| format!("csd_lock_wait(cpu{t}): csd unlocked, request done"));
                 s.i += 1;
+                self.hint_next_target(cpu, &s.queued, s.i);
                 Flow::Next
             }
         }
@@ -320,6 +342,7 @@ impl Machine {
                 s.entries = std::mem::take(&mut self.cpus[cpu].call_queue);
                 s.i = 0;
                 s.pc = Run;
+                self.hint_next_sender(cpu, &s.entries, 0);
                 let n = s.entries.len();
                 self.summary(|| format!("llist_del_all(call_single_queue): {n} request(s)"));
                 Flow::Next
@@ -345,6 +368,7 @@ impl Machine {
                 self.summary(|| format!("csd_unlock: cpu{}'s request done", k.src));
                 s.i += 1;
                 s.pc = Run;
+                self.hint_next_sender(cpu, &s.entries, s.i);
                 Flow::Next
             }
         }
