@@ -32,4 +32,5 @@ pub use model::{prefetch, Env, Lead, Model, Outcome, Park, StepKind, Violation};
 pub use rng::DetRng;
 pub use shared::Shared;
 pub use time::Time;
+pub use timed::PREFETCH_MIN_AGENTS;
 pub use unhashed::Unhashed;

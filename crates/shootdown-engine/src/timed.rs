@@ -120,7 +120,7 @@ impl Entry {
 /// Below this many agents the timed driver gives the model no prefetch hints
 /// ([`Model::prefetch`]): their state stays in the host's cache anyway. (A host-speed setting;
 /// hints never change a result.)
-const PREFETCH_MIN_AGENTS: usize = 256;
+pub const PREFETCH_MIN_AGENTS: usize = 256;
 
 /// The discrete-event driver. Holds only scheduling state and what a step may ask of the
 /// driver (randomness, the trace); the model holds everything else.

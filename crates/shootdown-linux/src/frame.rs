@@ -124,6 +124,42 @@ shootdown_engine::clone_by_variants!(Frame {
 const _: () = assert!(std::mem::size_of::<Frame>() <= 72);
 
 impl Frame {
+    /// The address of the frame's boxed part, if it has one: a prefetch hint
+    /// ([`crate::perf::FrameHint`]), never dereferenced.
+    pub(crate) fn boxed_addr(&self) -> usize {
+        fn at<T>(b: &T) -> usize {
+            b as *const T as usize
+        }
+        match self {
+            Frame::FlushMmRange(b) => at(&**b),
+            Frame::SmpCallMany(b) => at(&**b),
+            Frame::PvFlushTlbMulti(b) => at(&**b),
+            Frame::MakeAllCpusRequest(b) => at(&**b),
+            Frame::SetMemoryRegion(b) => at(&**b),
+            Frame::MmuNotifierInvalidate(b) => at(&**b),
+            Frame::TdpPageFault(b) => at(&**b),
+            Frame::CommitZap(b) => at(&**b),
+            Frame::ZapMemslot(b) => at(&**b),
+            Frame::ZapGfnRange(b) => at(&**b),
+            Frame::TdpMmuPageFault(b) => at(&**b),
+            Frame::MtrrZapRequest(b) => at(&**b),
+            Frame::FlushFunc(_)
+            | Frame::CallFunctionIrq(_)
+            | Frame::SwitchMm(_)
+            | Frame::Schedule(_)
+            | Frame::RwSemDown(_)
+            | Frame::Syscall(_)
+            | Frame::VcpuRun(_)
+            | Frame::FlushRemoteTlbs(_)
+            | Frame::SynchronizeSrcu(_)
+            | Frame::InstallMemslots(_)
+            | Frame::MmioPageFault(_)
+            | Frame::MmuLoad(_)
+            | Frame::MmuUnload(_)
+            | Frame::NoncoherentDmaStart(_) => 0,
+        }
+    }
+
     /// Interrupts are disabled while this frame is on top (switch_mm, the flush handler, the
     /// scheduler and interrupt handlers run with IRQs off).
     pub fn irqs_off(&self) -> bool {

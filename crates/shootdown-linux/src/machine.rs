@@ -440,8 +440,10 @@ impl Model for Machine {
     }
 
     /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read
-    /// first) and its performance line. One step ahead: through the CPU, now cached, its
-    /// current task and the top frame of its interrupt stack.
+    /// first), its performance line and its frame hint. One step ahead: through the CPU, now
+    /// cached, its current task and the top frame of its interrupt stack; through the hints
+    /// its last step left ([`crate::perf::FrameHint`], [`crate::perf::PeerHint`]), the top
+    /// frame of its task's stack and what its walk over other CPUs reads next.
     fn prefetch(&self, agent: usize, lead: Lead) {
         let Some(c) = self.cpus.get(agent) else {
             return;
@@ -452,6 +454,9 @@ impl Model for Machine {
                 prefetch(p);
                 prefetch(p.cast::<u8>().wrapping_add(64));
                 prefetch(&self.perf.cpu[agent]);
+                if let Some(h) = self.perf.frames.get(agent) {
+                    prefetch(h);
+                }
                 let lines = &self.perf.lines;
                 lines.prefetch(percpu_line(agent, PerCpuLine::Tlbstate0));
                 lines.prefetch(percpu_line(agent, PerCpuLine::CallQueue));
@@ -464,7 +469,10 @@ impl Model for Machine {
                 if let Some(f) = c.irq_stack.last() {
                     prefetch(f);
                 }
-                // Its line is cached: the hint was fetched with it two steps ahead.
+                // The hints' lines are cached: they were fetched two steps ahead.
+                if let Some(h) = self.perf.frames.get(agent) {
+                    h.prefetch();
+                }
                 if let Some(peer) = self.perf.cpu[agent].peer.get() {
                     self.prefetch_peer(agent, peer);
                 }

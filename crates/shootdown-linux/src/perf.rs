@@ -43,6 +43,9 @@ pub struct Perf {
     pub counters: Counters,
     /// Per CPU (or vCPU): what its timed steps read and write, one cache line each.
     pub cpu: Vec<CpuPerf>,
+    /// Per CPU, on machines large enough for the timed driver's prefetch (else empty): where
+    /// its top frame was when its last step ended ([`FrameHint`]).
+    pub frames: Vec<FrameHint>,
     /// Per CPU: the trace flow ids of the CALL_FUNCTION IPIs pending on it (several senders'
     /// IPIs coalesce into one interrupt, which ends all their arrows). Tracing only.
     pub ipi_flows: Vec<Vec<u64>>,
@@ -141,6 +144,7 @@ perf_parts!(arrays {
     lines,
     counters,
     cpu,
+    frames,
     ipi_flows,
     marks,
     host_marks,
@@ -226,6 +230,34 @@ impl PeerHint {
     }
 }
 
+/// Where the top frame of a CPU's stack was when its last step ended, for the timed driver's
+/// prefetch one step ahead: the task's stack, unlike the CPU's interrupt stack, is two
+/// dependent loads away from the CPU (the task, then its stack's buffer), and a large frame's
+/// boxed part a third. Addresses only, never dereferenced: a stale one (the stack grew since,
+/// the frame returned) costs a wasted prefetch. No effect on results.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FrameHint {
+    /// The top frame in its stack's buffer (0: none).
+    pub slot: usize,
+    /// Its boxed part (0: none).
+    pub boxed: usize,
+}
+
+impl FrameHint {
+    /// Start fetching the frame (both lines a `Frame` may straddle) and its boxed part.
+    #[inline]
+    pub fn prefetch(&self) {
+        if self.slot != 0 {
+            let p = self.slot as *const u8;
+            shootdown_engine::prefetch(p);
+            shootdown_engine::prefetch(p.wrapping_add(64));
+        }
+        if self.boxed != 0 {
+            shootdown_engine::prefetch(self.boxed as *const u8);
+        }
+    }
+}
+
 impl Default for PeerHint {
     fn default() -> Self {
         Self::NONE
@@ -261,6 +293,11 @@ impl Perf {
                 .with_flat(crate::mem::percpu_lines(n)),
             counters: Counters::new(),
             cpu: vec![CpuPerf::default(); n],
+            frames: if n >= shootdown_engine::PREFETCH_MIN_AGENTS {
+                vec![FrameHint::default(); n]
+            } else {
+                Vec::new()
+            },
             ipi_flows: vec![Vec::new(); n],
             next_flow_id: 1,
             measure_from: Time::ZERO,

@@ -5,6 +5,7 @@
 
 use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
+use crate::perf::FrameHint;
 use crate::state::*;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Outcome, Park, StepKind};
@@ -129,7 +130,33 @@ impl Machine {
         }
     }
 
+    /// One step of `cpu`: its top frame's, else its user or idle task's.
     pub(crate) fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let park = self.step_cpu_stack(cpu, env);
+        self.note_top_frame(cpu);
+        park
+    }
+
+    /// Where `cpu`'s top frame now is, for the timed driver's prefetch of its next step
+    /// ([`FrameHint`]; only on machines large enough for it to prefetch at all).
+    #[inline]
+    fn note_top_frame(&mut self, cpu: CpuId) {
+        if cpu >= self.perf.frames.len() {
+            return;
+        }
+        let c = &self.cpus[cpu];
+        let top = match c.irq_stack.last() {
+            Some(f) => Some(f),
+            None => self.tasks[c.curr as usize].stack.last(),
+        };
+        self.perf.frames[cpu] = top.map_or(FrameHint::default(), |f| FrameHint {
+            slot: f as *const Frame as usize,
+            boxed: f.boxed_addr(),
+        });
+    }
+
+    #[inline]
+    fn step_cpu_stack<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
         if env.tracing() && !self.perf.cpu[cpu].trace_started {
             self.perf.cpu[cpu].trace_started = true;
             self.trace_task_in(cpu, self.cpus[cpu].curr, env);
