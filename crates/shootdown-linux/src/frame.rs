@@ -21,6 +21,7 @@ use crate::kvm::mtrr_zap::{MtrrZapRequest, NoncoherentDmaStart};
 use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
 use crate::sched::{RwSemDown, Schedule};
+use crate::perf::FrameHint;
 use crate::smp::{CallFunctionIrq, SmpCallMany};
 use crate::switch_mm::SwitchMm;
 use crate::syscalls::Syscall;
@@ -124,25 +125,25 @@ shootdown_engine::clone_by_variants!(Frame {
 const _: () = assert!(std::mem::size_of::<Frame>() <= 72);
 
 impl Frame {
-    /// The address of the frame's boxed part, if it has one: a prefetch hint
-    /// ([`crate::perf::FrameHint`]), never dereferenced.
-    pub(crate) fn boxed_addr(&self) -> usize {
-        fn at<T>(b: &T) -> usize {
-            b as *const T as usize
+    /// Where this frame is (in its stack's buffer) and what its next step reads first: a
+    /// prefetch hint ([`FrameHint`]), never dereferenced.
+    pub(crate) fn hint(&self) -> FrameHint {
+        fn boxed<T>(b: &T) -> (usize, usize) {
+            (b as *const T as usize, std::mem::size_of::<T>())
         }
-        match self {
-            Frame::FlushMmRange(b) => at(&**b),
-            Frame::SmpCallMany(b) => at(&**b),
-            Frame::PvFlushTlbMulti(b) => at(&**b),
-            Frame::MakeAllCpusRequest(b) => at(&**b),
-            Frame::SetMemoryRegion(b) => at(&**b),
-            Frame::MmuNotifierInvalidate(b) => at(&**b),
-            Frame::TdpPageFault(b) => at(&**b),
-            Frame::CommitZap(b) => at(&**b),
-            Frame::ZapMemslot(b) => at(&**b),
-            Frame::ZapGfnRange(b) => at(&**b),
-            Frame::TdpMmuPageFault(b) => at(&**b),
-            Frame::MtrrZapRequest(b) => at(&**b),
+        let (boxed, boxed_len) = match self {
+            Frame::FlushMmRange(b) => boxed(&**b),
+            Frame::SmpCallMany(b) => boxed(&**b),
+            Frame::PvFlushTlbMulti(b) => boxed(&**b),
+            Frame::MakeAllCpusRequest(b) => boxed(&**b),
+            Frame::SetMemoryRegion(b) => boxed(&**b),
+            Frame::MmuNotifierInvalidate(b) => boxed(&**b),
+            Frame::TdpPageFault(b) => boxed(&**b),
+            Frame::CommitZap(b) => boxed(&**b),
+            Frame::ZapMemslot(b) => boxed(&**b),
+            Frame::ZapGfnRange(b) => boxed(&**b),
+            Frame::TdpMmuPageFault(b) => boxed(&**b),
+            Frame::MtrrZapRequest(b) => boxed(&**b),
             Frame::FlushFunc(_)
             | Frame::CallFunctionIrq(_)
             | Frame::SwitchMm(_)
@@ -156,7 +157,18 @@ impl Frame {
             | Frame::MmioPageFault(_)
             | Frame::MmuLoad(_)
             | Frame::MmuUnload(_)
-            | Frame::NoncoherentDmaStart(_) => 0,
+            | Frame::NoncoherentDmaStart(_) => (0, 0),
+        };
+        let element = match self {
+            Frame::SmpCallMany(s) => s.next_element(),
+            Frame::CallFunctionIrq(s) => s.next_element(),
+            _ => 0,
+        };
+        FrameHint {
+            slot: self as *const Frame as usize,
+            boxed,
+            boxed_len,
+            element,
         }
     }
 

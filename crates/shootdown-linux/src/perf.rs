@@ -232,28 +232,42 @@ impl PeerHint {
 
 /// Where the top frame of a CPU's stack was when its last step ended, for the timed driver's
 /// prefetch one step ahead: the task's stack, unlike the CPU's interrupt stack, is two
-/// dependent loads away from the CPU (the task, then its stack's buffer), and a large frame's
-/// boxed part a third. Addresses only, never dereferenced: a stale one (the stack grew since,
-/// the frame returned) costs a wasted prefetch. No effect on results.
+/// dependent loads away from the CPU (the task, then its stack's buffer), a large frame's
+/// boxed part a third, and the element of a walk (the next target of
+/// `smp_call_function_many_cond`, the next csd of the CALL_FUNCTION handler) one more; at
+/// thousands of CPUs each is a cache miss, since every other CPU stepped since. Addresses
+/// only, never dereferenced: a stale one (the stack grew since, the frame returned) costs a
+/// wasted prefetch. No effect on results.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FrameHint {
     /// The top frame in its stack's buffer (0: none).
     pub slot: usize,
-    /// Its boxed part (0: none).
+    /// Its boxed part and that part's size (0: none).
     pub boxed: usize,
+    pub boxed_len: usize,
+    /// The element of its walk its next step reads (0: none).
+    pub element: usize,
 }
 
 impl FrameHint {
-    /// Start fetching the frame (both lines a `Frame` may straddle) and its boxed part.
+    /// Start fetching the frame (both lines a `Frame` may straddle), every line of its boxed
+    /// part, and its walk's next element.
     #[inline]
     pub fn prefetch(&self) {
+        use shootdown_engine::prefetch;
         if self.slot != 0 {
             let p = self.slot as *const u8;
-            shootdown_engine::prefetch(p);
-            shootdown_engine::prefetch(p.wrapping_add(64));
+            prefetch(p);
+            prefetch(p.wrapping_add(std::mem::size_of::<crate::frame::Frame>() - 1));
         }
         if self.boxed != 0 {
-            shootdown_engine::prefetch(self.boxed as *const u8);
+            let (first, last) = (self.boxed / 64, (self.boxed + self.boxed_len - 1) / 64);
+            for line in first..=last {
+                prefetch((line * 64) as *const u8);
+            }
+        }
+        if self.element != 0 {
+            prefetch(self.element as *const u8);
         }
     }
 }

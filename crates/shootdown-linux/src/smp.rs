@@ -67,6 +67,17 @@ pub enum SmpCallManyPc {
 }
 
 impl SmpCallMany {
+    /// Where the target its next step considers, queues or waits for is in its lists (a
+    /// prefetch hint, [`crate::perf::FrameHint`]; 0 if none).
+    pub(crate) fn next_element(&self) -> usize {
+        let list = match self.pc {
+            SmpCallManyPc::Cond | SmpCallManyPc::Queue => &self.candidates,
+            SmpCallManyPc::Wait => &self.queued,
+            SmpCallManyPc::SendIpis | SmpCallManyPc::RunLocal => return 0,
+        };
+        list.get(self.i).map_or(0, |t| t as *const CpuId as usize)
+    }
+
     /// A call over `candidates` (remote CPUs, in `for_each_cpu` order) filtered by `cond`.
     pub fn new(cond: CallCond, candidates: Vec<CpuId>, info: FlushTlbInfo) -> SmpCallMany {
         SmpCallMany {
@@ -104,6 +115,12 @@ pub enum CallFunctionIrqPc {
 }
 
 impl CallFunctionIrq {
+    /// Where the csd its next step runs or unlocks is in its list (a prefetch hint,
+    /// [`crate::perf::FrameHint`]; 0 if none).
+    pub(crate) fn next_element(&self) -> usize {
+        self.entries.get(self.i).map_or(0, |e| e as *const CsdKey as usize)
+    }
+
     pub fn new() -> CallFunctionIrq {
         CallFunctionIrq {
             pc: CallFunctionIrqPc::DelAll,

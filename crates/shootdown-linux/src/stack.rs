@@ -149,10 +149,7 @@ impl Machine {
             Some(f) => Some(f),
             None => self.tasks[c.curr as usize].stack.last(),
         };
-        self.perf.frames[cpu] = top.map_or(FrameHint::default(), |f| FrameHint {
-            slot: f as *const Frame as usize,
-            boxed: f.boxed_addr(),
-        });
+        self.perf.frames[cpu] = top.map_or(FrameHint::default(), Frame::hint);
     }
 
     #[inline]
