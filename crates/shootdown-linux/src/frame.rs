@@ -20,8 +20,8 @@ use crate::kvm::mmu::zap::ZapMemslot;
 use crate::kvm::mtrr_zap::{MtrrZapRequest, NoncoherentDmaStart};
 use crate::kvm::VcpuRun;
 use crate::paravirt::PvFlushTlbMulti;
+use crate::perf::{FrameHint, Peer, PeerHint};
 use crate::sched::{RwSemDown, Schedule};
-use crate::perf::FrameHint;
 use crate::smp::{CallFunctionIrq, SmpCallMany};
 use crate::switch_mm::SwitchMm;
 use crate::syscalls::Syscall;
@@ -128,8 +128,11 @@ impl Frame {
     /// Where this frame is (in its stack's buffer) and what its next step reads first: a
     /// prefetch hint ([`FrameHint`]), never dereferenced.
     pub(crate) fn hint(&self) -> FrameHint {
-        fn boxed<T>(b: &T) -> (usize, usize) {
-            (b as *const T as usize, std::mem::size_of::<T>())
+        fn at<T>(r: &T) -> usize {
+            r as *const T as usize
+        }
+        fn boxed<T>(b: &T) -> (usize, u32) {
+            (at(b), std::mem::size_of::<T>() as u32)
         }
         let (boxed, boxed_len) = match self {
             Frame::FlushMmRange(b) => boxed(&**b),
@@ -159,15 +162,17 @@ impl Frame {
             | Frame::MmuUnload(_)
             | Frame::NoncoherentDmaStart(_) => (0, 0),
         };
-        let element = match self {
-            Frame::SmpCallMany(s) => s.next_element(),
-            Frame::CallFunctionIrq(s) => s.next_element(),
-            _ => 0,
-        };
+        let (element, peer) = match self {
+            Frame::SmpCallMany(s) => s.next_target().map(|t| (at(t), Peer::Target(*t))),
+            Frame::CallFunctionIrq(s) => s.next_entry().map(|k| (at(k), Peer::Sender(k.src))),
+            _ => None,
+        }
+        .map_or((0, PeerHint::NONE), |(e, p)| (e, PeerHint::new(p)));
         FrameHint {
-            slot: self as *const Frame as usize,
+            slot: at(self),
             boxed,
             boxed_len,
+            peer,
             element,
         }
     }

@@ -441,9 +441,9 @@ impl Model for Machine {
 
     /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read
     /// first), its performance line and its frame hint. One step ahead: through the CPU, now
-    /// cached, its current task and the top frame of its interrupt stack; through the hints
-    /// its last step left ([`crate::perf::FrameHint`], [`crate::perf::PeerHint`]), the top
-    /// frame of its task's stack and what its walk over other CPUs reads next.
+    /// cached, its current task and the top frame of its interrupt stack; through the hint
+    /// its last step left ([`crate::perf::FrameHint`]), the top frame of its task's stack
+    /// and what the frame's walk over other CPUs reads next.
     fn prefetch(&self, agent: usize, lead: Lead) {
         let Some(c) = self.cpus.get(agent) else {
             return;
@@ -469,12 +469,12 @@ impl Model for Machine {
                 if let Some(f) = c.irq_stack.last() {
                     prefetch(f);
                 }
-                // The hints' lines are cached: they were fetched two steps ahead.
+                // The hint's line is cached: it was fetched two steps ahead.
                 if let Some(h) = self.perf.frames.get(agent) {
                     h.prefetch();
-                }
-                if let Some(peer) = self.perf.cpu[agent].peer.get() {
-                    self.prefetch_peer(agent, peer);
+                    if let Some(peer) = h.peer.get() {
+                        self.prefetch_peer(agent, peer);
+                    }
                 }
             }
         }
@@ -482,10 +482,10 @@ impl Model for Machine {
 }
 
 impl Machine {
-    /// What `agent`'s next step reads about `peer` ([`PeerHint`]): a target's `struct Cpu`
-    /// (its `call_single_queue` in the first line, `cpu_tlbstate` in the next two) and the
-    /// directory's entries for its lines, or a sender's `flush_tlb_info`; and their csd's lock
-    /// bit and line.
+    /// What `agent`'s next step reads about `peer` ([`crate::perf::FrameHint`]): a target's
+    /// `struct Cpu` (its `call_single_queue` in the first line, `cpu_tlbstate` in the next
+    /// two) and the directory's entries for its lines, or a sender's `flush_tlb_info`; and
+    /// their csd's lock bit and line.
     fn prefetch_peer(&self, agent: CpuId, peer: Peer) {
         let n = self.cpus.len();
         let lines = &self.perf.lines;
@@ -502,7 +502,9 @@ impl Machine {
                 CsdKey { src: agent, dst: t }
             }
             Peer::Sender(s) => {
-                let Some(info) = self.flush_info.get(s) else { return };
+                let Some(info) = self.flush_info.get(s) else {
+                    return;
+                };
                 prefetch(info);
                 lines.prefetch(percpu_line(s, PerCpuLine::FlushInfo));
                 CsdKey { src: s, dst: agent }

@@ -182,16 +182,9 @@ pub struct CpuPerf {
     pub busy: Busy,
     /// Whether its timeline has opened the running task's slices yet.
     pub trace_started: bool,
-    /// Whose state its next step most likely reads (a prefetch hint; no effect on results).
-    pub peer: PeerHint,
 }
-const _: () = assert!(std::mem::size_of::<CpuPerf>() == 64);
 
-/// The other CPU whose state a CPU's next step will most likely read, noted by the steps of a
-/// walk over other CPUs so that the timed driver's prefetch one step ahead
-/// ([`shootdown_engine::Model::prefetch`]) can fetch it: at thousands of CPUs a step's own
-/// lines are cold (every other CPU stepped since), and so are the next target's. A hint only:
-/// a stale one costs a wasted prefetch. One word, so that [`CpuPerf`] stays one cache line.
+/// The other CPU whose state a frame's next step reads ([`FrameHint`]), in one word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerHint(u32);
 
@@ -230,24 +223,30 @@ impl PeerHint {
     }
 }
 
-/// Where the top frame of a CPU's stack was when its last step ended, for the timed driver's
-/// prefetch one step ahead: the task's stack, unlike the CPU's interrupt stack, is two
-/// dependent loads away from the CPU (the task, then its stack's buffer), a large frame's
-/// boxed part a third, and the element of a walk (the next target of
-/// `smp_call_function_many_cond`, the next csd of the CALL_FUNCTION handler) one more; at
-/// thousands of CPUs each is a cache miss, since every other CPU stepped since. Addresses
-/// only, never dereferenced: a stale one (the stack grew since, the frame returned) costs a
-/// wasted prefetch. No effect on results.
+/// Where the top frame of a CPU's stack was when its last step ended and what the frame's next
+/// step reads, for the timed driver's prefetch one step ahead. At thousands of CPUs all of it
+/// is cold (every other CPU stepped since) and most of it out of the prefetch's reach: the
+/// task's stack, unlike the CPU's interrupt stack, is two dependent loads away from the CPU
+/// (the task, then its stack's buffer), a large frame's boxed part a third, the element of
+/// the frame's walk (the next target of `smp_call_function_many_cond`, the next csd of the
+/// CALL_FUNCTION handler) one more, and the CPU that element names (its `struct Cpu`, the
+/// directory's entries for its lines, its csd) one more again. Addresses and a CPU only, never
+/// dereferenced: a stale hint (the stack grew since, the frame returned) costs a wasted
+/// prefetch. No effect on results.
 #[derive(Clone, Copy, Debug, Default)]
+#[repr(align(32))]
 pub struct FrameHint {
     /// The top frame in its stack's buffer (0: none).
     pub slot: usize,
     /// Its boxed part and that part's size (0: none).
     pub boxed: usize,
-    pub boxed_len: usize,
+    pub boxed_len: u32,
+    /// The CPU its walk reads about next.
+    pub peer: PeerHint,
     /// The element of its walk its next step reads (0: none).
     pub element: usize,
 }
+const _: () = assert!(std::mem::size_of::<FrameHint>() == 32);
 
 impl FrameHint {
     /// Start fetching the frame (both lines a `Frame` may straddle), every line of its boxed
@@ -261,7 +260,8 @@ impl FrameHint {
             prefetch(p.wrapping_add(std::mem::size_of::<crate::frame::Frame>() - 1));
         }
         if self.boxed != 0 {
-            let (first, last) = (self.boxed / 64, (self.boxed + self.boxed_len - 1) / 64);
+            let end = self.boxed + self.boxed_len as usize - 1;
+            let (first, last) = (self.boxed / 64, end / 64);
             for line in first..=last {
                 prefetch((line * 64) as *const u8);
             }

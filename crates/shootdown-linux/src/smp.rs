@@ -10,7 +10,6 @@ use crate::counters::Counter;
 use crate::frame::{CallCond, Flow};
 use crate::machine::Machine;
 use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
-use crate::perf::{Peer, PeerHint};
 use crate::state::*;
 use crate::tlb::{loaded_mm_text, FlushFunc};
 use shootdown_engine::Env;
@@ -67,15 +66,14 @@ pub enum SmpCallManyPc {
 }
 
 impl SmpCallMany {
-    /// Where the target its next step considers, queues or waits for is in its lists (a
-    /// prefetch hint, [`crate::perf::FrameHint`]; 0 if none).
-    pub(crate) fn next_element(&self) -> usize {
-        let list = match self.pc {
-            SmpCallManyPc::Cond | SmpCallManyPc::Queue => &self.candidates,
-            SmpCallManyPc::Wait => &self.queued,
-            SmpCallManyPc::SendIpis | SmpCallManyPc::RunLocal => return 0,
-        };
-        list.get(self.i).map_or(0, |t| t as *const CpuId as usize)
+    /// The target its next step considers, queues or waits for, in its lists (for the
+    /// prefetch hint, [`crate::perf::FrameHint`]).
+    pub(crate) fn next_target(&self) -> Option<&CpuId> {
+        match self.pc {
+            SmpCallManyPc::Cond | SmpCallManyPc::Queue => self.candidates.get(self.i),
+            SmpCallManyPc::Wait => self.queued.get(self.i),
+            SmpCallManyPc::SendIpis | SmpCallManyPc::RunLocal => None,
+        }
     }
 
     /// A call over `candidates` (remote CPUs, in `for_each_cpu` order) filtered by `cond`.
@@ -115,10 +113,10 @@ pub enum CallFunctionIrqPc {
 }
 
 impl CallFunctionIrq {
-    /// Where the csd its next step runs or unlocks is in its list (a prefetch hint,
-    /// [`crate::perf::FrameHint`]; 0 if none).
-    pub(crate) fn next_element(&self) -> usize {
-        self.entries.get(self.i).map_or(0, |e| e as *const CsdKey as usize)
+    /// The csd its next step runs or unlocks, in its list (for the prefetch hint,
+    /// [`crate::perf::FrameHint`]).
+    pub(crate) fn next_entry(&self) -> Option<&CsdKey> {
+        self.entries.get(self.i)
     }
 
     pub fn new() -> CallFunctionIrq {
@@ -137,23 +135,6 @@ impl Default for CallFunctionIrq {
 }
 
 impl Machine {
-    /// Note for the timed driver's prefetch that `cpu`'s next step reads about `targets[i]`
-    /// (a hint only: see [`PeerHint`]).
-    #[inline]
-    fn hint_next_target(&mut self, cpu: CpuId, targets: &[CpuId], i: usize) {
-        if let Some(&t) = targets.get(i) {
-            self.perf.cpu[cpu].peer = PeerHint::new(Peer::Target(t));
-        }
-    }
-
-    /// Note that `cpu`'s handler runs `entries[i]` next (a hint only: see [`PeerHint`]).
-    #[inline]
-    fn hint_next_sender(&mut self, cpu: CpuId, entries: &[CsdKey], i: usize) {
-        if let Some(k) = entries.get(i) {
-            self.perf.cpu[cpu].peer = PeerHint::new(Peer::Sender(k.src));
-        }
-    }
-
     /// Mainline `should_flush_tlb(cpu, info)`.
     fn should_flush_tlb<E: Env>(
         &mut self,
@@ -238,7 +219,6 @@ impl Machine {
                 } else {
                     s.i += 1;
                 }
-                self.hint_next_target(cpu, &s.candidates, s.i);
                 Flow::Next
             }
             Queue => {
@@ -272,7 +252,6 @@ impl Machine {
                 s.queued.push(t);
                 s.i += 1;
                 s.pc = Cond;
-                self.hint_next_target(cpu, &s.candidates, s.i);
                 Flow::Next
             }
             SendIpis => {
@@ -298,7 +277,6 @@ impl Machine {
             RunLocal => {
                 s.pc = Wait;
                 s.i = 0;
-                self.hint_next_target(cpu, &s.queued, 0);
                 if s.run_local {
                     if s.inc_gen_locally {
                         if let Some(mm) = s.info.mm {
@@ -335,7 +313,6 @@ impl Machine {
                 self.load(env, cpu, Loc::CsdLock(k));
                 self.summary(|| format!("csd_lock_wait(cpu{t}): csd unlocked, request done"));
                 s.i += 1;
-                self.hint_next_target(cpu, &s.queued, s.i);
                 Flow::Next
             }
         }
@@ -359,7 +336,6 @@ impl Machine {
                 s.entries = std::mem::take(&mut self.cpus[cpu].call_queue);
                 s.i = 0;
                 s.pc = Run;
-                self.hint_next_sender(cpu, &s.entries, 0);
                 let n = s.entries.len();
                 self.summary(|| format!("llist_del_all(call_single_queue): {n} request(s)"));
                 Flow::Next
@@ -385,7 +361,6 @@ impl Machine {
                 self.summary(|| format!("csd_unlock: cpu{}'s request done", k.src));
                 s.i += 1;
                 s.pc = Run;
-                self.hint_next_sender(cpu, &s.entries, s.i);
                 Flow::Next
             }
         }
