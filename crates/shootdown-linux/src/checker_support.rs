@@ -44,12 +44,8 @@ impl Machine {
             return false;
         }
         let c = &self.cpus[cpu];
-        let top = match c.irq_stack.last() {
-            Some(f) => f,
-            None => match self.tasks[c.curr as usize].stack.last() {
-                Some(f) => f,
-                None => return false,
-            },
+        let Some(top) = self.top_frame(cpu) else {
+            return false;
         };
         let own = |loc: Loc| -> u64 {
             if let Some(v) = c.sb.forward(loc) {

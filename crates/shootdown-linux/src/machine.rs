@@ -18,7 +18,7 @@
 use crate::counters::Counters;
 use crate::host::{Host, HostConfig};
 use crate::mem::MemoryModel;
-use crate::mem::{percpu_line, PerCpuLine};
+use crate::mem::{call_queue_line, csd_line, flush_info_line, percpu_line, PerCpuLine};
 use crate::options::Options;
 use crate::perf::{Peer, Perf};
 use crate::state::*;
@@ -496,9 +496,12 @@ impl Machine {
                 for off in [0, 64, 128] {
                     prefetch(p.cast::<u8>().wrapping_add(off));
                 }
+                // What cond_func reads (`loaded_mm`, and `is_lazy` in either of the lines it
+                // has had; `line_of` is a match over every location, too slow here), then
+                // llist_add's line.
                 lines.prefetch(percpu_line(t, PerCpuLine::Tlbstate0));
                 lines.prefetch(percpu_line(t, PerCpuLine::TlbstateShared));
-                lines.prefetch(percpu_line(t, PerCpuLine::CallQueue));
+                lines.prefetch(call_queue_line(t));
                 CsdKey { src: agent, dst: t }
             }
             Peer::Sender(s) => {
@@ -506,12 +509,12 @@ impl Machine {
                     return;
                 };
                 prefetch(info);
-                lines.prefetch(percpu_line(s, PerCpuLine::FlushInfo));
+                lines.prefetch(flush_info_line(s));
                 CsdKey { src: s, dst: agent }
             }
         };
         if k.src < n && k.dst < n {
-            lines.prefetch(crate::mem::csd_line(n, k));
+            lines.prefetch(csd_line(n, k));
             self.csd_locked.prefetch(k);
         }
     }

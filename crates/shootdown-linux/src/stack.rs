@@ -40,15 +40,20 @@ impl Machine {
         self.cpus[cpu].curr == self.cpus[cpu].idle_task
     }
 
+    /// The frame `Step(cpu)` runs next: the top of its interrupt stack, else of its current
+    /// task's kernel stack (`None`: the task's user or idle code).
+    pub(crate) fn top_frame(&self, cpu: CpuId) -> Option<&Frame> {
+        let c = &self.cpus[cpu];
+        match c.irq_stack.last() {
+            Some(f) => Some(f),
+            None => self.tasks[c.curr as usize].stack.last(),
+        }
+    }
+
     /// Would `Step(cpu)` only spin (or halt)? Mirrors the wait conditions in the step code.
     pub fn step_blocked(&self, cpu: CpuId) -> bool {
         let c = &self.cpus[cpu];
-        let top = if let Some(f) = c.irq_stack.last() {
-            Some(f)
-        } else {
-            self.tasks[c.curr as usize].stack.last()
-        };
-        match top {
+        match self.top_frame(cpu) {
             Some(f) => self.frame_spins(cpu, f),
             None => {
                 let t = &self.tasks[c.curr as usize];
@@ -144,12 +149,9 @@ impl Machine {
         if cpu >= self.perf.frames.len() {
             return;
         }
-        let c = &self.cpus[cpu];
-        let top = match c.irq_stack.last() {
-            Some(f) => Some(f),
-            None => self.tasks[c.curr as usize].stack.last(),
-        };
-        self.perf.frames[cpu] = top.map_or(FrameHint::default(), Frame::hint);
+        self.perf.frames[cpu] = self
+            .top_frame(cpu)
+            .map_or(FrameHint::default(), Frame::hint);
     }
 
     #[inline]
