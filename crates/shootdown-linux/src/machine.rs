@@ -499,8 +499,12 @@ impl Machine {
                 // What cond_func reads (`loaded_mm`, and `is_lazy` in either of the lines it
                 // has had; `line_of` is a match over every location, too slow here), then
                 // llist_add's line.
-                lines.prefetch(percpu_line(t, PerCpuLine::Tlbstate0));
-                lines.prefetch(percpu_line(t, PerCpuLine::TlbstateShared));
+                for kind in [PerCpuLine::Tlbstate0, PerCpuLine::TlbstateShared] {
+                    // Every flushing CPU reads these lines: the bit that says whether
+                    // `agent` holds a copy is in a word of its own.
+                    lines.prefetch(percpu_line(t, kind));
+                    lines.prefetch_sharer(percpu_line(t, kind), agent);
+                }
                 lines.prefetch(call_queue_line(t));
                 CsdKey { src: agent, dst: t }
             }
@@ -510,6 +514,7 @@ impl Machine {
                 };
                 prefetch(info);
                 lines.prefetch(flush_info_line(s));
+                lines.prefetch_sharer(flush_info_line(s), agent);
                 CsdKey { src: s, dst: agent }
             }
         };
