@@ -19,6 +19,7 @@ pub mod hash;
 pub mod intern;
 pub mod model;
 pub mod profile;
+mod queue;
 pub mod rng;
 pub mod shared;
 pub mod time;

@@ -11,12 +11,12 @@
 
 use crate::model::{prefetch, AgentId, Env, Lead, Model, Park, Violation};
 use crate::profile::{Profile, Profiler};
+use crate::queue::EventQueue;
 use crate::rng::DetRng;
 use crate::time::Time;
 use crate::trace::{Stamped, TraceEvent, WindowSink, WindowStart};
 use rustc_hash::FxHasher;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 /// Why a timed run stopped.
@@ -101,24 +101,6 @@ impl Default for Limits {
     }
 }
 
-/// A queue entry: an agent's time in the high 64 bits, the agent in the low ones, so that one
-/// 128-bit comparison orders entries by time, then agent (a branch-free compare in the heap's
-/// sift-down, which the tuple's two-field comparison was not).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Entry(u128);
-
-impl Entry {
-    fn new(at: Time, agent: AgentId) -> Self {
-        Entry((at.0 as u128) << 64 | agent as u128)
-    }
-    fn time(self) -> Time {
-        Time((self.0 >> 64) as u64)
-    }
-    fn agent(self) -> AgentId {
-        self.0 as u64 as AgentId
-    }
-}
-
 /// Below this many agents the timed driver gives the model no prefetch hints
 /// ([`Model::prefetch`]): their state stays in the host's cache anyway. (A host-speed setting;
 /// hints never change a result.)
@@ -135,7 +117,7 @@ pub struct TimedDriver {
 /// Who runs when: the agents' slots and the queue of their next runs.
 struct Schedule {
     agents: Vec<Agent>,
-    queue: BinaryHeap<Reverse<Entry>>,
+    queue: EventQueue,
     spinners: Vec<AgentId>,
     /// Agents spinning on a specific key, no key with none. Hashed: nearly every step
     /// notifies a key (every store does) and almost never one that anybody spins on (at 4096
@@ -258,25 +240,24 @@ impl Schedule {
                         None => self.spinners.retain(|&s| s != agent),
                     }
                 }
-                let entry = self.make_runnable(agent, at);
-                self.queue.push(entry);
+                let at = self.make_runnable(agent, at);
+                self.queue.push(at, agent);
             }
         }
     }
 
     /// Mark `agent` runnable at `at` (not before its own clock), with no spin deadline: the
-    /// queue entry it needs.
-    fn make_runnable(&mut self, agent: AgentId, at: Time) -> Reverse<Entry> {
+    /// time of the queue entry it needs.
+    fn make_runnable(&mut self, agent: AgentId, at: Time) -> Time {
         let a = &mut self.agents[agent];
         a.deadline = false;
         a.at = at.max(a.clock);
         a.state = AgentState::Scheduled;
-        Reverse(Entry::new(a.at, agent))
+        a.at
     }
 
     /// While the earliest agent steps, prefetch for the two agents most likely to run after
-    /// it: the second- and third-earliest queue entries (a child of the root, then the other
-    /// child or a grandchild). With thousands of agents nearly every step is another agent's,
+    /// it: the second- and third-earliest queue entries ([`EventQueue::next_two`]). With thousands of agents nearly every step is another agent's,
     /// whose state is cold; hinted one and two steps ahead, it arrives while other steps run
     /// (at 1024 CPUs the guesses are right for 97 % and 92 % of steps; hints three steps ahead,
     /// right for 74 %, were slower). A stale entry, or an agent the step wakes earlier, only
@@ -284,17 +265,12 @@ impl Schedule {
     /// hints only cost time.
     #[inline]
     fn prefetch_next<M: Model>(&self, model: &M) {
-        let q = self.queue.as_slice();
-        if self.agents.len() < PREFETCH_MIN_AGENTS || q.len() < 3 {
+        if self.agents.len() < PREFETCH_MIN_AGENTS {
             return;
         }
-        let key = |i: usize| q.get(i).map_or(u128::MAX, |e| e.0 .0);
-        let (second, other) = if key(1) <= key(2) { (1, 2) } else { (2, 1) };
-        let third = [other, 2 * second + 1, 2 * second + 2]
-            .into_iter()
-            .min_by_key(|&i| key(i))
-            .expect("three candidates");
-        let (next, after) = (q[second].0.agent(), q[third].0.agent());
+        let Some((next, after)) = self.queue.next_two() else {
+            return;
+        };
         prefetch(&self.agents[after]);
         model.prefetch(after, Lead::Two);
         model.prefetch(next, Lead::One);
@@ -304,8 +280,8 @@ impl Schedule {
     /// put in the step's own entry (one sift-down instead of a pop and a push).
     #[inline]
     fn run_on(&mut self, agent: AgentId, end: Time) {
-        let entry = self.make_runnable(agent, end);
-        *self.queue.peek_mut().expect("the step's entry") = entry;
+        let at = self.make_runnable(agent, end);
+        self.queue.replace_top(at, agent);
     }
 
     /// After `agent`'s step from `now` to `end`: park or requeue it as the step said, then
@@ -343,7 +319,7 @@ impl Schedule {
             if s.state == AgentState::Spinning {
                 if s.spin_deadline().map_or(true, |d| at < d) {
                     (s.deadline, s.at) = (true, at);
-                    self.queue.push(Reverse(Entry::new(at, a)));
+                    self.queue.push(at, a);
                 }
             } else {
                 self.schedule(a, at);
@@ -384,17 +360,17 @@ impl Schedule {
     /// it, which ended at `end`.
     fn release(&mut self, s: AgentId, end: Time) {
         self.agents[s].keyed = false;
-        let entry = self.make_runnable(s, end);
-        self.queue.push(entry);
+        let at = self.make_runnable(s, end);
+        self.queue.push(at, s);
     }
 }
 
 impl TimedDriver {
     /// A driver for `agents` agents, all runnable at time zero.
     pub fn new(agents: usize, seed: u64, stream: u64) -> Self {
-        let mut queue = BinaryHeap::with_capacity(agents * 2);
+        let mut queue = EventQueue::new(agents);
         for a in 0..agents {
-            queue.push(Reverse(Entry::new(Time::ZERO, a)));
+            queue.push(Time::ZERO, a);
         }
         TimedDriver {
             sched: Schedule {
@@ -510,10 +486,9 @@ impl TimedDriver {
             }
             // The earliest entry stays in the queue while its step runs: an agent that goes on
             // running replaces it in place (one sift-down instead of a pop and a push).
-            let Some(&Reverse(e)) = sched.queue.peek() else {
+            let Some((t, agent)) = sched.queue.peek() else {
                 break Stop::Deadlock;
             };
-            let (t, agent) = (e.time(), e.agent());
             let a = sched.agents[agent];
             if a.spin_deadline() == Some(t) {
                 // A spinner's deadline: it stops waiting for notifications and runs now.
