@@ -34,12 +34,19 @@ impl Group {
     /// The slot of the least key, and the key (branch-free: a tournament of selects).
     #[inline(always)]
     fn min(&self) -> (usize, u64) {
-        let g = &self.0;
+        self.min_but(8)
+    }
+
+    /// [`Group::min`] leaving out slot `skip` (none if 8). Selects rather than a copy with
+    /// the slot overwritten, whose reads would wait for the copy's stores.
+    #[inline(always)]
+    fn min_but(&self, skip: usize) -> (usize, u64) {
+        let v = |j: usize| (j, if j == skip { EMPTY } else { self.0[j] });
         let pick = |(i, a): (usize, u64), (j, b): (usize, u64)| if b < a { (j, b) } else { (i, a) };
-        let a = pick((0, g[0]), (1, g[1]));
-        let b = pick((2, g[2]), (3, g[3]));
-        let c = pick((4, g[4]), (5, g[5]));
-        let d = pick((6, g[6]), (7, g[7]));
+        let a = pick(v(0), v(1));
+        let b = pick(v(2), v(3));
+        let c = pick(v(4), v(5));
+        let d = pick(v(6), v(7));
         pick(pick(a, b), pick(c, d))
     }
 }
@@ -207,11 +214,9 @@ impl EventQueue {
         if self.len < 3 {
             return None;
         }
-        let g = self.groups[1];
+        let g = &self.groups[1];
         let (i, second) = g.min();
-        let mut rest = g;
-        rest.0[i] = EMPTY;
-        let (_, other) = rest.min();
+        let (_, other) = g.min_but(i);
         let below = self.groups.get(i + 2).map_or(EMPTY, |c| c.min().1);
         let third = other.min(below);
         Some((self.decode(second).1, self.decode(third).1))
