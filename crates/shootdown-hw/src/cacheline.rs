@@ -479,31 +479,39 @@ impl LineDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{CostProfile, Features, COST_KEYS};
+    use crate::profile::COST_KEYS;
 
     /// Every cost a different number of nanoseconds, so that a hit, a shared read and each
-    /// distance of transfer price differently.
+    /// distance of transfer price differently (in a real machine's order).
     fn distinct_costs() -> Costs {
-        let map = COST_KEYS
+        let mut map: std::collections::BTreeMap<String, f64> = COST_KEYS
             .iter()
             .enumerate()
-            .map(|(i, (k, _))| (k.to_string(), 1.0 + i as f64))
+            .map(|(i, (k, _))| (k.to_string(), 100.0 + i as f64))
             .collect();
+        for (k, ns) in [
+            ("l1_hit", 1.0),
+            ("line_shared_read", 7.0),
+            ("line_same_core", 13.0),
+            ("line_same_socket", 29.0),
+            ("line_cross_socket", 61.0),
+        ] {
+            map.insert(k.into(), ns);
+        }
         Costs::from_ns_map(&map).expect("all keys")
     }
 
     #[test]
     fn transfers_of_one_line_queue_but_hits_do_not() {
         let topo = Topology::new(1, 4, 1).unwrap();
-        let p = CostProfile::uniform("t", 10.0, Features::modern());
-        let c = &p.costs;
+        let c = &distinct_costs();
         let mut d = LineDirectory::new(4);
         let t0 = Time::from_ns(1000);
-        // cpu0 takes the line; cpu1 and cpu2 want it at the same moment: cpu2 waits for cpu1's
-        // transfer before its own.
-        d.access(&topo, c, 0, 7, true, t0);
-        let a = d.access(&topo, c, 1, 7, true, t0 + c.l1_hit);
-        let b = d.access(&topo, c, 2, 7, true, t0 + c.l1_hit);
+        // cpu0 takes the line; once it has it, cpu1 and cpu2 want it at the same moment: cpu2
+        // waits for cpu1's transfer before its own.
+        assert_eq!(d.access(&topo, c, 0, 7, true, t0), c.line_shared_read);
+        let a = d.access(&topo, c, 1, 7, true, t0 + c.line_shared_read);
+        let b = d.access(&topo, c, 2, 7, true, t0 + c.line_shared_read);
         assert_eq!(a, c.line_same_socket);
         assert_eq!(b, c.line_same_socket + c.line_same_socket);
         // The owner's own accesses are hits, whatever is in flight.
@@ -517,8 +525,7 @@ mod tests {
     fn sharers_beyond_the_first_64_cpus_are_tracked() {
         // 2 sockets x 80 CPUs: CPUs 64.. live in the second word of the sharer set.
         let topo = Topology::new(2, 80, 1).unwrap();
-        let p = CostProfile::uniform("t", 10.0, Features::modern());
-        let c = &p.costs;
+        let c = &distinct_costs();
         let mut d = LineDirectory::new(topo.nr_cpus());
         let mut t = Time::from_ns(1000);
         let mut step = |d: &mut LineDirectory, cpu, write| {
@@ -543,8 +550,7 @@ mod tests {
     fn a_line_many_cpus_read_prices_its_write_by_the_farthest_copy() {
         // More readers than kept inline: the sharer set becomes a bitmap, same prices.
         let topo = Topology::new(2, 8, 1).unwrap();
-        let p = CostProfile::uniform("t", 10.0, Features::modern());
-        let c = &p.costs;
+        let c = &distinct_costs();
         let mut d = LineDirectory::new(topo.nr_cpus());
         let mut t = Time::from_ns(1000);
         let mut step = |d: &mut LineDirectory, cpu, write| {
@@ -614,8 +620,7 @@ mod tests {
             after in proptest::collection::vec((0usize..20, 0u64..6, proptest::bool::ANY, 0u64..40), 0..50),
         ) {
             let topo = Topology::new(2, 5, 2).unwrap();
-            let p = CostProfile::uniform("t", 10.0, Features::modern());
-            let c = &p.costs;
+            let c = &distinct_costs();
             let mut d = LineDirectory::new(topo.nr_cpus()).with_dense(2..5);
             let mut t = Time::from_ns(1000);
             for &(cpu, line, write, dt) in &before {
