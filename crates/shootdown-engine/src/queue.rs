@@ -68,18 +68,18 @@ pub(crate) struct EventQueue {
 impl EventQueue {
     /// A queue for agents `0..agents`.
     pub(crate) fn new(agents: usize) -> Self {
-        let shift = usize::BITS - agents.max(2).saturating_sub(1).leading_zeros();
-        // Keep the all-ones key free for empty slots.
-        Self::with_fits(agents, (EMPTY >> shift) - 1)
+        Self::with_fits(agents, u64::MAX)
     }
 
-    /// A queue whose keys hold times up to `fits` (smaller in tests, to reach the far heap).
+    /// A queue whose keys hold times up to `fits` at most (smaller in tests, to reach the far
+    /// heap).
     fn with_fits(agents: usize, fits: u64) -> Self {
         let shift = usize::BITS - agents.max(2).saturating_sub(1).leading_zeros();
         EventQueue {
             groups: vec![Group::EMPTY; 1 + agents.div_ceil(8)],
             len: 0,
             shift,
+            // The all-ones key is kept free for empty slots.
             fits: fits.min((EMPTY >> shift) - 1),
             far: BinaryHeap::new(),
         }

@@ -257,8 +257,9 @@ impl Schedule {
     }
 
     /// While the earliest agent steps, prefetch for the two agents most likely to run after
-    /// it: the second- and third-earliest queue entries ([`EventQueue::next_two`]). With thousands of agents nearly every step is another agent's,
-    /// whose state is cold; hinted one and two steps ahead, it arrives while other steps run
+    /// it: the second- and third-earliest queue entries ([`EventQueue::next_two`]). With
+    /// thousands of agents nearly every step is another agent's, whose state is cold; hinted
+    /// one and two steps ahead, it arrives while other steps run
     /// (at 1024 CPUs the guesses are right for 97 % and 92 % of steps; hints three steps ahead,
     /// right for 74 %, were slower). A stale entry, or an agent the step wakes earlier, only
     /// wastes a prefetch. With few agents everything is in the host's cache already, and the
