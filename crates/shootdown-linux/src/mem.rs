@@ -469,13 +469,20 @@ impl Machine {
     /// the store buffer is not looked at: in a timed run (always SC) it sits in a line of
     /// `struct Cpu` that most steps do not otherwise read, a cache miss a load at thousands
     /// of CPUs.
-    fn value_seen_by(&self, cpu: CpuId, loc: Loc) -> u64 {
+    pub(crate) fn value_seen_by(&self, cpu: CpuId, loc: Loc) -> u64 {
         if self.memory_model == MemoryModel::Tso {
             if let Some(v) = self.sb(cpu).forward(loc) {
                 return v;
             }
         }
         self.raw_read(loc)
+    }
+
+    /// `cpu`'s buffered stores, oldest first: none under SC, where the buffer is not looked
+    /// at (see [`Machine::value_seen_by`]).
+    pub(crate) fn buffered_stores(&self, cpu: CpuId) -> impl Iterator<Item = &(Loc, u64)> {
+        let sb = (self.memory_model == MemoryModel::Tso).then(|| self.sb(cpu));
+        sb.into_iter().flat_map(|sb| sb.iter())
     }
 
     /// A load of `loc` whose line `cpu` read earlier in this same step: an L1 hit. That read

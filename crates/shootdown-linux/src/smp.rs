@@ -165,14 +165,8 @@ impl Machine {
     }
 
     pub(crate) fn smp_call_spins(&self, cpu: CpuId, s: &SmpCallMany) -> bool {
-        let locked = |dst: CpuId| {
-            let k = Loc::CsdLock(CsdKey { src: cpu, dst });
-            self.cpus[cpu]
-                .sb
-                .forward(k)
-                .map(|v| v != 0)
-                .unwrap_or_else(|| self.csd_locked.contains(CsdKey { src: cpu, dst }))
-        };
+        let locked =
+            |dst: CpuId| self.value_seen_by(cpu, Loc::CsdLock(CsdKey { src: cpu, dst })) != 0;
         match s.pc {
             SmpCallManyPc::Queue => locked(s.candidates[s.i]),
             SmpCallManyPc::Wait => s.i < s.queued.len() && locked(s.queued[s.i]),

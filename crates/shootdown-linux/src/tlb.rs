@@ -288,7 +288,7 @@ impl Machine {
         let mut me = false;
         // Bits with a store buffered by `cpu` (whatever its value) are loaded too.
         let mut buffered = Vec::new();
-        for &(loc, _) in self.cpus[cpu].sb.iter() {
+        for &(loc, _) in self.buffered_stores(cpu) {
             if let Loc::CpumaskBit(m, c) = loc {
                 if m == mm {
                     buffered.push(c as usize);

@@ -486,10 +486,7 @@ impl Machine {
         s.pc == MakeAllCpusRequestPc::Wait
             && s.targets.get(s.i).is_some_and(|&t| {
                 let loc = Loc::KickCsd(me as u32, t);
-                self.sb(me)
-                    .forward(loc)
-                    .unwrap_or_else(|| self.raw_read(loc))
-                    != 0
+                self.value_seen_by(me, loc) != 0
             })
     }
 
@@ -613,10 +610,7 @@ impl Machine {
         let readers = self.srcu_readers(me);
         readers.get(s.i).is_some_and(|&r| {
             let loc = Loc::SrcuReader(r as u32);
-            self.sb(me)
-                .forward(loc)
-                .unwrap_or_else(|| self.raw_read(loc))
-                == s.old + 1
+            self.value_seen_by(me, loc) == s.old + 1
         })
     }
 
@@ -720,10 +714,7 @@ impl Machine {
     pub(crate) fn memslots_wait_notifiers(&self, me: usize) -> bool {
         let vm = self.vm_of(me);
         let loc = Loc::MmuNotifierCount(vm as u32);
-        self.sb(me)
-            .forward(loc)
-            .unwrap_or_else(|| self.raw_read(loc))
-            != 0
+        self.value_seen_by(me, loc) != 0
     }
 
     /// One step of `__kvm_set_memory_region()` (CREATE or DELETE of a slot of address space 0).
@@ -809,10 +800,7 @@ impl Machine {
     pub(crate) fn slots_lock_busy(&self, me: usize) -> bool {
         let vm = self.vm_of(me);
         let loc = Loc::SlotsLock(vm as u32);
-        let holder = self
-            .sb(me)
-            .forward(loc)
-            .unwrap_or_else(|| self.raw_read(loc));
+        let holder = self.value_seen_by(me, loc);
         holder != 0 && holder != me as u64 + 1
     }
 

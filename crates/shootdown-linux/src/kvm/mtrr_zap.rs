@@ -388,11 +388,7 @@ impl Machine {
     /// Would the request's next step only wait?
     pub(crate) fn mtrr_zap_request_waits(&self, v: CpuId, s: &MtrrZapRequest) -> bool {
         let vm = self.vm_of(v) as u32;
-        let see = |loc: Loc| {
-            self.sb(v)
-                .forward(loc)
-                .unwrap_or_else(|| self.raw_read(loc))
-        };
+        let see = |loc: Loc| self.value_seen_by(v, loc);
         match s.pc {
             MtrrZapPc::Queue | MtrrZapPc::Pop => see(Loc::MtrrZapListLock(vm)) != 0,
             MtrrZapPc::Wait => see(Loc::MtrrZapping(vm)) != 0,

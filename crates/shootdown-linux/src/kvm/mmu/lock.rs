@@ -75,12 +75,7 @@ impl Machine {
             return false;
         };
         let loc = Loc::MmuLock(vm as u32);
-        pos != 0
-            || self
-                .sb(me)
-                .forward(loc)
-                .unwrap_or_else(|| self.raw_read(loc))
-                != 0
+        pos != 0 || self.value_seen_by(me, loc) != 0
     }
 
     /// Is `me` queued for `mmu_lock` (it called `mmu_lock_acquire` and waits)?

@@ -228,11 +228,7 @@ impl Machine {
     /// wait conditions above, reading memory as `me` would.
     pub(crate) fn mmu_rwlock_waits(&self, me: usize, w: RwlockWait, write: bool) -> bool {
         let vm = self.vm_of(me);
-        let see = |loc: Loc| {
-            self.sb(me)
-                .forward(loc)
-                .unwrap_or_else(|| self.raw_read(loc))
-        };
+        let see = |loc: Loc| self.value_seen_by(me, loc);
         match w {
             RwlockWait::Fast => false,
             RwlockWait::Queued => {
