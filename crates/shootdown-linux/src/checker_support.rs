@@ -43,20 +43,10 @@ impl Machine {
         if self.host.is_some() && (!self.vcpu_in_guest(cpu) || self.host_may_preempt(cpu)) {
             return false;
         }
-        let c = &self.cpus[cpu];
         let Some(top) = self.top_frame(cpu) else {
             return false;
         };
-        let own = |loc: Loc| -> u64 {
-            if let Some(v) = c.sb.forward(loc) {
-                return v;
-            }
-            match loc {
-                Loc::LoadedMm(x) => self.cpus[x as usize].tlbstate.loaded_mm,
-                Loc::IsLazy(x) => self.cpus[x as usize].tlbstate.is_lazy as u64,
-                _ => unreachable!("only own tlbstate"),
-            }
-        };
+        let own = |loc: Loc| self.value_seen_by(cpu, loc);
         match top {
             Frame::Schedule(s) => match s.pc {
                 SchedulePc::ContextSwitch => self.tasks[s.next as usize].mm.is_some(),
