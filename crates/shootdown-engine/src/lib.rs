@@ -18,6 +18,7 @@ pub mod digest;
 pub mod hash;
 pub mod intern;
 pub mod model;
+pub mod phases;
 pub mod profile;
 mod queue;
 pub mod rng;

@@ -10,6 +10,7 @@
 //! count or hash-map order enters it.
 
 use crate::model::{prefetch, AgentId, Env, Lead, Model, Park, Violation};
+use crate::phases::{Phase, Stopwatch};
 use crate::profile::{Profile, Profiler};
 use crate::queue::EventQueue;
 use crate::rng::DetRng;
@@ -478,6 +479,7 @@ impl TimedDriver {
         };
         let prefetching = sched.agents.len() >= PREFETCH_MIN_AGENTS;
         let mut latest = Time::ZERO;
+        let mut watch = Stopwatch::start();
         let stop = loop {
             if model.finished() {
                 break Stop::Finished;
@@ -506,12 +508,15 @@ impl TimedDriver {
                 break Stop::TimeLimit;
             }
             let now = t.max(a.clock);
+            watch.lap(Phase::Pick);
             if prefetching {
                 sched.prefetch_next(model);
             }
+            watch.lap(Phase::Prefetch);
             let action = model.timed_action(agent, now);
             env.reset(now);
             let outcome = model.apply(action, &mut env);
+            watch.lap(Phase::Step);
             sched.steps += 1;
             let end = now + env.charged;
             sched.agents[agent].clock = end;
@@ -527,6 +532,8 @@ impl TimedDriver {
             } else {
                 sched.after_step(agent, outcome.park, now, end, &env);
             }
+            watch.lap(Phase::Requeue);
+            watch.step();
         };
         RunStats {
             stop,
@@ -628,5 +635,29 @@ mod tests {
         assert_eq!(run(Some(10)), vec![0, 10]);
         // Never notified: runs at its deadline (and re-arms it, which stays in the past).
         assert_eq!(&run(None)[..2], &[0, 100]);
+    }
+
+    /// Built with `phase-timing`, the driver's loop counts every step it runs, once.
+    #[cfg(feature = "phase-timing")]
+    #[test]
+    fn phase_timing_counts_the_steps_the_driver_ran() {
+        crate::phases::take();
+        let mut m = Spin {
+            release: Some(10),
+            flag: false,
+            ran_at: Vec::new(),
+        };
+        let stats = TimedDriver::new(2, 1, 0).run(
+            &mut m,
+            Limits {
+                max_time: Time(1000),
+                max_steps: 100,
+            },
+        );
+        let p = crate::phases::take().expect("built with phase-timing");
+        assert!(stats.steps > 0);
+        assert_eq!(p.steps, stats.steps);
+        // Two agents: below PREFETCH_MIN_AGENTS, so the hints' phase is only the laps' cost.
+        assert!(p.cycles[crate::phases::Phase::Step as usize] > 0);
     }
 }

@@ -3,6 +3,9 @@
 //! the timed run), and print its steps and wall time. Small and free of Python, so that it runs
 //! under valgrind: the instruction and cache-miss counts in `docs/performance.md` come from
 //! `valgrind --tool=callgrind` or `--tool=cachegrind` on this binary.
+//!
+//! Built with `--features phase-timing`, it also prints the timed driver's cycles per step in
+//! each phase of its loop (`shootdown_engine::phases`).
 
 /// The allocator the shipped binaries use.
 #[global_allocator]
@@ -30,4 +33,13 @@ fn main() {
         r.steps as f64 / r.wall_s / 1e6,
         r.stop
     );
+    if let Some(p) = shootdown_engine::phases::take() {
+        for phase in shootdown_engine::phases::Phase::ALL {
+            println!(
+                "  {:<30} {:>7.0} cycles/step",
+                phase.name(),
+                p.per_step(phase)
+            );
+        }
+    }
 }
