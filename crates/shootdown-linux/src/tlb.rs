@@ -300,9 +300,9 @@ impl Machine {
             let mut bits = self.mms[mm as usize].cpumask[w];
             if buffered.is_empty() {
                 // Nothing buffered (always so under SC): every set bit reads 1 from memory.
-                // The loads and their charges are the loop's below, without a call per CPU
-                // (at 4096 CPUs that loop was 4 % of a row's time): the line's first load
-                // through the directory, then its other bits' L1 hits in one charge.
+                // The same loads and charges as the loop below, without a call per CPU (at
+                // 4096 CPUs that was 4 % of a row's time): the line's first load through the
+                // directory, then its other bits' L1 hits in one charge.
                 if bits == 0 {
                     continue;
                 }
@@ -318,39 +318,38 @@ impl Machine {
                 if env.timed() && hits > 0 {
                     env.charge(Time(self.perf.profile.costs.l1_hit.0 * hits));
                 }
-                while bits != 0 {
-                    let c = w * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    if c == cpu {
-                        me = true;
-                    } else {
-                        others.push(c);
+            } else {
+                for &c in &buffered {
+                    if c / 64 == w {
+                        bits |= 1 << (c % 64);
                     }
                 }
-                continue;
-            }
-            for &c in &buffered {
-                if c / 64 == w {
-                    bits |= 1 << (c % 64);
+                // Load bit by bit; keep the bits that read 1.
+                let mut set = 0;
+                while bits != 0 {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let loc = Loc::CpumaskBit(mm, (w * 64) as u32 + b);
+                    let l = crate::mem::line_of(self, loc);
+                    let v = if line == Some(l) {
+                        self.load_hit(env, cpu, loc)
+                    } else {
+                        line = Some(l);
+                        self.load(env, cpu, loc)
+                    };
+                    if v != 0 {
+                        set |= 1 << b;
+                    }
                 }
+                bits = set;
             }
             while bits != 0 {
                 let c = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let loc = Loc::CpumaskBit(mm, c as u32);
-                let l = crate::mem::line_of(self, loc);
-                let v = if line == Some(l) {
-                    self.load_hit(env, cpu, loc)
+                if c == cpu {
+                    me = true;
                 } else {
-                    line = Some(l);
-                    self.load(env, cpu, loc)
-                };
-                if v != 0 {
-                    if c == cpu {
-                        me = true;
-                    } else {
-                        others.push(c);
-                    }
+                    others.push(c);
                 }
             }
         }
