@@ -489,10 +489,16 @@ impl Machine {
     /// left `cpu` owning or sharing the line, and no other agent runs within a step, so the
     /// directory would answer a hit and change nothing; it is not asked.
     pub(crate) fn load_hit<E: Env>(&mut self, env: &mut E, cpu: CpuId, loc: Loc) -> u64 {
-        if env.timed() {
-            env.charge(self.perf.profile.costs.l1_hit);
-        }
+        self.charge_l1_hits(env, 1);
         self.value_seen_by(cpu, loc)
+    }
+
+    /// The cost of `n` loads that hit in L1 ([`Machine::load_hit`]'s, charged at once where
+    /// their values are known without loading each).
+    pub(crate) fn charge_l1_hits<E: Env>(&self, env: &mut E, n: u64) {
+        if env.timed() && n > 0 {
+            env.charge(Time(self.perf.profile.costs.l1_hit.0 * n));
+        }
     }
 
     /// A load that is one of a loop of independent loads (`for_each_cpu(...) cond_func(cpu)`):

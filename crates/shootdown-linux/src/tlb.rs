@@ -11,7 +11,7 @@ use crate::options::{FlushStride, LazyTlb, SmpCall};
 use crate::smp::SmpCallMany;
 use crate::state::*;
 use crate::switch_mm::SwitchMm;
-use shootdown_engine::{Env, Time};
+use shootdown_engine::Env;
 use shootdown_hw::pagetable::Vpn;
 use shootdown_hw::CpuId;
 
@@ -315,9 +315,7 @@ impl Machine {
                     debug_assert_eq!(v, 1);
                     hits -= 1;
                 }
-                if env.timed() && hits > 0 {
-                    env.charge(Time(self.perf.profile.costs.l1_hit.0 * hits));
-                }
+                self.charge_l1_hits(env, hits);
             } else {
                 for &c in &buffered {
                     if c / 64 == w {
