@@ -93,7 +93,7 @@ impl Machine {
                         self.say(|| "every target vCPU was preempted: no IPI".into());
                         return Flow::Return;
                     }
-                    let n = call.candidates.clone();
+                    let n = &call.candidates;
                     self.say(|| format!("native flush with the remaining vCPUs {n:?}"));
                     return Flow::Call(Frame::SmpCallMany(Box::new(call)));
                 }

@@ -261,8 +261,7 @@ impl Machine {
                 if targets.is_empty() {
                     self.summary(|| "no IPI to send".into());
                 } else {
-                    let t = targets.clone();
-                    self.summary(|| format!("send CALL_FUNCTION IPI to cpus {t:?}"));
+                    self.summary(|| format!("send CALL_FUNCTION IPI to cpus {targets:?}"));
                 }
                 self.send_call_function_ipi(cpu, &targets, env);
                 s.pc = RunLocal;

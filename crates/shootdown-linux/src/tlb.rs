@@ -513,7 +513,7 @@ impl Machine {
         let frame = self.flush_others_frame(call);
         match &frame {
             Frame::PvFlushTlbMulti(p) => {
-                let c = p.call.candidates.clone();
+                let c = &p.call.candidates;
                 self.summary(|| {
                     format!(
                         "read mm_cpumask(mm{mm}): remote vcpus {c:?} -> kvm_flush_tlb_multi (PV)"
@@ -521,7 +521,7 @@ impl Machine {
                 });
             }
             Frame::SmpCallMany(p) => {
-                let c = p.candidates.clone();
+                let c = &p.candidates;
                 self.summary(|| {
                     format!("read mm_cpumask(mm{mm}): remote cpus {c:?} -> flush_tlb_multi/others")
                 });
