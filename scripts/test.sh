@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== cargo test (Rust workspace)"
 cargo test --workspace --exclude shootdown-py --quiet
-echo "== cargo test (the engine with its phase-timing feature)"
+echo "== cargo test (the engine with its phase-timing feature, and a machine's run under it)"
 cargo test -p shootdown-engine --features phase-timing --quiet
+cargo test -p shootdown-experiments --features phase-timing --test phase_timing --quiet
 echo "== pip install .[test] (builds the extension with maturin)"
 python3 -m pip install --quiet '.[test]'
 echo "== pytest (Python package)"

@@ -573,6 +573,7 @@ mod tests {
         }
         fn apply<E: Env>(&mut self, a: usize, env: &mut E) -> Outcome {
             let now = env.now().0;
+            crate::phases::classify(|| if a == 0 { "spinner" } else { "releaser" });
             let park = if a == 0 {
                 self.ran_at.push(now);
                 if self.flag {
@@ -659,5 +660,9 @@ mod tests {
         assert_eq!(p.steps, stats.steps);
         // The steps' own phase took time (a lap in the wrong phase would leave it empty).
         assert!(p.cycles[crate::phases::Phase::Step as usize] > 0);
+        // Every step is in the class its `apply` gave, once.
+        let classes: Vec<_> = p.classes.iter().map(|c| c.class).collect();
+        assert_eq!(classes, ["spinner", "releaser"]);
+        assert_eq!(p.classes.iter().map(|c| c.steps).sum::<u64>(), stats.steps);
     }
 }

@@ -5,7 +5,8 @@
 //! `valgrind --tool=callgrind` or `--tool=cachegrind` on this binary.
 //!
 //! Built with `--features phase-timing`, it also prints the timed driver's cycles per step in
-//! each phase of its loop (`shootdown_engine::phases`).
+//! each phase of its loop (`shootdown_engine::phases`), and the step phase's by the kind of
+//! step (the kernel function on top of the CPU's stack), most cycles first.
 
 /// The allocator the shipped binaries use.
 #[global_allocator]
@@ -39,6 +40,19 @@ fn main() {
                 "  {:<30} {:>7.0} cycles/step",
                 phase.name(),
                 p.per_step(phase)
+            );
+        }
+        let mut classes = p.classes.clone();
+        classes.sort_by_key(|c| std::cmp::Reverse(c.cycles));
+        let all: u64 = classes.iter().map(|c| c.cycles).sum();
+        println!("  step by kind: share of steps, cycles per step, share of step cycles");
+        for c in classes {
+            println!(
+                "    {:<34} {:>6.2} % {:>9.0} {:>6.2} %",
+                c.class,
+                100.0 * c.steps as f64 / p.steps.max(1) as f64,
+                c.cycles as f64 / c.steps.max(1) as f64,
+                100.0 * c.cycles as f64 / all.max(1) as f64
             );
         }
     }

@@ -137,6 +137,12 @@ impl Machine {
 
     /// One step of `cpu`: its top frame's, else its user or idle task's.
     pub(crate) fn step_cpu<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        // Which kind of step this is, for the engine's per-class cycle counts (built with
+        // `phase-timing` only; otherwise the closure is never run).
+        shootdown_engine::phases::classify(|| {
+            self.top_frame(cpu)
+                .map_or("user or idle task", |f: &Frame| f.name())
+        });
         let park = self.step_cpu_stack(cpu, env);
         self.note_top_frame(cpu);
         park
