@@ -70,6 +70,7 @@ impl PhaseCycles {
     }
 
     /// Count `steps` steps of `class` that took `cycles`.
+    #[cfg(feature = "phase-timing")]
     fn add_class(&mut self, class: &'static str, steps: u64, cycles: u64) {
         match self.classes.iter_mut().find(|c| c.class == class) {
             Some(c) => {
@@ -85,6 +86,7 @@ impl PhaseCycles {
     }
 
     /// Add `other`'s counts to these.
+    #[cfg(feature = "phase-timing")]
     fn merge(&mut self, other: &PhaseCycles) {
         for (a, b) in self.cycles.iter_mut().zip(other.cycles) {
             *a += b;
