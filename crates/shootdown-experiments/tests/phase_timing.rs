@@ -38,5 +38,8 @@ fn every_step_is_counted_once_by_its_kind() {
     }
     // Most steps are a CPU's, and so have a kind.
     let unclassified = t.classes.iter().find(|c| c.class == UNCLASSIFIED);
-    assert!(unclassified.map_or(0, |c| c.steps) * 10 < r.steps, "{kinds:?}");
+    assert!(
+        unclassified.map_or(0, |c| c.steps) * 10 < r.steps,
+        "{kinds:?}"
+    );
 }
