@@ -1,5 +1,7 @@
 //! Results are identical whatever the number of worker threads, and across repeated runs.
 
+mod common;
+
 use shootdown_experiments::{load, profile_points, run_points};
 use std::path::Path;
 
@@ -27,17 +29,7 @@ fn same_results_on_one_and_two_threads() {
 /// run, and its per-function exclusive times account for every CPU moment of the window.
 #[test]
 fn profiling_does_not_perturb_the_run_and_accounts_for_all_cpu_time() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let exp = load(
-        &root.join("experiments/seeds/seed000-sysbench-no-mitigations.toml"),
-        &[
-            "experiment.rows=[4]".into(),
-            "experiment.repetitions=1".into(),
-            "workload.warmup_ms=0.2".into(),
-            "workload.measure_ms=0.5".into(),
-        ],
-    )
-    .unwrap();
+    let exp = common::short_sysbench();
     let idx: Vec<usize> = (0..exp.points(false).len()).collect();
     let plain = run_points(&exp, false, &idx, 1).unwrap();
     let profiled = profile_points(&exp, false, &idx, 2).unwrap();

@@ -3,23 +3,14 @@
 //! kernel function on top of the CPU's stack.
 #![cfg(feature = "phase-timing")]
 
+mod common;
+
 use shootdown_engine::phases::{self, UNCLASSIFIED};
-use shootdown_experiments::{load, run_point};
-use std::path::Path;
+use shootdown_experiments::run_point;
 
 #[test]
 fn every_step_is_counted_once_by_its_kind() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let exp = load(
-        &root.join("experiments/seeds/seed000-sysbench-no-mitigations.toml"),
-        &[
-            "experiment.rows=[4]".into(),
-            "experiment.repetitions=1".into(),
-            "workload.warmup_ms=0.2".into(),
-            "workload.measure_ms=0.5".into(),
-        ],
-    )
-    .unwrap();
+    let exp = common::short_sysbench();
     let p = exp.points(false).into_iter().next().unwrap();
     phases::take();
     let r = run_point(&exp, &p, false).unwrap();
