@@ -42,7 +42,7 @@ fn main() {
                 p.per_step(phase)
             );
         }
-        let mut classes = p.classes.clone();
+        let mut classes = p.classes;
         classes.sort_by_key(|c| std::cmp::Reverse(c.cycles));
         let all: u64 = classes.iter().map(|c| c.cycles).sum();
         println!("  step by kind: share of steps, cycles per step, share of step cycles");

@@ -140,8 +140,7 @@ impl Machine {
         // Which kind of step this is, for the engine's per-class cycle counts (built with
         // `phase-timing` only; otherwise the closure is never run).
         shootdown_engine::phases::classify(|| {
-            self.top_frame(cpu)
-                .map_or("user or idle task", |f: &Frame| f.name())
+            self.top_frame(cpu).map_or("user or idle task", Frame::name)
         });
         let park = self.step_cpu_stack(cpu, env);
         self.note_top_frame(cpu);
