@@ -2,7 +2,9 @@
 //! `[features]` and `[cost]` (each cost a number of ns or `{ value, source, fitted }`, where
 //! `fitted` lists the published cells the value was fitted on, as `EXPERIMENT/VARIANT` or
 //! `EXPERIMENT/VARIANT/ROW`; the reproduction tables mark those cells). A profile may
-//! inherit another and override any subset; the result must define every cost key.
+//! inherit another and override any subset; the result must define every cost key. An
+//! optional `[machine]` table describes the machine the costs were measured on
+//! ([`MACHINE_KEYS`]; `shootdown calibrate` writes it).
 //!
 //! An experiment may add one more layer on top, its `[profile_override]` table (`cost` and
 //! `features` subtables, same syntax), for sensitivity studies such as
@@ -41,6 +43,60 @@ fn read_toml(path: &Path, inputs: &mut Vec<Input>) -> Result<toml::Table, Config
         .map_err(|e| ConfigError::new(path, "", format!("malformed TOML: {}", e.message())))
 }
 
+/// The keys of a profile's optional `[machine]` table and the TOML type each takes. The table
+/// describes the machine the costs were measured on (`shootdown calibrate` writes it; the model
+/// does not read it: an experiment still says its own `[topology]` and `[host]`); `shootdown
+/// validate` builds its simulated twin of the machine from it.
+pub const MACHINE_KEYS: &[(&str, &str)] = &[
+    ("cpu_model", "string"),
+    ("kernel", "string"),
+    ("measured_at", "string"),
+    ("sockets", "integer"),
+    ("cores_per_socket", "integer"),
+    ("threads_per_core", "integer"),
+    ("online_cpus", "integer"),
+    ("hypervisor", "string"),
+    ("pv_tlb_flush", "boolean"),
+    ("pv_send_ipi", "boolean"),
+    ("pv_sched_yield", "boolean"),
+    ("pv_unhalt", "boolean"),
+    ("idle_poll", "boolean"),
+];
+
+fn check_machine(path: &Path, m: &toml::Value) -> Result<(), ConfigError> {
+    let toml::Value::Table(m) = m else {
+        return Err(ConfigError::new(path, "machine", "expected a table"));
+    };
+    for (k, v) in m {
+        let Some((_, ty)) = MACHINE_KEYS.iter().find(|(name, _)| name == k) else {
+            let known: Vec<&str> = MACHINE_KEYS.iter().map(|(n, _)| *n).collect();
+            return Err(ConfigError::new(
+                path,
+                format!("machine.{k}"),
+                format!("unknown key (known: {})", known.join(", ")),
+            ));
+        };
+        let ok = match *ty {
+            "string" => v.is_str(),
+            "boolean" => v.is_bool(),
+            _ => v.as_integer().is_some_and(|i| (1..=16384).contains(&i)),
+        };
+        if !ok {
+            let want = if *ty == "integer" {
+                "an integer in 1..=16384"
+            } else {
+                ty
+            };
+            return Err(ConfigError::new(
+                path,
+                format!("machine.{k}"),
+                format!("expected {want}, got {}", v.type_str()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Load a profile by name, following `inherits`; then apply `overlay` (an experiment's
 /// `[profile_override]` table, `from` being that experiment) last.
 pub fn load_profile(
@@ -75,13 +131,16 @@ pub(crate) fn load_profile_files(
         let t = read_toml(&path, inputs)?;
         chain.push(cur.clone());
         for k in t.keys() {
-            if !["profile", "features", "cost"].contains(&k.as_str()) {
+            if !["profile", "features", "cost", "machine"].contains(&k.as_str()) {
                 return Err(ConfigError::new(
                     &path,
                     k.as_str(),
-                    "unknown section (expected profile, features, cost)",
+                    "unknown section (expected profile, features, cost, machine)",
                 ));
             }
+        }
+        if let Some(m) = t.get("machine") {
+            check_machine(&path, m)?;
         }
         let parent = match t.get("profile").and_then(|p| p.get("inherits")) {
             Some(toml::Value::String(s)) => Some(s.clone()),

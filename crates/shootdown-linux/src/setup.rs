@@ -40,6 +40,25 @@ impl Machine {
         self.add_task_of(name, Some(mm), cpu, program)
     }
 
+    /// A user task the run does not wait for: the run ends when every other task has exited,
+    /// whatever this one is doing (a sibling that reads memory in a loop forever, or sleeps in
+    /// [`UserOp::Pause`]). Its program must not exit.
+    pub fn add_background_task(
+        &mut self,
+        name: &str,
+        mm: MmId,
+        cpu: CpuId,
+        program: Vec<UserOp>,
+    ) -> TaskId {
+        assert!(
+            !program.contains(&UserOp::Exit),
+            "a background task never exits (the run does not count it)"
+        );
+        let id = self.add_task_of(name, Some(mm), cpu, program);
+        self.perf.user_tasks_alive -= 1;
+        id
+    }
+
     /// A kernel thread (no mm of its own: it runs lazily on whatever mm is loaded), such as
     /// khugepaged; its program may use only kernel ops ([`UserOp::Collapse`]), `Compute`,
     /// `Loop` and `Exit`.

@@ -477,6 +477,10 @@ pub enum UserOp {
         word: u32,
         parties: u32,
     },
+    /// `pause()` (or a futex wait nobody wakes): enter the kernel and sleep for good. The CPU
+    /// then runs its idle task with this task's mm still loaded (`enter_lazy_tlb`): the
+    /// *sleeping sibling* of `shootdown validate`'s cases.
+    Pause,
     /// Jump to op `to`; `times` = how many more jumps (None = forever).
     Loop {
         to: u16,

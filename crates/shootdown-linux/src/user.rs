@@ -559,6 +559,16 @@ impl Machine {
                 let task: &mut Task = &mut self.tasks[t];
                 take_loop(&mut task.pc, &mut task.loop_left, to, times);
             }
+            UserOp::Pause => {
+                // sys_pause(): the task sleeps in TASK_INTERRUPTIBLE until a signal, and none
+                // comes. Only the entry is paid: the sleep never returns.
+                self.charge(env, |c| c.syscall_entry_exit);
+                self.tasks[t].state = TaskState::Blocked;
+                self.tasks[t].pc += 1;
+                self.say(|| "pause(): sleep".into());
+                let f = self.schedule_frame();
+                self.call(cpu, env, f);
+            }
             UserOp::Exit => {
                 self.tasks[t].state = TaskState::Dead;
                 self.perf.user_tasks_alive -= 1;

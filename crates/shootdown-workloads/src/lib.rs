@@ -13,6 +13,7 @@
 //! | `ebizzy` | 001 | threads allocate, copy, search, free chunks (madvise flush per record), in VMs | records/s per VM |
 //! | `vmexit_cpuid` | 000 (2nd letter) | CPUID loop in every vCPU | VM exits/s per vCPU |
 //! | `mmtest_rom` | 003 | threads re-access 2000 MB each while QEMU creates and deletes a ROM memslot | ms per pass |
+//! | `host_micro` | — | `shootdown validate`'s cases: madvise / mprotect / munmap + touch on CPU 0 with busy or sleeping siblings | µs per iteration |
 //! | `guest_boot` | 004 | every vCPU runs its firmware's and kernel's MTRR / CR0.CD script (data) while KVM zaps | zap M cycles |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
@@ -22,6 +23,7 @@
 
 pub mod ebizzy;
 pub mod guest_boot;
+pub mod host_micro;
 pub mod madv_pingpong;
 pub mod mmtest_rom;
 pub mod params;
@@ -91,6 +93,7 @@ pub const KINDS: &[&str] = &[
     "vmexit_cpuid",
     "mmtest_rom",
     "guest_boot",
+    "host_micro",
 ];
 
 /// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
@@ -101,6 +104,7 @@ pub const HOST_KINDS: &[&str] = &[
     "vmexit_cpuid",
     "mmtest_rom",
     "guest_boot",
+    "host_micro",
 ];
 
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
@@ -174,6 +178,7 @@ pub fn build(
         "vmexit_cpuid" => vmexit::build(&p, machine)?,
         "mmtest_rom" => mmtest_rom::build(&p, machine)?,
         "guest_boot" => guest_boot::build(&p, machine)?,
+        "host_micro" => host_micro::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
