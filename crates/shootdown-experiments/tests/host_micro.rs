@@ -22,7 +22,11 @@ fn write(dir: &str, name: &str, text: &str) -> PathBuf {
 /// One VM of two vCPUs on two pCPUs (this project's machines), thread 0 on vCPU 0 and one
 /// sibling on vCPU 1.
 fn experiment(op: &str, mode: &str, lazy_tlb: &str) -> String {
-    let pages = if op == "munmap" { "" } else { "pages = 1" };
+    let pages = match op {
+        "munmap" => "",
+        "mprotect" => "pages = 8",
+        _ => "pages = 1",
+    };
     format!(
         r#"
 [experiment]
@@ -103,6 +107,14 @@ fn a_freed_page_table_reaches_the_lazy_cpu_twice_then_never() {
     assert_eq!(sleeping.1, 2, "{sleeping:?}");
     let [_, busy] = run("munmap", "busy", "mainline");
     assert_eq!(busy.1, ITERATIONS);
+}
+
+#[test]
+fn an_mprotect_pair_flushes_twice() {
+    // The downgrade and, on x86, the upgrade too (pte_needs_flush: any change of _PAGE_RW).
+    let [alone, busy] = run("mprotect", "busy", "mainline");
+    assert_eq!(alone.1, 0);
+    assert_eq!(busy.1, 2 * ITERATIONS, "{busy:?}");
 }
 
 #[test]

@@ -302,8 +302,14 @@ impl Machine {
                         continue;
                     }
                     if writable {
-                        // An upgrade needs no flush (a stale read-only entry only faults).
-                        pte.writable = true;
+                        // x86 flushes an upgrade too: `pte_needs_flush()` counts any change of
+                        // _PAGE_RW (`flush_on_change`, v6.0+), and before v6.0
+                        // `change_protection()` flushed whenever it changed a PTE. A stale
+                        // read-only entry would only fault, so the oracle asks for nothing.
+                        if !pte.writable {
+                            pte.writable = true;
+                            changed += 1;
+                        }
                     } else if pte.writable {
                         pte.writable = false;
                         self.oracle.pte_changed(pte);
