@@ -26,6 +26,13 @@ create_exception!(
     "A bad experiment, profile, scenario or option (FILE: KEY: REASON)."
 );
 
+create_exception!(
+    _native,
+    HostError,
+    pyo3::exceptions::PyRuntimeError,
+    "This machine cannot run a measurement (not Linux, one CPU, affinity refused…): one line."
+);
+
 fn cfg_err(e: impl std::fmt::Display) -> PyErr {
     ConfigError::new_err(e.to_string())
 }
@@ -212,6 +219,42 @@ fn check_list(py: Python<'_>, scenarios_dir: PathBuf) -> PyResult<String> {
     json(&r)
 }
 
+/// `shootdown_hostbench::probe()`: this machine's description, as JSON.
+#[pyfunction]
+fn host_probe(py: Python<'_>) -> PyResult<String> {
+    let info = py
+        .allow_threads(shootdown_hostbench::probe)
+        .map_err(|e| HostError::new_err(e.to_string()))?;
+    json(&info)
+}
+
+/// `shootdown_hostbench::run_case()` on a JSON case spec, as JSON. The case runs on a thread of
+/// its own while this one checks for signals every 50 ms: Ctrl-C cancels the case (its threads
+/// and mappings are cleaned up) and raises `KeyboardInterrupt` here.
+#[pyfunction]
+fn host_run_case(py: Python<'_>, spec: &str) -> PyResult<String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let spec = shootdown_hostbench::CaseSpec::from_json(spec)
+        .map_err(|e| HostError::new_err(e.to_string()))?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    let worker = std::thread::spawn(move || shootdown_hostbench::run_case(&spec, &flag));
+    while !worker.is_finished() {
+        py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+        if let Err(interrupt) = py.check_signals() {
+            cancel.store(true, Ordering::SeqCst);
+            let _ = py.allow_threads(|| worker.join());
+            return Err(interrupt);
+        }
+    }
+    let result = worker
+        .join()
+        .map_err(|_| HostError::new_err("the measuring thread panicked"))?
+        .map_err(|e| HostError::new_err(e.to_string()))?;
+    json(&result)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", m.py().get_type_bound::<ConfigError>())?;
@@ -224,5 +267,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_function(wrap_pyfunction!(set_check_progress, m)?)?;
     m.add_function(wrap_pyfunction!(check_list, m)?)?;
+    m.add("HostError", m.py().get_type_bound::<HostError>())?;
+    m.add_function(wrap_pyfunction!(host_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(host_run_case, m)?)?;
     Ok(())
 }
