@@ -144,13 +144,15 @@ impl Machine {
         (f.mm == mm && vpn < f.start + f.npages).then_some(id)
     }
 
-    /// Allocate the page-table page covering `vpn` if the PMD has none.
-    pub(crate) fn ensure_table(&mut self, mm: MmId, vpn: Vpn) {
+    /// Allocate the page-table page covering `vpn` if the PMD has none; whether it did.
+    pub(crate) fn ensure_table(&mut self, mm: MmId, vpn: Vpn) -> bool {
         let idx = shootdown_hw::pagetable::pt_index(vpn);
-        if !self.mms[mm as usize].space.pmd.contains_key(&idx) {
-            let t = self.pt_pages.alloc();
-            self.mms[mm as usize].space.pmd.insert(idx, t);
+        if self.mms[mm as usize].space.pmd.contains_key(&idx) {
+            return false;
         }
+        let t = self.pt_pages.alloc();
+        self.mms[mm as usize].space.pmd.insert(idx, t);
+        true
     }
 
     /// Model VM `vm`'s MMU: memslots `slots` in address space 0, an EPT the vCPUs fill by

@@ -411,7 +411,11 @@ impl Machine {
                         *pc = PageFaultPc::Done;
                         return Flow::Next;
                     }
-                    self.ensure_table(mm, vpn);
+                    if self.ensure_table(mm, vpn) {
+                        // __pte_alloc() -> pte_alloc_one(): a zeroed page for the new page
+                        // table, then pmd_populate() under the PMD lock.
+                        self.charge(env, |c| c.page_alloc + c.page_zero);
+                    }
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
                         self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
