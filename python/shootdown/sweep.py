@@ -29,10 +29,13 @@ import json
 import math
 import os
 import re
+import secrets
+import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -51,6 +54,7 @@ __all__ = [
     "point_key",
     "sweep",
     "summarize_sweep",
+    "RayClusterError",
 ]
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -252,6 +256,221 @@ def _import_ray() -> Any:
     return ray
 
 
+class RayClusterError(ConfigError):
+    """The Ray cluster a sweep was pointed at refused it (a missing or wrong auth token) or did
+    not answer. A :class:`ConfigError`, so the CLI prints it as one line and exits 2."""
+
+
+# Ray's token authentication (Ray >= 2.52) is configured by the environment only, read by Ray's
+# C++ core in every process (driver, GCS, raylet, workers): RAY_AUTH_MODE ("token" or
+# "disabled"), and the token from RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names,
+# else ~/.ray/auth_token. A ray.init() that starts a local instance with RAY_AUTH_MODE unset
+# turns token mode on, warns, and writes a new ~/.ray/auth_token when it finds no token.
+_AUTH_MODE = "RAY_AUTH_MODE"
+_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+_AUTH_FIX = (
+    "run with RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN or in a file named by "
+    "RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token); `ray get-auth-token` on the head node "
+    "prints it"
+)
+
+
+@contextmanager
+def _environ(changes: Mapping[str, Optional[str]]) -> Iterator[None]:
+    """Set (``None``: remove) environment variables for the duration, then restore them."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _reload_ray_auth() -> None:
+    """Make this process's Ray re-read the auth variables: its config caches the mode and its
+    token loader the token (what Ray's own tests do after changing them; config first)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore
+    except ImportError:  # a Ray without token authentication (< 2.52)
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the duration: Ray's C++ core logs a failed
+    connection attempt there itself, past Python's ``sys.stderr``."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2: nothing to quiet
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _token_source() -> str:
+    """Which token this process sends, as Ray's loader picks it."""
+    mode = (os.environ.get(_AUTH_MODE) or "").lower()
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore
+
+        token_mode = get_authentication_mode() == AuthenticationMode.TOKEN
+    except ImportError:
+        token_mode = mode == "token"
+    if not token_mode:
+        return f"{_AUTH_MODE} is {mode or 'unset'}, so no token was sent"
+    if os.environ.get(_AUTH_TOKEN):
+        return f"the token sent came from {_AUTH_TOKEN}"
+    if os.environ.get(_AUTH_TOKEN_PATH):
+        return f"the token sent came from {_AUTH_TOKEN_PATH}={os.environ[_AUTH_TOKEN_PATH]}"
+    return "the token sent came from ~/.ray/auth_token"
+
+
+def _is_auth_error(ray: Any, exc: BaseException) -> bool:
+    auth_error = getattr(getattr(ray, "exceptions", None), "AuthenticationError", None)
+    seen = 0
+    cur: Optional[BaseException] = exc
+    while cur is not None and seen < 10:
+        if auth_error is not None and isinstance(cur, auth_error):
+            return True
+        if "InvalidAuthToken" in str(cur) or "AuthenticationError" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return False
+
+
+def _auth_failure(address: str, exc: BaseException) -> RayClusterError:
+    """One line for an auth error of Ray: the cluster refused the token, or this process has
+    none to send (token mode with no token, or an unreadable ``RAY_AUTH_TOKEN_PATH``)."""
+    text = " ".join(str(getattr(exc, "message", None) or exc).split())
+    if "InvalidAuthToken" in text or "Authentication token is missing or incorrect" in text:
+        what = f"the Ray cluster at {address} refused this sweep's authentication"
+        why = _token_source()
+    else:  # Ray's own first sentence says which source failed
+        what = f"no usable auth token for the Ray cluster at {address}"
+        why = text.split(". ")[0].rstrip(".")
+    return RayClusterError(f"{what} ({why}): {_AUTH_FIX}")
+
+
+def _check_token(ray: Any, address: str) -> None:
+    """In token mode, the token must be there before anything connects: Ray's C++ core ends
+    the process (no exception) when RAY_AUTH_TOKEN_PATH names a missing or empty file."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (  # type: ignore
+            ensure_token_if_auth_enabled,
+        )
+    except ImportError:
+        return
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+    except Exception as exc:
+        if _is_auth_error(ray, exc):
+            raise _auth_failure(address, exc) from None
+        raise
+
+
+def _probe_cluster(ray: Any, address: str) -> None:
+    """Fail fast, in one line, when the cluster at ``address`` (``host:port`` of its GCS)
+    refuses this process's token or does not answer: ``ray.init`` would retry for 20 s and log
+    every attempt."""
+    if address.startswith("ray://"):  # Ray Client: no GCS to ask
+        return
+    try:
+        from ray._private import services  # type: ignore
+        from ray._raylet import GcsClient  # type: ignore
+
+        gcs = services.canonicalize_bootstrap_address(address)
+    except Exception:  # an older or newer Ray: ray.init's own errors will do
+        return
+    if gcs is None:
+        return
+    try:
+        with _quiet_stderr():
+            GcsClient(address=gcs)
+    except Exception as exc:
+        if _is_auth_error(ray, exc):
+            raise _auth_failure(address, exc) from None
+        rpc_error = getattr(getattr(ray, "exceptions", None), "RpcError", None)
+        if rpc_error is not None and isinstance(exc, rpc_error):
+            raise RayClusterError(
+                f"no Ray cluster answered at {address} ({' '.join(str(exc).split())}): check "
+                "the address (the head node's host:port, `ray start --head` prints it) and "
+                "that the cluster runs"
+            ) from None
+        return  # anything else: ray.init says what it is
+
+
+@contextmanager
+def _ray_session(address: Optional[str]) -> Iterator[Any]:
+    """Ray, connected for the sweep: as it is when this process already called ``ray.init``;
+    else connected to ``address`` (or ``$RAY_ADDRESS``) with the cluster's own auth settings
+    from the environment; else a private local instance. What the sweep connected or started
+    it disconnects or stops at the end.
+
+    The private instance runs in token mode with a token made for it, passed to its processes
+    in ``RAY_AUTH_TOKEN`` only: nothing is read from or written to ``~/.ray``, and Ray prints no
+    warning. (``RAY_AUTH_MODE`` set to anything but ``token`` is respected.) It writes what any
+    local Ray writes: its session (logs, sockets) under Ray's temp dir, ``$RAY_TMPDIR/ray``,
+    by default ``/tmp/ray``.
+    """
+    ray = _import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    if target is None:
+        changes: Dict[str, Optional[str]] = {}
+        if (os.environ.get(_AUTH_MODE) or "token").lower() == "token":
+            changes = {
+                _AUTH_MODE: "token",
+                _AUTH_TOKEN: secrets.token_hex(32),
+                _AUTH_TOKEN_PATH: None,
+            }
+        try:
+            with _environ(changes):
+                _reload_ray_auth()
+                ray.init(address="local")
+                try:
+                    yield ray
+                finally:
+                    ray.shutdown()
+        finally:
+            _reload_ray_auth()  # back to the restored environment's settings
+        return
+    _reload_ray_auth()  # the environment as it is now, not as Ray first read it
+    if target != "auto":  # "auto" turns token mode on inside ray.init: nothing to check yet
+        _check_token(ray, target)
+        _probe_cluster(ray, target)
+    try:
+        ray.init(address=target)
+    except Exception as exc:
+        if _is_auth_error(ray, exc):
+            raise _auth_failure(target, exc) from None
+        raise
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
 def sweep(
     path: api.PathLike,
     grid: Mapping[str, Sequence[Any]],
@@ -262,6 +481,7 @@ def sweep(
     threads: Optional[int] = None,
     progress: Optional[api.ProgressCallback] = None,
     chunk_size: Optional[int] = None,
+    address: Optional[str] = None,
 ) -> pd.DataFrame:
     """Run an experiment over every combination of ``grid``, resuming from ``cache_dir``.
 
@@ -272,8 +492,12 @@ def sweep(
             "variants.after.options.smp_call": ["concurrent"]}``. Python values are written as
             TOML (strings quoted); use :class:`Raw` for literal TOML.
         backend: ``"local"`` (threads inside Rust) or ``"ray"`` (one Ray task per chunk of
-            points; connects with ``ray.init()`` unless Ray is already initialised, so
-            ``RAY_ADDRESS`` selects a cluster).
+            points). Ray as this process already initialised it; else the cluster at
+            ``address`` (or ``$RAY_ADDRESS``), authenticated as Ray's environment says
+            (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH`` /
+            ``~/.ray/auth_token``); else a private local instance that writes nothing under
+            the home directory. What the sweep started or connected it stops or disconnects
+            when done. See ``docs/ray.md``.
         cache_dir: directory of the point cache (created as needed).
         sets: overrides applied before the grid's.
         quick: the experiment's quick configuration.
@@ -281,6 +505,9 @@ def sweep(
             reserved) per task (default 1).
         progress: ``progress(done, total)`` over all points; cached points count as done.
         chunk_size: points per native call / Ray task (default ``2 × threads``).
+        address: ray: the cluster to run on, as ``ray.init(address=...)`` takes it
+            (``host:port`` of the head node, ``"auto"`` for the latest ``ray start`` on this
+            machine, ``ray://host:port``); default ``$RAY_ADDRESS``, else a local instance.
 
     Returns:
         A points frame (as :func:`shootdown.run`) over all combinations, with ``combo`` (the
@@ -349,7 +576,7 @@ def sweep(
                 part = missing[start : start + size]
                 finish(combo, _run_chunk(str(experiment), combo.sets, bool(quick), part, threads))
     else:
-        _sweep_ray(experiment, combos, bool(quick), threads or 1, chunk_size, finish)
+        _sweep_ray(experiment, combos, bool(quick), threads or 1, chunk_size, finish, address)
 
     frames = []
     for combo in combos:
@@ -375,23 +602,27 @@ def _sweep_ray(
     threads: int,
     chunk_size: Optional[int],
     finish: Callable[[_Combo, List[PointResult]], None],
+    address: Optional[str] = None,
 ) -> None:
-    ray = _import_ray()
-    if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True)
-    remote = ray.remote(num_cpus=threads)(_run_chunk)
     size = chunk_size or max(1, 2 * threads)
-    pending: Dict[Any, _Combo] = {}
-    for combo in combos:
-        missing = combo.missing()
-        for start in range(0, len(missing), size):
-            part = missing[start : start + size]
-            ref = remote.remote(str(experiment), combo.sets, quick, part, threads)
-            pending[ref] = combo
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        for ref in ready:
-            finish(pending.pop(ref), ray.get(ref))
+    chunks = [
+        (combo, missing[start : start + size])
+        for combo in combos
+        for missing in [combo.missing()]
+        for start in range(0, len(missing), size)
+    ]
+    if not chunks:  # everything came from the cache: no cluster needed
+        _import_ray()
+        return
+    with _ray_session(address) as ray:
+        remote = ray.remote(num_cpus=threads)(_run_chunk)
+        pending: Dict[Any, _Combo] = {}
+        for combo, part in chunks:
+            pending[remote.remote(str(experiment), combo.sets, quick, part, threads)] = combo
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                finish(pending.pop(ref), ray.get(ref))
 
 
 def summarize_sweep(frame: pd.DataFrame) -> pd.DataFrame:

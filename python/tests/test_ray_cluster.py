@@ -7,27 +7,40 @@ started — their process groups and everything they spawned — and checks that
 It does not run ``ray stop``: that stops every Ray process of the machine, a user's own
 cluster included.
 
+The cluster is hermetic: both ``ray start`` calls and the test process (the driver) see none
+of the user's ``RAY_*`` variables, only the cluster's own — token authentication with a token
+made for the run in ``RAY_AUTH_TOKEN``, which Ray prefers to ``RAY_AUTH_TOKEN_PATH`` and
+``~/.ray/auth_token``, and ``RAY_TMPDIR`` inside the cluster's temp dir — and a ``HOME`` of
+their own whose ``~/.ray/auth_token`` holds an unrelated token, so every run proves that a
+token in the user's home (``sweep --backend ray`` used to leave one) changes nothing. The
+CLI is run against the cluster with a wrong token, without one, and with the token in a file.
+
 Needs the real native module (Ray's workers import ``shootdown`` from this interpreter) and
 ``ray`` (the ``test`` extra installs it).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import secrets
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Dict, Iterator, List, Mapping, Optional, Set
 
 import pytest
 from conftest import requires_native
 
 from shootdown import _bridge, sweep
+
+sweep_mod = importlib.import_module("shootdown.sweep")
 
 pytestmark = requires_native
 
@@ -42,6 +55,24 @@ SETS = ["experiment.quick_rows=[1, 2]"]  # 2 rows × 3 variants × 1 repetition 
 HEAD_IP = "127.0.0.2"
 WORKER_IP = "127.0.0.3"
 START_TIMEOUT_S = 120
+# In the cluster's HOME: a token of some other cluster, as ``sweep --backend ray`` (Ray >= 2.59)
+# used to leave in ~/.ray/auth_token. Nothing may read it, nothing may add to HOME.
+UNRELATED_TOKEN = "0123456789abcdef" * 4
+
+
+def _ray_free_env(**extra: str) -> Dict[str, str]:
+    """This process's environment without any ``RAY_*`` variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(extra)
+    return env
+
+
+def _listing(root: Path) -> Dict[str, str]:
+    """Every file and directory under ``root``: relative path → contents ("" for a dir)."""
+    return {
+        str(p.relative_to(root)): "" if p.is_dir() else p.read_text(errors="replace")
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def _free_port() -> int:
@@ -81,12 +112,29 @@ class LocalCluster:
 
     def __init__(self) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths
+        self.home = Path(self.temp_dir) / "home"
+        (self.home / ".ray").mkdir(parents=True)
+        (self.home / ".ray" / "auth_token").write_text(UNRELATED_TOKEN)
+        self.home_before = _listing(self.home)
+        # Ray's default temp dir for these processes, were RAY_TMPDIR not set: never used.
+        self.default_tmp = Path(os.environ.get("TMPDIR") or "/tmp") / "ray"
+        self.default_tmp_existed = self.default_tmp.exists()
+        self.home_after: Dict[str, str] = {}
         self.port = _free_port()
         self.address = f"{HEAD_IP}:{self.port}"
+        self.token = secrets.token_hex(32)
         self.groups: List[int] = []
         self.seen: Set[int] = set()
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        self.env.pop("RAY_ADDRESS", None)
+        # Everything Ray reads that could differ between machines, set for both nodes and the
+        # driver. PYTHONUSERBASE keeps the user's site-packages where the real HOME has them.
+        self.env = _ray_free_env(
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=self.token,
+            RAY_TMPDIR=self.temp_dir,
+            HOME=str(self.home),
+            PYTHONUSERBASE=site.getuserbase(),
+        )
         self.start_seconds = 0.0
         self.stopped = False
         self.leftovers: List[str] = []
@@ -164,7 +212,19 @@ class LocalCluster:
                 time.sleep(0.1)
         procs = _procs()
         self.leftovers = [f"{pid} {procs[pid]['cmdline'][:80]}" for pid in sorted(self.ours())]
+        self.home_after = _listing(self.home)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _driver_env(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
+    """This process's environment as ``env`` for every ``RAY_*`` variable and ``HOME``, and
+    Ray's in-process auth caches reloaded from it."""
+    for key in [k for k in os.environ if k.startswith("RAY_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("RAY_") or key == "HOME":
+            monkeypatch.setenv(key, value)
+    sweep_mod._reload_ray_auth()
 
 
 @pytest.fixture(scope="module")
@@ -173,18 +233,29 @@ def cluster() -> Iterator[LocalCluster]:
     if _bridge._override is not None:  # pragma: no cover - a leaked fake
         pytest.fail("a fake native module is installed")
     nodes = LocalCluster()
-    old_env: Optional[str] = os.environ.get("RAY_USAGE_STATS_ENABLED")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    try:
-        nodes.start()
-        ray.init(address=nodes.address, _node_ip_address=HEAD_IP, logging_level="WARNING")
-        yield nodes
-    finally:
-        nodes.stop()
-        if old_env is None:
-            os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
-        else:
-            os.environ["RAY_USAGE_STATS_ENABLED"] = old_env
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        try:
+            _driver_env(monkeypatch, nodes.env)
+            nodes.start()
+            ray.init(address=nodes.address, _node_ip_address=HEAD_IP, logging_level="WARNING")
+            yield nodes
+        finally:
+            nodes.stop()
+    sweep_mod._reload_ray_auth()  # the restored environment's settings
+
+
+def _cli_sweep(
+    cwd: Path, env: Mapping[str, str], address: Optional[str] = None
+) -> subprocess.CompletedProcess:
+    """``shootdown sweep --backend ray`` of 3 points in a process of its own."""
+    cmd = [sys.executable, "-m", "shootdown", "sweep", str(EXPERIMENT), "--quick"]
+    cmd += ["--set", "experiment.quick_rows=[1]", "--grid", "workload.toggle_us=50"]
+    cmd += ["--backend", "ray", "--cache", str(cwd / "cache"), "--threads", "1"]
+    if address is not None:
+        cmd += ["--address", address]
+    return subprocess.run(
+        cmd, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=START_TIMEOUT_S
+    )
 
 
 def test_cluster_has_two_live_nodes(cluster: LocalCluster) -> None:
@@ -208,6 +279,9 @@ def test_cluster_has_two_live_nodes(cluster: LocalCluster) -> None:
     ]
     assert ray.get(pinned, timeout=60) == ids
     assert cluster.start_seconds < START_TIMEOUT_S
+    # It ran with an unrelated token in HOME: Ray took the cluster's own from RAY_AUTH_TOKEN.
+    assert (cluster.home / ".ray" / "auth_token").read_text() == UNRELATED_TOKEN
+    assert os.environ["HOME"] == str(cluster.home) and os.environ["RAY_AUTH_MODE"] == "token"
 
 
 def test_ray_sweep_equals_local_sweep(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -238,9 +312,50 @@ def test_ray_sweep_equals_local_sweep(cluster: LocalCluster, tmp_path: Path) -> 
     assert again["cached"].all()
 
 
+def test_a_wrong_token_is_one_line_naming_the_fix(cluster: LocalCluster, tmp_path: Path) -> None:
+    wrong = dict(cluster.env, RAY_ADDRESS=cluster.address, RAY_AUTH_TOKEN="f" * 64)
+    no_mode = {k: v for k, v in wrong.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    for env, sources in (
+        (wrong, ["the token sent came from RAY_AUTH_TOKEN"]),
+        # Ray 2.60 sends no token to an explicit address unless RAY_AUTH_MODE=token; should a
+        # later one send ~/.ray/auth_token, the message must say so.
+        (no_mode, ["RAY_AUTH_MODE is unset, so no token was sent", "came from ~/.ray/"]),
+    ):
+        began = time.monotonic()
+        done = _cli_sweep(tmp_path, env)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr
+        assert len(lines) == 1, done.stderr  # no traceback, none of Ray's retry messages
+        assert lines[0].startswith(
+            f"shootdown: error: the Ray cluster at {cluster.address} refused"
+        ), lines
+        assert any(src in lines[0] for src in sources), lines[0]
+        assert "RAY_AUTH_MODE=token" in lines[0], lines[0]
+        assert "RAY_AUTH_TOKEN_PATH" in lines[0] and "~/.ray/auth_token" in lines[0], lines[0]
+        assert done.stdout == "" and time.monotonic() - began < 30  # ray.init retries for 20 s
+
+
+def test_cli_sweep_with_the_clusters_token_in_a_file(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "cluster-token"
+    token_file.write_text(cluster.token + "\n")
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}
+    env.update(RAY_AUTH_TOKEN_PATH=str(token_file))
+    done = _cli_sweep(tmp_path, env, address=cluster.address)  # --address, not RAY_ADDRESS
+    assert done.returncode == 0, done.stderr
+    assert "0 of 3 points from the cache" in done.stderr
+    assert "WARNING" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "mainline" in done.stdout
+
+
 def test_stopping_leaves_no_ray_process(cluster: LocalCluster) -> None:
     assert cluster.ours(), "found none of the cluster's processes while it runs"
     cluster.stop()
     assert not ray.is_initialized()
     assert cluster.leftovers == []
     assert not Path(cluster.temp_dir).exists()
+    # Nothing was added to the cluster's HOME (nor its token changed), by the nodes, the
+    # driver or the CLI runs; nothing went to Ray's default temp dir.
+    assert cluster.home_after == cluster.home_before
+    assert cluster.default_tmp_existed or not cluster.default_tmp.exists()

@@ -289,7 +289,7 @@ def test_bad_backend(fake_native, seed000, tmp_path) -> None:
 
 def fake_ray_module() -> types.ModuleType:
     ray = types.ModuleType("ray")
-    state = {"init": 0, "tasks": 0}
+    state = {"init": 0, "tasks": 0, "up": False, "shutdown": 0}
 
     class Ref:
         def __init__(self, value):
@@ -303,8 +303,15 @@ def fake_ray_module() -> types.ModuleType:
             state["tasks"] += 1
             return Ref(self.fn(*args))
 
-    ray.is_initialized = lambda: state["init"] > 0
-    ray.init = lambda **kw: state.__setitem__("init", state["init"] + 1)
+    def init(**kw):
+        state.update(init=state["init"] + 1, up=True, kwargs=kw)
+
+    def shutdown():
+        state.update(shutdown=state["shutdown"] + 1, up=False)
+
+    ray.is_initialized = lambda: state["up"]
+    ray.init = init
+    ray.shutdown = shutdown
     ray.remote = lambda **opts: lambda fn: RemoteFunction(fn, opts)
     ray.wait = lambda refs, num_returns=1: (refs[:num_returns], refs[num_returns:])
     ray.get = lambda ref: ref.value
@@ -316,12 +323,17 @@ def test_ray_backend_with_a_fake_ray(fake_native, seed000, tmp_path, monkeypatch
     ray = fake_ray_module()
     monkeypatch.setitem(sys.modules, "ray", ray)
     local = sweep(seed000, GRID, cache_dir=tmp_path / "local", quick=True)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     out = sweep(seed000, GRID, backend="ray", cache_dir=tmp_path / "ray", quick=True, chunk_size=3)
     assert ray.state["init"] == 1 and ray.state["tasks"] == 4 * 3  # 8 points per combo, chunks of 3
+    # A private local instance, stopped when done.
+    assert ray.state["kwargs"] == {"address": "local"} and ray.state["shutdown"] == 1
     assert out["value"].tolist() == local["value"].tolist()
     fake_native.calls.clear()
     again = sweep(seed000, GRID, backend="ray", cache_dir=tmp_path / "ray", quick=True)
     assert again["cached"].all() and fake_native.indices_run() == []
+    assert ray.state["init"] == 1  # nothing left to run: Ray was not started
 
 
 def test_sweep_is_exported() -> None:
