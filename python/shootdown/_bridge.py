@@ -20,6 +20,7 @@ from typing import Any, Optional
 __all__ = [
     "ENV_SHIPPED_PROFILES",
     "ConfigError",
+    "HostError",
     "NativeUnavailableError",
     "native",
     "call",
@@ -38,6 +39,17 @@ except ImportError:  # pragma: no cover
 
         The message is one line, ``FILE: KEY: REASON``. (This Python stand-in is used only when
         the extension is not built; normally it is ``shootdown._native.ConfigError``.)
+        """
+
+
+try:  # pragma: no cover - depends on whether the extension is built
+    from shootdown._native import HostError  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+
+    class HostError(RuntimeError):  # type: ignore[no-redef]
+        """This machine cannot run a measurement (not Linux, one CPU, affinity refused…).
+
+        (The stand-in used when the extension is not built, or is older than this package.)
         """
 
 

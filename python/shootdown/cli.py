@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from . import api, paths, profiling, records, report
-from ._bridge import ConfigError, NativeUnavailableError
+from ._bridge import ConfigError, HostError, NativeUnavailableError
 from ._version import __version__
 from .sweep import parse_grid, summarize_sweep
 from .sweep import sweep as run_sweep
@@ -92,7 +92,7 @@ class _OneLineErrors(TyperGroup):
         except typer.Abort:
             _note(f"{_PROG}: aborted")
             sys.exit(130)
-        except (ConfigError, NativeUnavailableError, paths.DataNotFoundError) as exc:
+        except (ConfigError, HostError, NativeUnavailableError, paths.DataNotFoundError) as exc:
             _fail(str(exc))
         except ImportError as exc:  # an optional dependency (pyarrow, matplotlib, ray)
             _fail(str(exc))
@@ -515,7 +515,15 @@ def sweep_(
     ),
     quick: bool = typer.Option(False, "--quick", help="Quick configuration."),
     backend: Backend = typer.Option(
-        Backend.local, "--backend", help="local (threads) or ray (RAY_ADDRESS selects a cluster)."
+        Backend.local, "--backend", help="local (threads) or ray (see --address)."
+    ),
+    address: Optional[str] = typer.Option(
+        None,
+        "--address",
+        metavar="HOST:PORT",
+        help="With --backend ray: the Ray cluster (host:port, auto, ray://…); default "
+        "$RAY_ADDRESS, else a private local instance. Auth as Ray reads it (RAY_AUTH_MODE, "
+        "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH).",
     ),
     cache: Path = typer.Option(
         Path(".shootdown-cache"), "--cache", metavar="DIR", help="Point cache (resumes sweeps)."
@@ -533,6 +541,8 @@ def sweep_(
     against the baseline variant per combination, row and variant.
     """
     _check_outputs(out=out)
+    if address is not None and backend is not Backend.ray:
+        raise click_exc.UsageError("--address names a Ray cluster: use it with --backend ray")
     grid = parse_grid(list(grids or []))
     with _progress(True, threads, f"sweep {file.stem}") as bar:
         frame = run_sweep(
@@ -544,6 +554,7 @@ def sweep_(
             quick=quick,
             threads=threads,
             progress=bar,
+            address=address,
         )
     cached = int(frame["cached"].sum()) if len(frame) else 0
     _note(f"{cached} of {len(frame)} points from the cache in {cache}")
@@ -728,7 +739,8 @@ def plot_(
         "--from-json",
         metavar="RECORDS.json",
         help="Draw records written by `reproduce --format json` or `run --format json` "
-        "instead of running.",
+        "instead of running, or a validation (`validate --format json`): real vs simulated "
+        "against the number of siblings.",
     ),
     sets: Optional[List[str]] = typer.Option(
         None,
@@ -751,6 +763,17 @@ def plot_(
 
     check_figure_path(out, "--out")
     wanted = list(targets or [])
+    from .validation_plot import is_validation_document, load_validation, plot_validation
+
+    if from_json is not None and is_validation_document(from_json):
+        if wanted or sets or quick or threads is not None:
+            raise click_exc.UsageError(
+                "a validation document (validate --format json) is drawn whole: no targets, "
+                "--set, --quick or --threads"
+            )
+        plot_validation(load_validation(from_json), out)
+        _note(f"wrote {out}")
+        return
     if from_json is not None:
         if sets or quick or threads is not None:
             raise click_exc.UsageError(
@@ -778,6 +801,133 @@ def plot_(
         raise ConfigError(f"{from_json or 'plot'}: no records to draw")
     plot_records(frame, out, kind=kind.value)
     _note(f"wrote {out}")
+
+
+class _CaseBar:
+    """A rich progress bar over measured cases (stderr, terminals only)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn(self.description),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[case]}"),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(self.description, total=total, case="")
+        self.progress.update(self.task, completed=done, total=total, case=name)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+@contextmanager
+def _case_bar(description: str) -> Iterator[_CaseBar]:
+    bar = _CaseBar(description)
+    try:
+        yield bar
+    except KeyboardInterrupt:
+        bar.close()
+        _note(f"{_PROG}: interrupted: nothing was written")
+        sys.exit(130)
+    finally:
+        bar.close()
+
+
+@app.command()
+def calibrate(
+    out: Path = typer.Option(
+        Path("shootdown-host.toml"), "--out", "-o", help="The profile to write (TOML)."
+    ),
+    reps: int = typer.Option(5, "--reps", min=3, max=1000, help="Timed repetitions per case."),
+    target_ms: float = typer.Option(
+        30.0, "--target-ms", min=1.0, max=10000.0, help="Wall time of one repetition, ms."
+    ),
+) -> None:
+    """Measure this machine's primitives and madvise with 0 and 1 busy sibling; fit a profile.
+
+    Writes a profile TOML (a `[machine]` table describing this host, and the fitted costs, each
+    naming the measurement it came from). `shootdown validate --profile FILE` then predicts
+    every other case and compares.
+    """
+    from . import calibrate as cal_mod
+
+    _check_outputs(out=out)
+    with _case_bar("calibrate") as bar:
+        cal = cal_mod.calibrate(out, reps=reps, target_ms=target_ms, progress=bar)
+    for w in cal.warnings:
+        _note(f"{_PROG}: warning: {w}")
+    lines = [f"{'cost':<24} {'ns':>10}  from"]
+    for key, c in cal.costs.items():
+        lines.append(f"{key:<24} {c.value:>10.1f}  {', '.join(c.fitted)}")
+    lines.append(
+        "scales over the base profile " + cal.base + ": "
+        + ", ".join(f"{k} × {v:.3f}" for k, v in cal.scales.items())
+    )
+    _emit("\n".join(lines), None)
+    _note(f"wrote {out}")
+
+
+@app.command()
+def validate(
+    profile_file: Path = typer.Option(
+        Path("shootdown-host.toml"), "--profile", "-p", help="Calibrated profile (calibrate --out)."
+    ),
+    fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),
+    reps: int = typer.Option(5, "--reps", min=3, max=1000, help="Timed repetitions per case."),
+    target_ms: float = typer.Option(
+        30.0, "--target-ms", min=1.0, max=10000.0, help="Wall time of one repetition, ms."
+    ),
+) -> None:
+    """Run every shootdown case for real and in the model; print real | simulated | error.
+
+    Cases: madvise of 1 and 32 pages, an mprotect pair over 8 pages, munmap of a 2 MiB region,
+    each with T = 0 … CPUs-1 siblings, busy and sleeping. Cells marked * are the calibration's
+    inputs; every other cell is a prediction.
+    """
+    from . import hostcases, twin
+    from . import validate as val
+
+    _check_outputs(out=out)
+    profile = twin.load_profile_file(profile_file)
+    machine = twin.machine_of(profile, profile_file)
+    host = hostcases.probe()
+    other = val.host_mismatch(machine, host)
+    if other:
+        _note(f"{_PROG}: warning: {profile_file} was calibrated on another machine ({other})")
+    with _case_bar("validate") as bar:
+        frame = val.validate(profile_file, reps=reps, target_ms=target_ms, progress=bar, host=host)
+    for w in frame.attrs.get("warnings", []):
+        _note(f"{_PROG}: warning: {w}")
+    if fmt is OutFormat.json:
+        doc = {
+            "kind": "validation",
+            "profile": str(profile_file),
+            "host": host,
+            "summary": val.summary(frame),
+            "cases": json.loads(frame.to_json(orient="records")),
+        }
+        text = json.dumps(doc, indent=1)
+    elif fmt is OutFormat.csv:
+        text = frame.to_csv(index=False)
+    else:
+        text = val.format_table(frame)
+    _emit(text, out)
 
 
 @app.command()

@@ -81,6 +81,7 @@ fn main() {
     use SiblingMode::{Busy, Sleeping};
     let cases = [
         base(Op::NullSyscall),
+        base(Op::Fault),
         base(Op::CtxSwitch),
         base(Op::WakeIpi),
         base(Op::Migrate),

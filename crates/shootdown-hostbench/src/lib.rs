@@ -158,6 +158,12 @@ pub enum Op {
     Munmap,
     /// One op = `syscall(SYS_getppid)`: kernel entry/exit with the host's mitigations.
     NullSyscall,
+    /// One op = one page written for the first time and later unmapped: an isolated 2 MiB
+    /// anonymous region (THP off) is mapped, its first `pages` pages written, and unmapped,
+    /// per `pages` ops. Per page: an anonymous fault (`do_anonymous_page`: allocate, zero,
+    /// map) and its share of the `munmap` (`zap_pte_range`, the page freed); the mmap, the
+    /// page table and the one flush are 1/`pages` of an op each.
+    Fault,
     /// Two threads pinned to the first CPU ping-pong one byte over two pipes. One op = one
     /// context switch (half a round trip): pipe write + wake-up + `schedule()` + pipe read.
     CtxSwitch,
@@ -185,6 +191,7 @@ impl Op {
             Op::Mprotect => "mprotect",
             Op::Munmap => "munmap",
             Op::NullSyscall => "null_syscall",
+            Op::Fault => "fault",
             Op::CtxSwitch => "ctx_switch",
             Op::WakeIpi => "wake_ipi",
             Op::Migrate => "migrate",
@@ -196,6 +203,7 @@ impl Op {
         match self {
             Op::Madvise | Op::Mprotect | Op::Munmap => "iteration",
             Op::NullSyscall => "syscall",
+            Op::Fault => "page",
             Op::CtxSwitch => "switch",
             Op::WakeIpi => "round_trip",
             Op::Migrate => "migration",

@@ -86,7 +86,7 @@ impl Drop for Mapping {
     }
 }
 
-/// `madvise(MADV_NOHUGEPAGE)` over a range of our own mapping.
+/// `madvise(MADV_NOHUGEPAGE)` over a range of our own mapping (once, when it is made).
 pub(crate) fn no_huge_pages(addr: usize, len: usize) -> Result<(), HostError> {
     // SAFETY: advice on a range this crate mapped; it changes no memory contents.
     let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_NOHUGEPAGE) };
@@ -98,6 +98,44 @@ pub(crate) fn no_huge_pages(addr: usize, len: usize) -> Result<(), HostError> {
         ));
     }
     Ok(())
+}
+
+/// Transparent huge pages off for this process while it lives (`prctl(PR_SET_THP_DISABLE)`:
+/// the mm's `MMF_DISABLE_THP`), restored on drop. Set once per case rather than with an
+/// `madvise(MADV_NOHUGEPAGE)` per mapping, so a timed iteration holds no system call the
+/// model's twin of it lacks.
+pub(crate) struct ThpDisabled {
+    was: bool,
+}
+
+impl ThpDisabled {
+    pub(crate) fn new() -> Result<Self, HostError> {
+        // SAFETY: prctl with integer arguments only.
+        let was = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        if was < 0 {
+            return Err(syscall_error(
+                "prctl(PR_GET_THP_DISABLE)",
+                "cannot read the THP switch",
+            ));
+        }
+        // SAFETY: as above.
+        if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+            return Err(syscall_error(
+                "prctl(PR_SET_THP_DISABLE)",
+                "cannot turn THP off",
+            ));
+        }
+        Ok(ThpDisabled { was: was != 0 })
+    }
+}
+
+impl Drop for ThpDisabled {
+    fn drop(&mut self) {
+        if !self.was {
+            // SAFETY: as above; restores the process's own setting.
+            unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) };
+        }
+    }
 }
 
 /// Write one byte to each of `pages` consecutive pages from `addr` (a fault each if unmapped).

@@ -53,7 +53,13 @@ fn run(spec: &CaseSpec) -> CaseResult {
 fn primitives_run() {
     let _t = turn();
     let two = host().online_cpu_count >= 2;
-    for op in [Op::NullSyscall, Op::CtxSwitch, Op::WakeIpi, Op::Migrate] {
+    for op in [
+        Op::NullSyscall,
+        Op::Fault,
+        Op::CtxSwitch,
+        Op::WakeIpi,
+        Op::Migrate,
+    ] {
         let spec = tiny(op);
         if matches!(op, Op::WakeIpi | Op::Migrate) && !two {
             let never = AtomicBool::new(false);
@@ -66,6 +72,10 @@ fn primitives_run() {
         let r = run(&spec);
         if op == Op::CtxSwitch {
             assert_eq!(r.ops_per_rep % 2, 0, "two switches per round trip");
+        }
+        if op == Op::Fault {
+            assert_eq!(r.ops_per_rep % spec.pages, 0, "`pages` pages per iteration");
+            assert_eq!(r.unit, "page");
         }
         if op == Op::NullSyscall {
             assert!(
@@ -205,6 +215,7 @@ fn json_specs() {
 
     for (op, name) in [
         (Op::NullSyscall, "null_syscall"),
+        (Op::Fault, "fault"),
         (Op::CtxSwitch, "ctx_switch"),
         (Op::WakeIpi, "wake_ipi"),
         (Op::Migrate, "migrate"),

@@ -20,7 +20,10 @@
 //!   then write one byte to each (`change_protection` → `flush_tlb_range` for the downgrade);
 //! * `munmap`: `mmap` a 2 MiB-aligned region of its own, write its first page (a page-table
 //!   page is allocated), `munmap` it (`unmap_region` → `free_pgtables`: the flush carries
-//!   `freed_tables`, which lazy CPUs must take too).
+//!   `freed_tables`, which lazy CPUs must take too);
+//! * `fault` (the calibration's per-page primitive, no siblings): the same region with its
+//!   first `pages` pages written before the `munmap` (that many anonymous faults, pages zapped
+//!   and freed, one flush). The metric stays µs per iteration; per page is 1/`pages`.
 //!
 //! Simplifications: the real benchmark's loop, timing and the real `mmap`'s VMA work beyond
 //! `mmap_syscall` are not modelled; nor is the page cache or THP (the real `munmap` case
@@ -39,9 +42,13 @@ const SIBLING_BASE: u64 = 0x20_0000;
 const REGION_PAGES: u64 = 512;
 
 pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
-    let op = p.string("op", "madvise", &["madvise", "mprotect", "munmap"])?;
-    let default_pages = if op == "mprotect" { 8 } else { 1 };
-    let pages = p.int("pages", default_pages, 1..=511)? as u64;
+    let op = p.string("op", "madvise", &["madvise", "mprotect", "munmap", "fault"])?;
+    let default_pages = match op.as_str() {
+        "mprotect" => 8,
+        "fault" => 32,
+        _ => 1,
+    };
+    let pages = p.int("pages", default_pages, 1..=REGION_PAGES as i64)? as u64;
     let siblings = p.int("siblings", 0, 0..=limits::THREADS)? as usize;
     let mode = p.string("sibling_mode", "busy", &["busy", "sleeping"])?;
     let iterations = p.int("iterations", 2000, 2..=limits::COUNT)? as u32;
@@ -92,13 +99,15 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
                 },
             ]
         }
+        // munmap, fault: map the region, write its first page or all of them, unmap it.
         _ => vec![
             UserOp::Mmap {
                 start: OP_BASE,
                 npages: REGION_PAGES,
             },
-            UserOp::Touch {
-                vpn: OP_BASE,
+            UserOp::TouchRange {
+                start: OP_BASE,
+                npages: if op == "fault" { pages } else { 1 },
                 write: true,
             },
             UserOp::Munmap {

@@ -6,7 +6,7 @@
 //! re-fault maps one 4 KiB page through a PTE, as in the simulator's model.
 
 use super::Workload;
-use crate::mem::{no_huge_pages, touch_pages, Mapping, PAGE};
+use crate::mem::{touch_pages, Mapping, ThpDisabled, PAGE};
 use crate::siblings::Siblings;
 use crate::sys::{last_errno, syscall_error};
 use crate::{CaseSpec, HostError};
@@ -124,7 +124,8 @@ const REGION: usize = 2 << 20;
 /// How many times one iteration looks for a new hole when another thread took the last one.
 const HOLE_RETRIES: usize = 8;
 
-/// mmap an isolated 2 MiB region, write its first page, munmap it (see [`crate::Op::Munmap`]).
+/// mmap an isolated 2 MiB region, write its first page (or every page), munmap it (see
+/// [`crate::Op::Munmap`] and [`crate::Op::Fault`]).
 ///
 /// The region is 2 MiB-aligned and exactly 2 MiB, mapped with `MAP_FIXED_NOREPLACE` in a
 /// hole found by mapping and unmapping 4 MiB: no other mapping shares its PMD entry (any
@@ -135,11 +136,13 @@ const HOLE_RETRIES: usize = 8;
 /// mm lazily (they could otherwise walk the freed table speculatively). The PMD page is
 /// shared with whatever else lives in the same 1 GiB and normally stays.
 ///
-/// One iteration = `mmap` + `madvise(MADV_NOHUGEPAGE)` (so the fault maps a 4 KiB page even
-/// under THP=always) + one fault + `munmap`.
+/// One iteration = `mmap` + `pages` faults + `munmap`. THP is off for the process while the
+/// case runs ([`ThpDisabled`]), so every fault maps a 4 KiB page even under THP=always.
 pub(crate) struct Munmap {
     addr: usize,
+    pages: usize,
     siblings: Siblings,
+    _thp: ThpDisabled,
 }
 
 impl Munmap {
@@ -148,7 +151,29 @@ impl Munmap {
         let siblings = Siblings::start(sibling_cpus, spec.sibling_mode)?;
         Ok(Munmap {
             addr: find_hole()?,
+            pages: 1,
             siblings,
+            _thp: ThpDisabled::new()?,
+        })
+    }
+
+    /// The `fault` primitive: the first `spec.pages` pages of the region written, no siblings.
+    pub(crate) fn fault(spec: &CaseSpec) -> Result<Self, HostError> {
+        let pages = usize::try_from(spec.pages)
+            .ok()
+            .filter(|p| (1..=REGION / PAGE).contains(p))
+            .ok_or_else(|| {
+                HostError::BadSpec(format!(
+                    "pages = {} for fault: must be 1..={} (one 2 MiB region)",
+                    spec.pages,
+                    REGION / PAGE
+                ))
+            })?;
+        Ok(Munmap {
+            addr: find_hole()?,
+            pages,
+            siblings: Siblings::start(&[], crate::SiblingMode::Busy)?,
+            _thp: ThpDisabled::new()?,
         })
     }
 
@@ -184,9 +209,8 @@ impl Munmap {
                     hint: "the kernel predates Linux 4.17; the munmap case needs it".into(),
                 });
             }
-            no_huge_pages(region.addr(), REGION)?;
-            // SAFETY: the first page of our fresh read-write region.
-            unsafe { touch_pages(region.addr(), 1) };
+            // SAFETY: pages of our fresh read-write region.
+            unsafe { touch_pages(region.addr(), self.pages) };
             return region.unmap();
         }
         Err(HostError::Syscall {
@@ -200,6 +224,11 @@ impl Munmap {
 }
 
 impl Workload for Munmap {
+    fn ops_per_iter(&self) -> u64 {
+        // The fault primitive's op is one page; munmap's is one iteration (of one page).
+        self.pages as u64
+    }
+
     fn siblings(&self) -> Option<&Siblings> {
         Some(&self.siblings)
     }

@@ -88,7 +88,7 @@ fn cpus_for(spec: &CaseSpec, online: &[usize]) -> Result<Vec<usize>, HostError> 
                 crate::plural(&spec.siblings)
             ),
         ),
-        Op::NullSyscall | Op::CtxSwitch => (1, spec.op.name().to_string()),
+        Op::NullSyscall | Op::CtxSwitch | Op::Fault => (1, spec.op.name().to_string()),
         Op::WakeIpi => (2, "wake_ipi (a thread on each of 2 CPUs)".to_string()),
         Op::Migrate => (2, "migrate (a thread hopping between 2 CPUs)".to_string()),
     };
@@ -102,7 +102,7 @@ fn cpus_for(spec: &CaseSpec, online: &[usize]) -> Result<Vec<usize>, HostError> 
     let extra = match spec.op {
         Op::Madvise | Op::Mprotect | Op::Munmap => spec.siblings,
         Op::WakeIpi | Op::Migrate => 1,
-        Op::NullSyscall | Op::CtxSwitch => 0,
+        Op::NullSyscall | Op::CtxSwitch | Op::Fault => 0,
     };
     Ok(online[..=extra].to_vec())
 }
@@ -126,6 +126,7 @@ fn measure_on(spec: &CaseSpec, cpus: &[usize], cancel: &AtomicBool) -> Result<Me
         Op::Mprotect => Box::new(mm::Mprotect::new(spec, &cpus[1..])?),
         Op::Munmap => Box::new(mm::Munmap::new(spec, &cpus[1..])?),
         Op::NullSyscall => Box::new(primitives::NullSyscall),
+        Op::Fault => Box::new(mm::Munmap::fault(spec)?),
         Op::CtxSwitch => Box::new(primitives::PingPong::new(cpus[0], 2)?),
         Op::WakeIpi => Box::new(primitives::PingPong::new(cpus[1], 1)?),
         Op::Migrate => Box::new(primitives::Migrate::new(cpus[0], cpus[1])),

@@ -1,0 +1,148 @@
+"""The cases ``shootdown calibrate`` and ``shootdown validate`` measure on the real machine, and
+what each one is for. Declared once here; the measuring code is the Rust crate
+``shootdown-hostbench`` (through ``shootdown._native.host_run_case``), the simulated twin of a
+shootdown case is the ``host_micro`` workload.
+
+Thread 0 is pinned to the first online CPU and loops the operation; ``siblings`` threads of the
+same process sit on the next CPUs, each on a page of its own: *busy* (reading it in a loop, so
+their CPUs have the mm loaded and get every flush IPI) or *sleeping* (in ``pause()``: their CPUs
+idle with the mm lazily loaded).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from ._bridge import native
+
+__all__ = [
+    "Case",
+    "PRIMITIVES",
+    "SHOOTDOWN_OPS",
+    "shootdown_cases",
+    "calibration_cases",
+    "probe",
+    "measure",
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: an operation, its size, and the siblings beside it."""
+
+    op: str
+    pages: int = 1
+    siblings: int = 0
+    mode: str = "busy"
+
+    @property
+    def family(self) -> str:
+        """The operation and its size: ``madvise-1``, ``munmap-2M``, ``null_syscall``."""
+        if self.op in SHOOTDOWN_OPS:
+            return "munmap-2M" if self.op == "munmap" else f"{self.op}-{self.pages}"
+        return self.op
+
+    @property
+    def name(self) -> str:
+        """``madvise-1/T1-busy``; a primitive is its op."""
+        if self.op not in SHOOTDOWN_OPS:
+            return self.op
+        if self.siblings == 0:
+            return f"{self.family}/T0"
+        return f"{self.family}/T{self.siblings}-{self.mode}"
+
+    def spec(self, reps: int, target_ms: float) -> Dict[str, Any]:
+        """The JSON case spec of ``shootdown-hostbench``."""
+        return {
+            "op": self.op,
+            "pages": self.pages,
+            "siblings": self.siblings,
+            "sibling_mode": self.mode,
+            "reps": reps,
+            "target_ms": target_ms,
+        }
+
+
+#: The shootdown operations and the page counts they run with (``host_micro``'s ``op`` and
+#: ``pages``): madvise of 1 page and of 32 (still at or under ``tlb_single_page_flush_ceiling``
+#: = 33, so flushed page by page), an mprotect downgrade/upgrade pair over 8 pages, and an
+#: mmap/touch/munmap of an isolated 2 MiB region (frees its page table: ``freed_tables``).
+SHOOTDOWN_OPS: Dict[str, Sequence[int]] = {
+    "madvise": (1, 32),
+    "mprotect": (8,),
+    "munmap": (512,),
+}
+
+#: The ``fault`` primitive's pages per region: all 512 of the 2 MiB region, so that the region's
+#: mmap, page table and munmap are 1/512 of a page's time and the primitive measures the work
+#: per page.
+FAULT_PAGES = 512
+
+#: Ops of a case per iteration of its simulated twin (``host_micro``'s metric is µs per
+#: iteration): the ``fault`` primitive's op is one page.
+TWIN_OPS_PER_ITERATION: Dict[str, int] = {"fault": FAULT_PAGES}
+
+#: The primitives, each with what its time is (the unit of ``us_per_op``).
+PRIMITIVES: Dict[str, str] = {
+    "null_syscall": "µs per getppid()",
+    "fault": f"µs per page: a first write to a fresh anonymous page and its share of the "
+    f"munmap that frees it ({FAULT_PAGES} pages of a 2 MiB region)",
+    "ctx_switch": "µs per context switch (two threads on one CPU, pipe ping-pong)",
+    "wake_ipi": "µs per round trip (two threads on two CPUs, pipe ping-pong: two wake-ups)",
+    "migrate": "µs per sched_setaffinity() that moves the caller to the other CPU",
+}
+
+
+def shootdown_cases(cpus: int) -> List[Case]:
+    """Every shootdown case for a machine of ``cpus`` online CPUs: T = 0, then T = 1 … cpus-1
+    with busy and with sleeping siblings."""
+    cases: List[Case] = []
+    for op, sizes in SHOOTDOWN_OPS.items():
+        for pages in sizes:
+            cases.append(Case(op, pages, 0))
+            for t in range(1, cpus):
+                for mode in ("busy", "sleeping"):
+                    cases.append(Case(op, pages, t, mode))
+    return cases
+
+
+def calibration_cases(cpus: int) -> List[Case]:
+    """What ``calibrate`` measures: the primitives (those needing two CPUs only where there
+    are two), and madvise of one page with no sibling and (with two CPUs or more) with one busy
+    sibling."""
+    two_cpu = {"wake_ipi", "migrate"}
+    cases = [
+        Case(op, FAULT_PAGES if op == "fault" else 1)
+        for op in PRIMITIVES
+        if cpus >= 2 or op not in two_cpu
+    ]
+    cases.append(Case("madvise", 1, 0))
+    if cpus >= 2:
+        cases.append(Case("madvise", 1, 1, "busy"))
+    return cases
+
+
+def probe() -> Dict[str, Any]:
+    """The host's description (``shootdown-hostbench``'s ``HostInfo``): CPU model, topology,
+    kernel, mitigations, PCID, hypervisor and its PV features."""
+    return json.loads(native().host_probe())
+
+
+def measure(case: Case, reps: int = 5, target_ms: float = 30.0) -> Dict[str, Any]:
+    """Run one case on this machine (``CaseResult``: ``us_per_op`` per repetition, ``median_us``,
+    ``min_us``, ``max_us``, ``tlb_ipis_per_op``…)."""
+    return json.loads(native().host_run_case(json.dumps(case.spec(reps, target_ms))))
+
+
+def case_from_dict(d: Dict[str, Any]) -> Case:
+    return Case(d["op"], int(d.get("pages", 1)), int(d.get("siblings", 0)), d.get("mode", "busy"))
+
+
+def case_dict(case: Case, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    out = asdict(case)
+    out["name"] = case.name
+    if extra:
+        out.update(extra)
+    return out
