@@ -873,7 +873,7 @@ def calibrate(
         _note(f"{_PROG}: warning: {w}")
     lines = [f"{'cost':<24} {'ns':>10}  from"]
     for key, c in cal.costs.items():
-        lines.append(f"{key:<24} {c.value:>10.1f}  {', '.join(c.fitted)}")
+        lines.append(f"{key:<24} {c.value:>10.1f}  {', '.join(c.fitted) or 'assumed'}")
     lines.append(
         "scales over the base profile " + cal.base + ": "
         + ", ".join(f"{k} × {v:.3f}" for k, v in cal.scales.items())

@@ -175,8 +175,8 @@ def format_table(frame: pd.DataFrame) -> str:
     )
     if (frame["disturbed"] != "").any():
         lines.append(
-            "! disturbed: other work on the machine spread the repetitions or took the busy "
-            "siblings' CPUs in every try (see the warnings)."
+            "! disturbed: in the kept (median) round, other work on the machine spread the "
+            "repetitions or took the busy siblings' CPUs (see the warnings)."
         )
     if int(frame["violations"].sum()):
         lines.append(

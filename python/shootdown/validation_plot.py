@@ -69,7 +69,7 @@ def plot_validation(frame: pd.DataFrame, out: Union[str, Path]) -> Path:
             if len(lines) < 2 and not len(part[part["mode"] == mode]):
                 continue
             t = lines["siblings"].astype(int)
-            ax.plot(t, lines["real_us"], "-", color=colour, label=f"real, {mode}")
+            ax.plot(t, lines["real_us"], "-x", color=colour, label=f"real, {mode}")
             ax.plot(t, lines["sim_us"], "--", color=colour, label=f"simulated, {mode}")
             for x, y, fitted in zip(t, lines["sim_us"], lines["fitted"]):
                 ax.plot([x], [y], "o", color=colour, fillstyle="none" if fitted else "full")

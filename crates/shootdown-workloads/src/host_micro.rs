@@ -45,7 +45,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     let op = p.string("op", "madvise", &["madvise", "mprotect", "munmap", "fault"])?;
     let default_pages = match op.as_str() {
         "mprotect" => 8,
-        "fault" => 32,
+        "fault" => 512,
         _ => 1,
     };
     let pages = p.int("pages", default_pages, 1..=REGION_PAGES as i64)? as u64;
