@@ -485,7 +485,7 @@ def calibrate(
 ) -> Calibration:
     """Measure, fit, and write the profile to ``out``; returns the calibration."""
     host = hostcases.probe()
-    cpus = int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
+    cpus = hostcases.online_cpus(host)
     noise: List[str] = []
     measured = measure_cases(hostcases.calibration_cases(cpus), reps, target_ms, progress, noise)
     cal = fit_profile(host, measured)

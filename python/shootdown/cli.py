@@ -907,6 +907,7 @@ def validate(
     profile = twin.load_profile_file(profile_file)
     machine = twin.machine_of(profile, profile_file)
     host = hostcases.probe()
+    hostcases.online_cpus(host)  # at least two, before anything else is said
     other = val.host_mismatch(machine, host)
     if other:
         _note(f"{_PROG}: warning: {profile_file} was calibrated on another machine ({other})")

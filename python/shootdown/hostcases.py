@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._bridge import native
+from ._bridge import HostError, native
 
 __all__ = [
     "Case",
@@ -128,6 +128,19 @@ def probe() -> Dict[str, Any]:
     """The host's description (``shootdown-hostbench``'s ``HostInfo``): CPU model, topology,
     kernel, mitigations, PCID, hypervisor and its PV features."""
     return json.loads(native().host_probe())
+
+
+def online_cpus(host: Dict[str, Any]) -> int:
+    """The CPUs this process may run on; at least two, or a one-line ``HostError``: every
+    shootdown needs a sibling on another CPU, and the IPI costs a second CPU to measure."""
+    cpus = int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
+    if cpus < 2:
+        raise HostError(
+            f"only {cpus} online CPU in this process's affinity mask: calibrate and validate "
+            "need at least 2 (a sibling thread on another CPU); run outside taskset or a "
+            "one-CPU cpuset"
+        )
+    return cpus
 
 
 def measure(case: Case, reps: int = 5, target_ms: float = 30.0) -> Dict[str, Any]:

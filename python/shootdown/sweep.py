@@ -279,20 +279,20 @@ _AUTH_FIX = (
 @contextmanager
 def _environ(changes: Mapping[str, Optional[str]]) -> Iterator[None]:
     """Set (``None``: remove) environment variables for the duration, then restore them."""
+
+    def apply(values: Mapping[str, Optional[str]]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
     saved = {k: os.environ.get(k) for k in changes}
     try:
-        for k, v in changes.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(changes)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(saved)
 
 
 def _reload_ray_auth() -> None:

@@ -86,8 +86,7 @@ def validate(
     profile = twin.load_profile_file(profile_path)
     machine = twin.machine_of(profile, profile_path)
     host = host if host is not None else hostcases.probe()
-    cpus = int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
-    cases = hostcases.shootdown_cases(cpus)
+    cases = hostcases.shootdown_cases(hostcases.online_cpus(host))
     noise: List[str] = []
     measured = measure_cases(cases, reps, target_ms, progress, noise)
     # The twin has the profile's machine: on another host, only the cases both can run.

@@ -223,3 +223,24 @@ def test_ctrl_c_writes_nothing(tmp_path: Path) -> None:
     assert "nothing was written" in err and "Traceback" not in err
     assert not out.exists()
     assert not list(tmp_path.iterdir())
+
+
+@requires_native
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+@pytest.mark.parametrize("command", ["calibrate", "validate"])
+def test_one_cpu_is_a_one_line_error(tmp_path: Path, command: str) -> None:
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from shootdown.cli import main; main(sys.argv[1:])"
+    )
+    args = ["--out", str(tmp_path / "p.toml")] if command == "calibrate" else []
+    if command == "validate":
+        cal = calibrate.Calibration(GUEST_HOST, {}, calibrate.base_profile_name(True))
+        calibrate.write_profile(cal, tmp_path / "p.toml")
+        args = ["--profile", str(tmp_path / "p.toml")]
+    r = subprocess.run(
+        [sys.executable, "-c", code, command, *args], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "at least 2" in lines[0], r.stderr

@@ -116,25 +116,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             },
         ],
     };
-    // Warm-up iterations first, uncounted; then one event per measured iteration.
-    let mut prog = Vec::new();
-    if warmup > 0 {
-        prog.extend(iteration.iter().copied());
-        prog.push(UserOp::Loop {
-            to: 0,
-            times: Some(warmup - 1),
-        });
-    }
-    let top = prog.len() as u16;
-    prog.extend(iteration);
-    prog.extend([
-        UserOp::Event,
-        UserOp::Loop {
-            to: top,
-            times: Some(iterations - 1),
-        },
-        UserOp::Exit,
-    ]);
+    let prog = crate::timed_loop(&iteration, warmup, iterations);
     m.add_task("thread0", mm, 0, prog);
     for i in 0..siblings {
         let page = SIBLING_BASE + i as u64 * REGION_PAGES;

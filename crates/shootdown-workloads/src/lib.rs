@@ -72,6 +72,37 @@ pub struct Built {
     pub max_time: Time,
 }
 
+/// A microbenchmark's program: `warmup` uncounted runs of `iteration`, then `iterations` runs
+/// each followed by a [`UserOp::Event`] (the metric's µs per iteration), then exit.
+///
+/// [`UserOp::Event`]: shootdown_linux::UserOp::Event
+pub(crate) fn timed_loop(
+    iteration: &[shootdown_linux::UserOp],
+    warmup: u32,
+    iterations: u32,
+) -> Vec<shootdown_linux::UserOp> {
+    use shootdown_linux::UserOp;
+    let mut prog = Vec::new();
+    if warmup > 0 {
+        prog.extend_from_slice(iteration);
+        prog.push(UserOp::Loop {
+            to: 0,
+            times: Some(warmup - 1),
+        });
+    }
+    let top = prog.len() as u16;
+    prog.extend_from_slice(iteration);
+    prog.extend([
+        UserOp::Event,
+        UserOp::Loop {
+            to: top,
+            times: Some(iterations - 1),
+        },
+        UserOp::Exit,
+    ]);
+    prog
+}
+
 /// A run measured as events per second (divided by `per`) between `warmup_ms` and
 /// `warmup_ms + measure_ms` of simulated time.
 pub(crate) fn rate_window(mut m: Machine, warmup_ms: f64, measure_ms: f64, per: f64) -> Built {

@@ -40,25 +40,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         },
         UserOp::SetAffinityNext,
     ];
-    // Warm-up iterations run first without counting; measured ones count an event each.
-    let mut prog = Vec::new();
-    if warmup > 0 {
-        prog.extend(iteration);
-        prog.push(UserOp::Loop {
-            to: 0,
-            times: Some(warmup - 1),
-        });
-    }
-    let top = prog.len() as u16;
-    prog.extend(iteration);
-    prog.extend([
-        UserOp::Event,
-        UserOp::Loop {
-            to: top,
-            times: Some(iterations - 1),
-        },
-        UserOp::Exit,
-    ]);
+    let prog = crate::timed_loop(&iteration, warmup, iterations);
     let t = m.add_task("madv", mm, cpu_a, prog);
     m.tasks[t as usize].cpus = vec![cpu_a, cpu_b];
     Ok(Built {

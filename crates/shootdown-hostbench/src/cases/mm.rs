@@ -172,7 +172,7 @@ impl Munmap {
         Ok(Munmap {
             addr: find_hole()?,
             pages,
-            siblings: Siblings::start(&[], crate::SiblingMode::Busy)?,
+            siblings: Siblings::none(),
             _thp: ThpDisabled::new()?,
         })
     }
