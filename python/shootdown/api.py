@@ -320,8 +320,8 @@ def check(
 
     Returns:
         ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
-        "bound-reached"), "invariant", "states", "transitions", "seconds", "states_per_s",
-        "peak_rss_mb" (the process's peak resident memory after the search, MB: on Linux and
+        "bound-reached" | "interrupted": Ctrl-C stopped it and nothing is proved),
+        "invariant", "states", "transitions", "seconds", "states_per_s", "peak_rss_mb" (the process's peak resident memory after the search, MB: on Linux and
         macOS; it includes whatever the process did before), "counterexample": [{"step",
         "actor", "text"}, ...]}``.
     """

@@ -11,7 +11,9 @@ Conventions:
   prints ONE line ``shootdown: error: ...`` on stderr and exits with status 2, never a
   traceback; so do outputs that could not be written (``--out`` into a missing directory,
   ``--parquet`` without pyarrow, ``--plot`` without matplotlib), before anything runs;
-* ``check`` exits 0 when verified, 1 on a violation, 3 when the state bound was reached.
+* ``check`` exits 0 when verified, 1 on a violation, 3 when the state bound was reached, 130
+  when interrupted (Ctrl-C or SIGTERM: the search stops within a fraction of a second and
+  says how many states it explored; nothing is proved).
 """
 
 from __future__ import annotations
@@ -37,12 +39,21 @@ from ._version import __version__
 from .sweep import parse_grid, summarize_sweep
 from .sweep import sweep as run_sweep
 
-__all__ = ["app", "main", "EXIT_OK", "EXIT_VIOLATION", "EXIT_USAGE", "EXIT_BOUND"]
+__all__ = [
+    "app",
+    "main",
+    "EXIT_OK",
+    "EXIT_VIOLATION",
+    "EXIT_USAGE",
+    "EXIT_BOUND",
+    "EXIT_INTERRUPTED",
+]
 
 EXIT_OK = 0
 EXIT_VIOLATION = 1
 EXIT_USAGE = 2
 EXIT_BOUND = 3
+EXIT_INTERRUPTED = 130
 
 _PROG = "shootdown"
 
@@ -216,6 +227,19 @@ def _progress(
         bar.close()
 
 
+@contextmanager
+def _on_interrupt(kept: str) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) inside: one line saying what was kept, then exit 130."""
+    try:
+        yield
+    except (KeyboardInterrupt, typer.Abort):
+        _note(f"{_PROG}: interrupted: {kept}")
+        sys.exit(EXIT_INTERRUPTED)
+
+
+_NOTHING_KEPT = "no output was written and nothing is cached (`shootdown sweep` caches points)"
+
+
 def _emit(text: str, out: Optional[Path]) -> None:
     if not text.endswith("\n"):
         text += "\n"
@@ -308,7 +332,7 @@ def reproduce(
     Exit status is 0 even when directions mismatch: the table marks them.
     """
     _check_outputs(out=out)
-    with _progress(True, threads, "reproduce") as bar:
+    with _on_interrupt(_NOTHING_KEPT), _progress(True, threads, "reproduce") as bar:
         frame = api.reproduce(ids or None, quick=quick, threads=threads, progress=bar)
     _emit(_render(frame, fmt, report.format_table(frame)), out)
     _warn_violations(frame)
@@ -353,7 +377,7 @@ def run(
         from .plot import check_figure_path
 
         check_figure_path(plot, "--plot")
-    with _progress(True, threads, file.name) as bar:
+    with _on_interrupt(_NOTHING_KEPT), _progress(True, threads, file.name) as bar:
         pts = api.run(file, set_list, quick=quick, threads=threads, progress=bar)
     recs = api.to_records(pts)
     if points:
@@ -434,6 +458,11 @@ def check(
     )
     _emit(text, None)
     verdict = result.get("verdict")
+    if verdict == "interrupted":
+        _note(
+            f"{_PROG}: interrupted after {result.get('states', 0)} states: nothing was proved"
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
     if verdict == "violation":
         raise typer.Exit(EXIT_VIOLATION)
     if verdict == "bound-reached":
@@ -544,7 +573,10 @@ def sweep_(
     if address is not None and backend is not Backend.ray:
         raise click_exc.UsageError("--address names a Ray cluster: use it with --backend ray")
     grid = parse_grid(list(grids or []))
-    with _progress(True, threads, f"sweep {file.stem}") as bar:
+    kept = (
+        f"the points finished so far are cached in {cache}; the same command resumes from them"
+    )
+    with _on_interrupt(kept), _progress(True, threads, f"sweep {file.stem}") as bar:
         frame = run_sweep(
             file,
             grid,
@@ -570,12 +602,18 @@ def sweep_(
         plans = frame.attrs.get("plans") or {}
         first = next(iter(plans.values()), None)
         row_key = (first["experiment"].get("row_key") if first else None) or "row"
-        text = report.format_sweep(summary, _sweep_title(plans, grid, quick), row_key=row_key)
+        title = _sweep_title(plans, grid, quick, list(sets or []))
+        text = report.format_sweep(summary, title, row_key=row_key)
     _emit(text, out)
     _warn_violations(summary)
 
 
-def _sweep_title(plans: Any, grid: Any, quick: bool) -> str:
+def _sweep_title(plans: Any, grid: Any, quick: bool, sets: Sequence[str] = ()) -> str:
+    """``seed 000 · TITLE · UNIT · N combinations (shape)[ · quick][ (modified: --set …)]``:
+    like ``run``'s title, a ``--set`` that changes the configuration is named, since the
+    experiment's title and variant labels describe the unmodified one."""
+    from .provenance import modifying_sets
+
     first = next(iter(plans.values()), None)
     if first is None:
         return ""
@@ -587,7 +625,11 @@ def _sweep_title(plans: Any, grid: Any, quick: bool) -> str:
     parts.append(f"{combos} combination{'' if combos == 1 else 's'} ({shape})")
     if quick:
         parts.append("quick")
-    return " · ".join(p for p in parts if p)
+    title = " · ".join(p for p in parts if p)
+    changes = modifying_sets(list(sets))
+    if changes:
+        title += " (modified: " + ", ".join(f"--set {c}" for c in changes) + ")"
+    return title
 
 
 @app.command()
@@ -755,8 +797,9 @@ def plot_(
     """Draw the seeds' claim: the change % of each variant vs the baseline, per row.
 
     One panel per experiment, the simulated change beside the published one, error bars
-    ±1 standard error of the difference of the means (the caption says how). Runs the
-    experiments first (like `reproduce` for seed ids, like `run` for files) unless
+    ±1 standard error of the difference of the means (the caption says how); an experiment
+    of many variants (seed 004) is drawn as its values instead unless --kind says otherwise.
+    Runs the experiments first (like `reproduce` for seed ids, like `run` for files) unless
     --from-json gives records written earlier.
     """
     from .plot import check_figure_path, load_records, plot_records
@@ -948,8 +991,17 @@ def info() -> None:
     typer.echo(f"shootdown {__version__}\ndata: {root}\nnative: {native_state}")
 
 
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Console-script entry point (``shootdown``)."""
+    """Console-script entry point (``shootdown``). SIGTERM is handled as Ctrl-C is: a search
+    or a measurement stops and says so; nothing half-done is written."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     app(args=list(argv) if argv is not None else None, prog_name=_PROG)
 
 

@@ -106,7 +106,7 @@ class CheckResult(TypedDict):
     scenario: str
     mutant: Optional[str]
     memory_model: str
-    verdict: str  # "violation" | "verified" | "bound-reached"
+    verdict: str  # "violation" | "verified" | "bound-reached" | "interrupted"
     invariant: Optional[str]
     states: int
     transitions: int

@@ -420,6 +420,30 @@ def test_sweep_command(runner, fake_native, seed000, tmp_path, monkeypatch) -> N
     assert {str(r["experiment.quick_rows"]) for r in json.loads(res.stdout)} == {"[1, 8]", "[8]"}
 
 
+def test_sweep_title_names_a_modifying_set(runner, fake_native, seed000, tmp_path) -> None:
+    res = invoke(
+        runner,
+        "sweep",
+        seed000,
+        "--quick",
+        "--grid",
+        "workload.fake_noise=0.0",
+        "--set",
+        "experiment.quick_rows=[1]",
+        "--set",
+        "variants.after.options.fake_factor=1.2",
+        "--cache",
+        tmp_path / "c",
+    )
+    assert res.exit_code == 0, res.stderr
+    title = res.stdout.splitlines()[0]
+    # Like run's: the labels describe the file's variants, so the change is named; the row
+    # selection is not a change.
+    assert title.endswith(
+        "1 combination (1) · quick (modified: --set variants.after.options.fake_factor=1.2)"
+    ), title
+
+
 def test_sweep_errors_are_one_line(runner, fake_native, seed000, tmp_path) -> None:
     cache = ["--cache", str(tmp_path / "c")]
     for grid, reason in (

@@ -135,6 +135,8 @@ pub enum DfsEnd<A> {
     Violation(Violation, Vec<A>, bool),
     /// More states than [`Limits::max_states`].
     BoundReached,
+    /// Stopped by [`crate::request_cancel`]: nothing was proved.
+    Interrupted,
     /// Persistent singletons that lead, one after another, back to a state: the static
     /// proviso does not hold for this model, and the search proved nothing.
     LocalCycle(Vec<A>),
@@ -386,6 +388,9 @@ impl<'s, M: Model, R: Reduction<M>> Worker<'s, M, R> {
         if n > self.limits.max_states {
             return Err(DfsEnd::BoundReached);
         }
+        if crate::explore::cancel_requested() {
+            return Err(DfsEnd::Interrupted);
+        }
         Ok(())
     }
 
@@ -625,6 +630,7 @@ where
         DfsEnd::BoundReached | DfsEnd::LocalCycle(_) => {
             (Verdict::BoundReached, None, vec![], false)
         }
+        DfsEnd::Interrupted => (Verdict::Interrupted, None, vec![], false),
     };
     DfsRun {
         ex: Exploration {

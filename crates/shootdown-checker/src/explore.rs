@@ -121,6 +121,9 @@ pub enum Verdict {
     Verified,
     #[serde(rename = "bound-reached")]
     BoundReached,
+    /// Stopped by [`request_cancel`] (Ctrl-C): nothing was proved.
+    #[serde(rename = "interrupted")]
+    Interrupted,
 }
 
 impl Verdict {
@@ -129,6 +132,7 @@ impl Verdict {
             Verdict::Violation => "violation",
             Verdict::Verified => "verified",
             Verdict::BoundReached => "bound-reached",
+            Verdict::Interrupted => "interrupted",
         }
     }
 }
@@ -219,6 +223,27 @@ pub(crate) fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
     }
     v.reverse();
     v
+}
+
+/// Set by [`request_cancel`] (the front end's SIGINT/SIGTERM handler): every search polls it
+/// (every few thousand states, and between levels, chunks and schedules) and ends with
+/// [`Verdict::Interrupted`]. A search clears it when it starts.
+static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Ask the running search (from any thread) to stop as soon as it polls.
+pub fn request_cancel() {
+    CANCEL.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Clear a stale request before a new search.
+pub fn clear_cancel() {
+    CANCEL.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a stop was requested.
+#[inline]
+pub fn cancel_requested() -> bool {
+    CANCEL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Print a live progress line (states, states/s, and the frontier and depth or the deepest
@@ -466,6 +491,9 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
             }
             self.depth = self.depth.max(d);
             progress.tick(self.visited.len(), self.queue.len(), self.depth);
+            if self.visited.len() % 4096 == 0 && cancel_requested() {
+                return (Verdict::Interrupted, None, vec![], false);
+            }
             if self.limits.max_depth.is_some_and(|md| d >= md) {
                 continue;
             }

@@ -29,7 +29,10 @@ pub mod sample;
 pub mod scenario;
 
 pub use error::CheckError;
-pub use explore::{explore, set_progress, Exploration, Limits, Verdict};
+pub use explore::{
+    cancel_requested, clear_cancel, explore, request_cancel, set_progress, Exploration, Limits,
+    Verdict,
+};
 pub use report::{list, list_json, CheckResult, FindingInfo, MutantInfo, ScenarioInfo, Step};
 pub use scenario::Scenario;
 
@@ -137,7 +140,7 @@ pub fn check_scenario(
     let mut run = search(&init, &red, opts);
     notes.append(&mut run.notes);
     let mut symmetric = red.symmetric();
-    if run.ex.verdict == Verdict::Violation && run.ex.approximate {
+    if run.ex.verdict == Verdict::Violation && run.ex.approximate && !cancel_requested() {
         // Found in the symmetric closure through a renamed state: check the model itself.
         let mut plain = search(&init, &reduce::MachineReduction::new(sc, false), opts);
         notes.append(&mut plain.notes);
@@ -366,6 +369,12 @@ pub fn check(
         ..CheckOptions::default()
     };
     let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
+    if r.verdict == "interrupted" {
+        notes.push(format!(
+            "interrupted after {} states in {:.1} s: nothing is proved",
+            r.states, r.seconds
+        ));
+    }
     if r.verdict == "bound-reached" && !matches!(r.strategy.as_str(), "bfs" | "dfs" | "parallel") {
         notes.push(format!(
             "sampling never proves anything: no violation in the schedules tried ({} states)",
@@ -411,6 +420,10 @@ fn check_dispatch(
                 return Ok(first);
             }
             let mut r = check_scenario(sc, mutant, mem, parallel)?;
+            if r.verdict == "interrupted" {
+                // Stopped while looking for a shorter one: the depth-first one stands.
+                return Ok(first);
+            }
             r.seconds += first.seconds;
             r.notes.insert(
                 0,
@@ -441,6 +454,8 @@ fn check_dispatch(
                 memory_model: mm_name(mem).into(),
                 verdict: if r.violation.is_some() {
                     "violation".into()
+                } else if r.interrupted {
+                    "interrupted".into()
                 } else if r.exhausted_budget {
                     "bound-reached".into()
                 } else {

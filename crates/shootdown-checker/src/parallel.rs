@@ -101,6 +101,10 @@ fn expand<M: Model, R: Reduction<M>>(
         transitions: 0,
         reduced: false,
     };
+    if crate::explore::cancel_requested() {
+        // The level ends unexpanded; the search returns `Interrupted` before the next one.
+        return x;
+    }
     let mut enabled = Vec::new();
     s.enabled(&mut enabled);
     if enabled.is_empty() {
@@ -286,6 +290,9 @@ where
         let mut progress = ProgressLine::new();
         while !level.is_empty() {
             progress.show(self.visited.len(), level.len(), self.depth);
+            if crate::explore::cancel_requested() {
+                return (Verdict::Interrupted, None, vec![], false);
+            }
             if self.limits.max_depth.is_some_and(|md| self.depth >= md) {
                 return (Verdict::BoundReached, None, vec![], false);
             }

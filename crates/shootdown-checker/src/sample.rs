@@ -30,6 +30,8 @@ pub struct SampleResult<A> {
     pub runs: u64,
     /// Stopped because `max_states` distinct states were seen.
     pub exhausted_budget: bool,
+    /// Stopped by [`crate::request_cancel`].
+    pub interrupted: bool,
 }
 
 /// Longest schedule of one run.
@@ -179,7 +181,12 @@ pub fn sample<M: Model>(
     let mut violation = None;
     let mut path = vec![];
     let mut exhausted_budget = false;
+    let mut interrupted = false;
     for r in 0..runs {
+        if crate::explore::cancel_requested() {
+            interrupted = true;
+            break;
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ r.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let (v, p) = run_one(init, strat, &mut rng, expected, &mut seen, &mut transitions);
         done = r + 1;
@@ -202,5 +209,6 @@ pub fn sample<M: Model>(
         seconds: t0.elapsed().as_secs_f64(),
         runs: done,
         exhausted_budget,
+        interrupted,
     }
 }

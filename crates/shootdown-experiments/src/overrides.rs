@@ -6,6 +6,38 @@
 use crate::ConfigError;
 use std::path::Path;
 
+/// A key inside a variant (`variants.NAME.options.X`, `variants.NAME.label`) must name one the
+/// experiment has: a typo would otherwise add a variant and leave the intended one as it was.
+/// A new variant is added whole (`variants.NAME={ label = …, options = { … } }`).
+fn check_variant(
+    path: &Path,
+    doc: &toml::Table,
+    key: &str,
+    segs: &[&str],
+) -> Result<(), ConfigError> {
+    if segs.len() < 3 || segs[0] != "variants" {
+        return Ok(());
+    }
+    let Some(toml::Value::Table(variants)) = doc.get("variants") else {
+        return Ok(());
+    };
+    if variants.contains_key(segs[1]) {
+        return Ok(());
+    }
+    let known: Vec<&str> = variants.keys().map(String::as_str).collect();
+    Err(ConfigError::new(
+        path,
+        key,
+        format!(
+            "--set: no variant '{}' (the experiment has: {}); a new variant is set whole: \
+             variants.{}={{ label = \"…\", options = {{ … }} }}",
+            segs[1],
+            known.join(", "),
+            segs[1]
+        ),
+    ))
+}
+
 pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
     for s in sets {
         let Some((key, raw)) = s.split_once('=') else {
@@ -42,6 +74,7 @@ pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), 
             Err(_) => toml::Value::String(raw.trim().to_string()),
         };
         let segs: Vec<&str> = key.split('.').collect();
+        check_variant(path, doc, key, &segs)?;
         let mut cur = &mut *doc;
         for seg in &segs[..segs.len() - 1] {
             let entry = cur
@@ -76,6 +109,45 @@ pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_inside_an_unknown_variant_is_an_error_listing_the_known_ones() {
+        let mut t: toml::Table =
+            toml::from_str("[variants.before]\noptions = {}\n[variants.after]\noptions = {}\n")
+                .unwrap();
+        let e = apply(
+            Path::new("x.toml"),
+            &mut t,
+            &["variants.aftr.options.smp_call=concurrent".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("x.toml: variants.aftr.options.smp_call: --set: no variant 'aftr' (the experiment has: before, after)"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1);
+        assert_eq!(
+            t["variants"].as_table().unwrap().len(),
+            2,
+            "nothing was added"
+        );
+        // Known variants take keys; a new one is added whole.
+        apply(
+            Path::new("x.toml"),
+            &mut t,
+            &[
+                "variants.after.options.smp_call=concurrent".into(),
+                "variants.third={ label = \"3\", options = { pcid = false } }".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            t["variants"]["after"]["options"]["smp_call"].as_str(),
+            Some("concurrent")
+        );
+        assert_eq!(t["variants"]["third"]["label"].as_str(), Some("3"));
+    }
 
     #[test]
     fn a_malformed_array_or_inline_table_is_an_error_naming_the_key() {

@@ -187,8 +187,12 @@ fn check(
     strategy: String,
     symmetry: bool,
 ) -> PyResult<String> {
-    let r = py
-        .allow_threads(|| {
+    // Ctrl-C (or SIGTERM) stops the search within a poll: the result is then verdict
+    // "interrupted", with the states explored so far (the signal itself is consumed).
+    shootdown_checker::clear_cancel();
+    let (r, _signal) = interruptible(
+        py,
+        || {
             shootdown_checker::check(
                 &scenario,
                 mutant.as_deref(),
@@ -199,9 +203,10 @@ fn check(
                 &strategy,
                 symmetry,
             )
-        })
-        .map_err(cfg_err)?;
-    json(&r)
+        },
+        shootdown_checker::request_cancel,
+    );
+    json(&r.map_err(cfg_err)?)
 }
 
 /// Show (or not) a live progress line on stderr while `check` explores (display only).
@@ -228,31 +233,52 @@ fn host_probe(py: Python<'_>) -> PyResult<String> {
     json(&info)
 }
 
-/// `shootdown_hostbench::run_case()` on a JSON case spec, as JSON. The case runs on a thread of
-/// its own while this one checks for signals every 50 ms: Ctrl-C cancels the case (its threads
-/// and mappings are cleaned up) and raises `KeyboardInterrupt` here.
+/// Run `work` on a thread of its own while this one, holding the GIL only briefly, checks for
+/// signals every 50 ms (Python's SIGINT handler, and whatever the CLI installed for SIGTERM).
+/// On a signal it calls `cancel` once and keeps waiting for `work`, which must then return
+/// soon; the result comes back with the signal's error (`KeyboardInterrupt`), if any.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce() -> T + Send,
+    cancel: impl Fn(),
+) -> (T, Option<PyErr>) {
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(work);
+        let mut signal = None;
+        while !worker.is_finished() {
+            py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+            if signal.is_none() {
+                if let Err(e) = py.check_signals() {
+                    cancel();
+                    signal = Some(e);
+                }
+            }
+        }
+        let value = match worker.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        (value, signal)
+    })
+}
+
+/// `shootdown_hostbench::run_case()` on a JSON case spec, as JSON. Ctrl-C cancels the case
+/// (its threads and mappings are cleaned up) and raises `KeyboardInterrupt` here.
 #[pyfunction]
 fn host_run_case(py: Python<'_>, spec: &str) -> PyResult<String> {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     let spec = shootdown_hostbench::CaseSpec::from_json(spec)
         .map_err(|e| HostError::new_err(e.to_string()))?;
-    let cancel = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&cancel);
-    let worker = std::thread::spawn(move || shootdown_hostbench::run_case(&spec, &flag));
-    while !worker.is_finished() {
-        py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(50)));
-        if let Err(interrupt) = py.check_signals() {
-            cancel.store(true, Ordering::SeqCst);
-            let _ = py.allow_threads(|| worker.join());
-            return Err(interrupt);
-        }
+    let cancel = AtomicBool::new(false);
+    let (result, signal) = interruptible(
+        py,
+        || shootdown_hostbench::run_case(&spec, &cancel),
+        || cancel.store(true, Ordering::SeqCst),
+    );
+    if let Some(interrupt) = signal {
+        return Err(interrupt);
     }
-    let result = worker
-        .join()
-        .map_err(|_| HostError::new_err("the measuring thread panicked"))?
-        .map_err(|e| HostError::new_err(e.to_string()))?;
-    json(&result)
+    json(&result.map_err(|e| HostError::new_err(e.to_string()))?)
 }
 
 #[pymodule]
