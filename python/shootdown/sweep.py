@@ -19,6 +19,14 @@ A run is a pure function of that key, so re-running a sweep — after an interru
 a larger grid — loads finished points from the cache and computes only the missing ones. A
 native module whose plan has no ``inputs`` cannot say which files a run reads: its points are
 then always computed and never cached.
+
+Every entry read is checked against :data:`ENTRY_SCHEMA` before it is used: an object whose
+``key`` is its file's key, whose ``provenance`` is the point's, and whose ``result`` is a point
+result (every field of :class:`shootdown.schema.PointResult`, with its JSON type) of that very
+point (index, row, variant, repetition). An entry that fails — not UTF-8 or not JSON (a
+truncated file), another shape, a field of the wrong type (a number edited into a string) — is
+recomputed and overwritten, with one warning line naming the file and the reason, logged to
+the ``shootdown.sweep`` logger (on stderr when logging is not configured, as in the CLI).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -42,8 +51,8 @@ import pandas as pd
 from . import api
 from ._bridge import ConfigError, native
 from .provenance import model_version, plan_provenance
-from .records import constant_column, points_frame, summarize
-from .schema import Plan, PointResult
+from .records import constant_column, points_frame, row_key, summarize
+from .schema import Plan, PlannedPoint, PointResult
 
 __all__ = [
     "Raw",
@@ -52,12 +61,16 @@ __all__ = [
     "parse_grid",
     "expand_grid",
     "point_key",
+    "ENTRY_SCHEMA",
+    "ENTRY_OPTIONAL",
     "sweep",
     "summarize_sweep",
     "RayClusterError",
 ]
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+_log = logging.getLogger(__name__)
 
 
 class Raw(str):
@@ -208,6 +221,129 @@ class _Combo:
         return [p["index"] for p in self.plan["points"] if p["index"] not in self.results]
 
 
+# --------------------------------------------------------------------------- cache entries
+
+# JSON types, by the names a reason gives them.
+_INT = "an integer"
+_NUMBER_OR_NULL = "a number or null"
+_STRING = "a string"
+_ROW = "a number or a string"
+_STRINGS = "an array of strings"
+_COUNTERS = "an object of numbers"
+
+#: What a cache entry's ``result`` holds: each field of a point result (as the native
+#: ``run_points`` returns it, :class:`shootdown.schema.PointResult`) and its JSON type. The
+#: floats may be ``null`` (serde writes a NaN so). The Rust core's other fields
+#: (:data:`ENTRY_OPTIONAL`) are checked when present; unknown fields are kept as they are.
+ENTRY_SCHEMA: Dict[str, str] = {
+    "index": _INT,
+    "row": _ROW,
+    "variant": _STRING,
+    "rep": _INT,
+    "value": _NUMBER_OR_NULL,
+    "sim_ns": _NUMBER_OR_NULL,
+    "steps": _INT,
+    "wall_s": _NUMBER_OR_NULL,
+    "counters": _COUNTERS,
+    "violations": _STRINGS,
+}
+
+#: Fields a point result may have (the Rust core's, unread by the front end), and their types.
+ENTRY_OPTIONAL: Dict[str, str] = {"stop": _STRING, "uses_checked": _INT}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, for a reason."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__  # pragma: no cover - json.load makes nothing else
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _NUMBER_OR_NULL:
+        return value is None or _is_number(value)
+    if kind == _STRING:
+        return isinstance(value, str)
+    if kind == _ROW:
+        return isinstance(value, str) or _is_number(value)
+    if kind == _STRINGS:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == _COUNTERS:
+        return isinstance(value, dict) and all(v is None or _is_number(v) for v in value.values())
+    raise AssertionError(kind)  # pragma: no cover
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _result_problem(result: Any, point: Mapping[str, Any]) -> Optional[str]:
+    """Why ``result`` is not a point result of ``point`` (``None``: it is one)."""
+    if not isinstance(result, dict):
+        return f"result: expected an object (a point result), got {_json_type(result)}"
+    missing = [name for name in ENTRY_SCHEMA if name not in result]
+    if missing:
+        return f"result: missing field(s) {', '.join(missing)}"
+    present = {n: k for n, k in ENTRY_OPTIONAL.items() if n in result}
+    for name, kind in {**ENTRY_SCHEMA, **present}.items():
+        value = result[name]
+        if not _type_ok(kind, value):
+            if kind == _COUNTERS and isinstance(value, dict):
+                bad = next(k for k, v in value.items() if not (v is None or _is_number(v)))
+                return (
+                    f"result.counters.{bad}: expected a number, got "
+                    f"{_json_type(value[bad])} {_shown(value[bad])}"
+                )
+            return f"result.{name}: expected {kind}, got {_json_type(value)} {_shown(value)}"
+    for name in ("index", "variant", "rep"):
+        if result[name] != point[name]:
+            return (
+                f"result.{name}: {_shown(result[name])}, but the entry's point has "
+                f"{_shown(point[name])}"
+            )
+    if row_key(result["row"]) != row_key(point["row"]):
+        return (
+            f"result.row: {_shown(result['row'])}, but the entry's point has {_shown(point['row'])}"
+        )
+    return None
+
+
+def _entry_problem(
+    entry: Any, key: str, provenance: Mapping[str, Any], point: PlannedPoint
+) -> Optional[str]:
+    """Why a parsed cache entry cannot stand for the point (``None``: it can)."""
+    if not isinstance(entry, dict):
+        return f"expected a JSON object (key, provenance, result), got {_json_type(entry)}"
+    if "key" not in entry:
+        return "key: missing"
+    if entry["key"] != key:
+        return f"key: {_shown(entry['key'])} is not the file's key (another point's entry?)"
+    if "provenance" not in entry:
+        return "provenance: missing"
+    if entry["provenance"] != dict(provenance):
+        return "provenance: not this point's (edited?)"
+    if "result" not in entry:
+        return "result: missing"
+    return _result_problem(entry["result"], point)
+
+
 class _Cache:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -215,15 +351,44 @@ class _Cache:
     def path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.json"
 
-    def load(self, key: str) -> Optional[PointResult]:
+    def load(
+        self, key: str, provenance: Mapping[str, Any], point: PlannedPoint
+    ) -> Optional[PointResult]:
+        """The cached result of a point, or ``None``: no entry, or an invalid one (a warning
+        naming the file and the reason; the point is then recomputed and its entry
+        overwritten)."""
+        target = self.path(key)
         try:
-            with open(self.path(key), encoding="utf-8") as fh:
-                entry = json.load(fh)
-        except (OSError, ValueError):
+            data = target.read_bytes()
+        except FileNotFoundError:
             return None
-        if entry.get("key") != key or "result" not in entry:
+        except OSError as exc:
+            self._invalid(target, f"cannot read it ({exc.strerror or exc})")
             return None
-        return entry["result"]
+        try:
+            entry = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            self._invalid(target, "not UTF-8 text (a binary file?)")
+            return None
+        except ValueError as exc:  # json.JSONDecodeError, or a number too large for Python
+            self._invalid(target, f"not JSON ({exc})")
+            return None
+        except RecursionError:
+            self._invalid(target, "not JSON (nested too deeply)")
+            return None
+        problem = _entry_problem(entry, key, provenance, point)
+        if problem is not None:
+            self._invalid(target, problem)
+            return None
+        return entry["result"]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _invalid(target: Path, reason: str) -> None:
+        _log.warning(
+            "shootdown: warning: sweep cache entry %s is invalid (%s): recomputing it",
+            target,
+            " ".join(reason.split()),
+        )
 
     def store(self, key: str, provenance: Mapping[str, Any], result: PointResult) -> None:
         target = self.path(key)
@@ -544,7 +709,7 @@ def sweep(
             key = point_key(prov)
             combo.keys[point["index"]] = key
             combo.provenance[point["index"]] = prov
-            hit = cache.load(key) if inputs is not None else None
+            hit = cache.load(key, prov, point) if inputs is not None else None
             if hit is not None:
                 combo.results[point["index"]] = hit
                 combo.cached[point["index"]] = True

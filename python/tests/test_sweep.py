@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import math
 import re
 import sys
 import types
@@ -266,6 +268,173 @@ def test_corrupt_cache_entry_is_recomputed(fake_native, seed000, tmp_path) -> No
     sweep(seed000, {}, cache_dir=cache, quick=True)
     assert len(fake_native.indices_run()) == 1
     assert json.loads(victim.read_text())["provenance"]["quick"] is True
+
+
+def entries_by_index(cache: Path) -> dict:
+    """The cache's entry files by their point's index (a sweep of one combination)."""
+    return {json.loads(f.read_text())["result"]["index"]: f for f in cache.rglob("*.json")}
+
+
+def set_result(field: str, value):
+    def edit(entry: dict) -> dict:
+        entry["result"][field] = value
+        return entry
+
+    return edit
+
+
+def from_entry(edit):
+    return lambda text: json.dumps(edit(json.loads(text)))
+
+
+# (test id, how the entry's text is damaged, what the warning says)
+INVALID_ENTRIES = [
+    ("result-empty", from_entry(lambda e: {**e, "result": {}}), "result: missing field(s) index,"),
+    (
+        "result-string",
+        from_entry(lambda e: {**e, "result": "x"}),
+        "result: expected an object (a point result), got a string",
+    ),
+    ("truncated", lambda text: text[: len(text) // 2], "not JSON ("),
+    (
+        "number-as-string",
+        from_entry(set_result("value", "1234.5")),
+        'result.value: expected a number or null, got a string "1234.5"',
+    ),
+    (
+        "counter-as-string",
+        from_entry(set_result("counters", {"nr_tlb_remote_flush": "13"})),
+        "result.counters.nr_tlb_remote_flush: expected a number, got a string",
+    ),
+    (
+        "integer-as-float",
+        from_entry(set_result("steps", 1003.5)),
+        "result.steps: expected an integer, got a number 1003.5",
+    ),
+    (
+        "rust-field-wrong",
+        from_entry(set_result("uses_checked", "7")),
+        'result.uses_checked: expected an integer, got a string "7"',
+    ),
+    ("violations-not-strings", from_entry(set_result("violations", [1])), "result.violations"),
+    ("row-as-list", from_entry(set_result("row", [1])), "result.row: expected a number or a"),
+    ("another-points-result", from_entry(set_result("index", 4)), "result.index: 4, but the"),
+    (  # point 3 is row 1, variant "after", repetition 1
+        "another-variant",
+        from_entry(set_result("variant", "before")),
+        'result.variant: "before", but the entry\'s point has "after"',
+    ),
+    (
+        "key-mismatch",
+        from_entry(lambda e: {**e, "key": "0" * 64}),
+        "is not the file's key",
+    ),
+    (
+        "provenance-edited",
+        from_entry(lambda e: {**e, "provenance": {**e["provenance"], "quick": False}}),
+        "provenance: not this point's",
+    ),
+    (
+        "no-result",
+        from_entry(lambda e: {"key": e["key"], "provenance": e["provenance"]}),
+        "result: missing",
+    ),
+    (
+        "an-array",
+        lambda text: "[1, 2]",
+        "expected a JSON object (key, provenance, result), got an array",
+    ),
+    ("empty-file", lambda text: "", "not JSON ("),
+    ("binary", lambda text: "\udcff\udcfe\x00garbage", "not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize(
+    "damage, reason", [c[1:] for c in INVALID_ENTRIES], ids=[c[0] for c in INVALID_ENTRIES]
+)
+def test_invalid_cache_entry_is_recomputed_with_a_warning(
+    fake_native, seed000, tmp_path, caplog, damage, reason
+) -> None:
+    """An entry that is not a point result of its point is recomputed, with one warning line
+    naming its file and why, and overwritten with the good result (issue: sweep cache)."""
+    cache = tmp_path / "cache"
+    first = sweep(seed000, {}, cache_dir=cache, quick=True)
+    victim = entries_by_index(cache)[3]
+    good = json.loads(victim.read_text())
+    damaged = damage(victim.read_text())
+    victim.write_bytes(damaged.encode("utf-8", "surrogateescape"))
+    fake_native.calls.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shootdown.sweep"):
+        again = sweep(seed000, {}, cache_dir=cache, quick=True)
+    assert fake_native.indices_run() == [3]  # that point only
+    assert again["cached"].tolist() == [i != 3 for i in range(8)]
+    assert again["value"].tolist() == first["value"].tolist()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "shootdown.sweep"]
+    assert len(warnings) == 1, warnings
+    assert "\n" not in warnings[0]
+    assert warnings[0].startswith(f"shootdown: warning: sweep cache entry {victim} is invalid (")
+    assert reason in warnings[0] and warnings[0].endswith("): recomputing it")
+    assert json.loads(victim.read_text()) == good  # overwritten with the good result
+    # ... and served from the cache from now on, without a word.
+    fake_native.calls.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shootdown.sweep"):
+        assert sweep(seed000, {}, cache_dir=cache, quick=True)["cached"].all()
+    assert fake_native.indices_run() == [] and not caplog.records
+
+
+def test_cache_entry_with_nulls_and_extra_fields_is_used(fake_native, seed000, tmp_path, caplog):
+    """What the native core may write is valid: a NaN written as null, an integral float
+    row, fields the front end does not read (the Rust core's ``stop``, ``uses_checked``)."""
+    cache = tmp_path / "cache"
+    sweep(seed000, {}, cache_dir=cache, quick=True)
+    victim = entries_by_index(cache)[3]
+    entry = json.loads(victim.read_text())
+    entry["result"].update(
+        value=None, wall_s=None, row=float(entry["result"]["row"]), stop="done", uses_checked=7
+    )
+    entry["result"]["counters"]["unreported"] = None
+    victim.write_text(json.dumps(entry))
+    fake_native.calls.clear()
+    with caplog.at_level("WARNING", logger="shootdown.sweep"):
+        frame = sweep(seed000, {}, cache_dir=cache, quick=True)
+    assert frame["cached"].all() and fake_native.indices_run() == [] and not caplog.records
+    assert math.isnan(frame.loc[frame["index"] == 3, "value"].iloc[0])
+
+
+def test_sweep_command_warns_in_one_line_on_an_invalid_entry(
+    runner, fake_native, seed000, tmp_path
+) -> None:
+    """`shootdown sweep` over a damaged cache: one warning line on stderr naming the file (the
+    logger's last-resort output: the CLI configures no logging), no traceback, exit 0."""
+    from shootdown.cli import app
+
+    cache = tmp_path / "cache"
+    args = ["sweep", str(seed000), "--quick", "--cache", str(cache), "-f", "json"]
+    assert runner.invoke(app, args).exit_code == 0
+    entries = entries_by_index(cache)
+    entries[0].write_text('{"key": "x", "result": {}}')
+    entries[5].write_text(entries[5].read_text().replace('"value": ', '"value": "oops", "x": '))
+    fake_native.calls.clear()
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()  # as outside pytest: no handler, so Python's last resort (stderr)
+    try:
+        res = runner.invoke(app, args)
+    finally:
+        root.handlers[:] = saved
+    assert res.exit_code == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "warning" in ln]
+    assert lines == [
+        f'shootdown: warning: sweep cache entry {entries[0]} is invalid (key: "x" is not the '
+        "file's key (another point's entry?)): recomputing it",
+        f"shootdown: warning: sweep cache entry {entries[5]} is invalid (result.value: expected "
+        'a number or null, got a string "oops"): recomputing it',
+    ]
+    assert "6 of 8 points from the cache" in res.stderr
+    assert sorted(fake_native.indices_run()) == [0, 5]
 
 
 def test_summarize_sweep(fake_native, seed000, tmp_path) -> None:
