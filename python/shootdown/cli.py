@@ -724,6 +724,7 @@ def profile(
 
 
 class PlotKind(str, Enum):
+    auto = "auto"
     change = "change"
     values = "values"
 
@@ -771,10 +772,11 @@ def plot_(
         ..., "--out", "-o", metavar="FIG", help="Figure to write: .svg, .pdf or .png (300 dpi)."
     ),
     kind: PlotKind = typer.Option(
-        PlotKind.change,
+        PlotKind.auto,
         "--kind",
         help="change: before→after change % per row, simulated beside published, ±1 SE; "
-        "values: absolute means ±1 stdev.",
+        "values: absolute means ±1 stdev; auto: per experiment, values for a table of many "
+        "variants (layout variants_as_rows, or more than 4 besides the baseline), else change.",
     ),
     from_json: Optional[Path] = typer.Option(
         None,

@@ -2,7 +2,7 @@
 
 Two kinds of figure, one panel per experiment, the rows of the experiment on the x axis:
 
-* ``"change"`` (the default) draws what the seeds claim: the change of each non-baseline
+* ``"change"`` draws what the seeds claim: the change of each non-baseline
   variant against the baseline variant of the same row, in % of the baseline mean — the
   simulated change beside the published one. Error bars are ±1 standard error of the
   difference of the two means, ``sqrt(s_b²/n_b + s_v²/n_v) / |mean_b| × 100`` (``s`` the
@@ -11,7 +11,15 @@ Two kinds of figure, one panel per experiment, the rows of the experiment on the
   one, and is otherwise unknown: the bar then takes ``n = 1`` (the widest it can be) and the
   caption says so. A cell with ``n < 2`` or a paper without standard deviations has no bar.
 * ``"values"`` draws the absolute means per variant, simulated beside published, each with
-  ±1 sample standard deviation (the ``avg (stdev)`` of the seeds' tables).
+  ±1 sample standard deviation (the ``avg (stdev)`` of the seeds' tables). An experiment whose
+  tables have a line per variant (``layout = "variants_as_rows"``, seed 004) has its variants
+  on the x axis instead, a colour per row, and a log axis when its values span decades.
+
+A third kind, ``"auto"`` (the default of ``shootdown plot``), chooses per experiment
+(:func:`auto_kinds`): ``"values"`` for an experiment laid out ``variants_as_rows`` or with more
+than :data:`AUTO_MAX_CHANGE_VARIANTS` non-baseline variants (their changes would be a crowd of
+bars and legend entries), ``"change"`` otherwise. A figure of several experiments may so mix
+the two kinds, a panel each.
 
 Figures use matplotlib's object API (:class:`matplotlib.figure.Figure`), never pyplot, so they
 never change the caller's backend or current figure. The format follows the file's suffix
@@ -35,6 +43,9 @@ from .records import RECORD_COLUMNS, concat_records, is_missing, row_key, to_dic
 
 __all__ = [
     "KINDS",
+    "AUTO",
+    "AUTO_MAX_CHANGE_VARIANTS",
+    "auto_kinds",
     "PNG_DPI",
     "change_se_pct",
     "check_figure_path",
@@ -51,12 +62,19 @@ __all__ = [
 #: The kinds of figure :func:`plot_records` draws.
 KINDS: Tuple[str, ...] = ("change", "values")
 
+#: The kind that is one of :data:`KINDS` per experiment, as :func:`auto_kinds` chooses.
+AUTO = "auto"
+
+#: ``"auto"`` draws an experiment with more non-baseline variants than this as values.
+AUTO_MAX_CHANGE_VARIANTS = 4
+
 #: Resolution of raster (PNG, JPEG …) figures.
 PNG_DPI = 300
 
 _PLOT_EXTRA = "pip install 'shootdown[plot]'"
 _WIDTH_IN = 7.0  # a two-column paper figure
 _PANEL_H_IN = 2.7
+_SLANTED_IN = 0.6  # under a panel whose x axis names variants, slanted
 _FONT = 8.0
 _SMALL = 6.5
 _MINUS = "\u2212"  # typographic minus, as matplotlib's own tick labels
@@ -76,8 +94,34 @@ _UNIT_SUFFIXES = {
     "mhz": "MHz",
     "ghz": "GHz",
 }
+# A values panel of more variants than this has a legend entry per variant (and the marker
+# styles once), in columns under a narrow panel; a by-variant table's legend a column per side.
+_MANY_SERIES = 4
+_MANY_LEGEND_COLUMNS = 2
+_VARIANT_LEGEND_COLUMNS = 2
 # Columns a records file must have to be plotted (the rest default to missing).
 _NEEDED = ("experiment", "row", "variant", "baseline", "n", "simulated", "stdev")
+# The JSON type of the typed columns of a records file (each may also be null).
+_NUMBER, _INTEGER, _BOOLEAN, _TEXT = "a number", "an integer", "true or false", "a string"
+_RECORD_TYPES: Dict[str, str] = {
+    **{
+        c: _NUMBER
+        for c in (
+            "simulated",
+            "stdev",
+            "published",
+            "published_stdev",
+            "change_pct",
+            "published_change_pct",
+            "noise_pct",
+            "published_noise_pct",
+            "published_n",
+        )
+    },
+    **{c: _INTEGER for c in ("n", "violations", "repetitions", "rng_seed")},
+    **{c: _BOOLEAN for c in ("baseline", "higher_is_better", "modified", "quick")},
+    **{c: _TEXT for c in ("experiment", "variant", "label", "layout")},
+}
 
 
 # --------------------------------------------------------------------------- matplotlib
@@ -159,15 +203,23 @@ def load_records(path: Union[str, Path]) -> pd.DataFrame:
     """
     src = Path(path)
     try:
-        text = src.read_text(encoding="utf-8")
+        raw = src.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{src}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{src}: cannot read: {exc.strerror or exc}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{src}: not JSON: not UTF-8 text (byte {exc.start}; a binary file?)"
+        ) from None
+    try:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{src}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{src}: not JSON (nested too deeply)") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise ConfigError(
             f"{src}: expected a JSON array of records "
@@ -183,12 +235,54 @@ def load_records(path: Union[str, Path]) -> pd.DataFrame:
     missing = [c for c in _NEEDED if any(c not in r for r in data)]
     if missing:
         raise ConfigError(f"{src}: not records: missing key(s) {', '.join(missing)}")
+    for number, record in enumerate(data):
+        problem = _record_problem(record)
+        if problem is not None:
+            raise ConfigError(f"{src}: [{number}].{problem}")
     rows = [{col: r.get(col) for col in RECORD_COLUMNS} for r in data]
-    frame = concat_records([pd.DataFrame(rows, columns=list(RECORD_COLUMNS))])
+    try:
+        frame = concat_records([pd.DataFrame(rows, columns=list(RECORD_COLUMNS))])
+    except (TypeError, ValueError, OverflowError) as exc:  # a type no check above foresaw
+        raise ConfigError(f"{src}: not records ({' '.join(str(exc).split())})") from None
     extra = [k for k in dict.fromkeys(k for r in data for k in r) if k not in RECORD_COLUMNS]
     for key in extra:
         frame[key] = pd.Series([r.get(key) for r in data], dtype=object, index=frame.index)
     return frame
+
+
+def _record_problem(record: Dict[str, Any]) -> Optional[str]:
+    """Why a record read from a file cannot be drawn (a value of the wrong JSON type), or
+    ``None``."""
+
+    def shown(value: Any) -> str:
+        if isinstance(value, bool):
+            kind = "a boolean"
+        elif isinstance(value, (int, float)):
+            kind = "a number"
+        elif isinstance(value, str):
+            kind = "a string"
+        else:
+            kind = "an array" if isinstance(value, list) else "an object"
+        text = json.dumps(value, ensure_ascii=False)
+        return f"{kind} {text if len(text) <= 40 else text[:37] + '...'}"
+
+    row = record.get("row")
+    if isinstance(row, (list, dict, bool)):
+        return f"row: expected a number, a string or null, got {shown(row)}"
+    for col, kind in _RECORD_TYPES.items():
+        value = record.get(col)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = {
+            _NUMBER: number,
+            _INTEGER: number and float(value).is_integer(),
+            _BOOLEAN: isinstance(value, bool),
+            _TEXT: isinstance(value, str),
+        }[kind]
+        if not ok:
+            return f"{col}: expected {kind} or null, got {shown(value)}"
+    return None
 
 
 # --------------------------------------------------------------------------- numbers
@@ -251,6 +345,21 @@ class _Panel:
 
     def get(self, row: Any, variant: str) -> Dict[str, Any]:
         return self.cell.get((row_key(row), variant), {})
+
+    @property
+    def by_variant(self) -> bool:
+        """The seed's tables have a line per variant (``layout = "variants_as_rows"``)."""
+        return any(r.get("layout") == "variants_as_rows" for r in self.recs)
+
+    def auto_kind(self) -> str:
+        """The kind ``"auto"`` draws this experiment as (see :func:`auto_kinds`)."""
+        many = len(self.others) > AUTO_MAX_CHANGE_VARIANTS
+        return "values" if self.by_variant or many else "change"
+
+    def slots(self, kind: str) -> int:
+        """Places on the x axis: the variants of a values panel of a by-variant table, else
+        the rows."""
+        return len(self.variants) if kind == "values" and self.by_variant else len(self.rows)
 
     @property
     def baseline_label(self) -> str:
@@ -327,9 +436,25 @@ def _panels(records: pd.DataFrame, experiment: Optional[str]) -> List[_Panel]:
 # --------------------------------------------------------------------------- layout helpers
 
 
-def _layout(panels: List[_Panel], caption_lines: int) -> Tuple[Any, List[Any], Any]:
+def _narrow(panels: List[_Panel], kinds: Sequence[str]) -> bool:
+    """Whether every panel has at most two places on its x axis: two panels side by side."""
+    return all(p.slots(k) <= 2 for p, k in zip(panels, kinds))
+
+
+def _legend_lines(panel: _Panel, kind: str) -> int:
+    """Lines of the panel's legend under a narrow panel (an upper bound)."""
+    if kind == "values" and panel.by_variant:
+        return math.ceil(2 * len(panel.rows) / _VARIANT_LEGEND_COLUMNS)
+    if kind == "values" and len(panel.variants) > _MANY_SERIES:
+        return math.ceil((len(panel.variants) + 2) / _MANY_LEGEND_COLUMNS)
+    return 2 * len(panel.variants)
+
+
+def _layout(
+    panels: List[_Panel], kinds: Sequence[str], caption_lines: int
+) -> Tuple[Any, List[Any], Any]:
     """A figure with one sub-figure (title, axes, legend) per panel — stacked, or two side by
-    side when every panel has at most two rows — over a caption sub-figure.
+    side when every panel has at most two places on its x axis — over a caption sub-figure.
 
     Returns:
         ``(figure, axes per panel, caption sub-figure)``.
@@ -337,19 +462,23 @@ def _layout(panels: List[_Panel], caption_lines: int) -> Tuple[Any, List[Any], A
     _matplotlib()
     from matplotlib.figure import Figure
 
-    narrow = all(len(p.rows) <= 2 for p in panels)
+    narrow = _narrow(panels, kinds)
     ncols = min(len(panels), 2) if narrow else 1
     nrows = math.ceil(len(panels) / ncols)
     caption_in = 0.1 + caption_lines * _SMALL * 1.3 / 72.0
     # A legend under a narrow panel takes a line per series beyond the first few.
-    variants = max(len(p.variants) for p in panels)
-    legend_in = 0.16 * max(0, 2 * variants - 6) if narrow else 0.0
-    height = nrows * (_PANEL_H_IN + legend_in) + caption_in
-    fig = Figure(figsize=(_WIDTH_IN, height), layout="constrained")
-    top, bottom = fig.subfigures(
-        2, 1, height_ratios=[nrows * (_PANEL_H_IN + legend_in), caption_in]
-    )
-    subs = [sub for line in top.subfigures(nrows, ncols, squeeze=False) for sub in line]
+    lines = max(_legend_lines(p, k) for p, k in zip(panels, kinds))
+    legend_in = 0.16 * max(0, lines - 6) if narrow else 0.0
+    # Variants' names slanted under an axis take the height of a few lines more.
+    slanted = [k == "values" and p.by_variant for p, k in zip(panels, kinds)]
+    rows_in = [
+        _PANEL_H_IN + legend_in + (_SLANTED_IN if any(slanted[i : i + ncols]) else 0.0)
+        for i in range(0, len(panels), ncols)
+    ]
+    fig = Figure(figsize=(_WIDTH_IN, sum(rows_in) + caption_in), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[sum(rows_in), caption_in])
+    grid = top.subfigures(nrows, ncols, squeeze=False, height_ratios=rows_in)
+    subs = [sub for line in grid for sub in line]
     title_chars = int(_WIDTH_IN / ncols * 72.0 / (_FONT * 0.55))
     titles = [panel.title(title_chars) for panel in panels]
     lines = max(t.count("\n") for t in titles)
@@ -377,28 +506,19 @@ def _style(ax: Any) -> None:
     ax.set_axisbelow(True)
 
 
-def _legend(ax: Any, handles: List[Any], narrow: bool) -> None:
+def _legend(
+    ax: Any, handles: List[Any], narrow: bool, ncol: int = 1, title: Optional[str] = None
+) -> None:
+    """The panel's legend: under a narrow panel (in ``ncol`` columns), else on its right."""
     if not handles:
         return
+    common: Dict[str, Any] = dict(handles=handles, fontsize=_SMALL, frameon=False, handlelength=1.6)
+    if title is not None:
+        common.update(title=title, title_fontsize=_SMALL, alignment="left")
     if narrow:  # under the panel: a narrow panel has no room on its right
-        ax.get_figure().legend(
-            handles=handles,
-            fontsize=_SMALL,
-            frameon=False,
-            loc="outside lower center",
-            ncol=1,
-            handlelength=1.6,
-        )
+        ax.get_figure().legend(loc="outside lower center", ncol=ncol, **common)
     else:
-        ax.legend(
-            handles=handles,
-            fontsize=_SMALL,
-            frameon=False,
-            loc="upper left",
-            bbox_to_anchor=(1.0, 1.0),
-            borderaxespad=0.3,
-            handlelength=1.6,
-        )
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.3, **common)
 
 
 def _percent_formatter() -> Any:
@@ -458,9 +578,14 @@ def change_figure(
     """
     _matplotlib()
     panels = _panels(records, experiment)
+    return _figure(panels, ["change"] * len(panels), annotate)
+
+
+def _change_paragraph(panels: List[_Panel]) -> str:
+    """The caption of change panels."""
     with_sd = [r for p in panels for r in p.recs if not is_missing(r.get("published_stdev"))]
     n_unknown = any(is_missing(r.get("published_n")) for r in with_sd)
-    paragraphs = [
+    return (
         "Bars: change of each variant's mean against the baseline variant of the same row "
         "(named on the y axis), in % of the baseline mean; solid: simulated, hatched: "
         "published. Error bars: ±1 standard error of the difference of the two means, "
@@ -473,12 +598,41 @@ def change_figure(
             if n_unknown
             else ""
         )
-        + (" n/p: not published." if _any_partly_published(panels) else ""),
-    ]
-    fig, axes, bottom = _layout(panels, _caption_lines(paragraphs))
-    narrow = all(len(p.rows) <= 2 for p in panels)
-    for ax, panel in zip(axes, panels):
-        _draw_change(ax, panel, annotate, narrow)
+        + (" n/p: not published." if _any_partly_published(panels) else "")
+    )
+
+
+def _values_paragraph(panels: List[_Panel]) -> str:
+    """The caption of values panels."""
+    text = (
+        "Filled markers: simulated mean of n repetitions (n per cell in the legend); open "
+        "markers: the published numbers. Error bars: ±1 sample standard deviation, the "
+        "avg (stdev) of the seeds' tables; none where n = 1 or the paper gave no standard "
+        "deviation."
+    )
+    marks = {mark for p in panels if p.by_variant for *_, mark in _foot_marks(p)}
+    if "0" in marks:
+        text += " 0 at the foot of a log axis: a value of zero, which the axis cannot show."
+    if "n/p" in marks:
+        text += " n/p: not published."
+    return text
+
+
+def _figure(panels: List[_Panel], kinds: Sequence[str], annotate: bool = True) -> Any:
+    """One panel per experiment, each drawn as its kind ("change" or "values"), over the
+    caption of the kinds drawn."""
+    paragraphs = []
+    if "change" in kinds:
+        paragraphs.append(_change_paragraph([p for p, k in zip(panels, kinds) if k == "change"]))
+    if "values" in kinds:
+        paragraphs.append(_values_paragraph([p for p, k in zip(panels, kinds) if k == "values"]))
+    fig, axes, bottom = _layout(panels, kinds, _caption_lines(paragraphs))
+    narrow = _narrow(panels, kinds)
+    for ax, panel, kind in zip(axes, panels, kinds):
+        if kind == "change":
+            _draw_change(ax, panel, annotate, narrow)
+        else:
+            _draw_values(ax, panel, narrow)
     _caption(bottom, paragraphs)
     return fig
 
@@ -676,18 +830,7 @@ def values_figure(records: pd.DataFrame, experiment: Optional[str] = None) -> An
     """
     _matplotlib()
     panels = _panels(records, experiment)
-    paragraphs = [
-        "Filled markers: simulated mean of n repetitions (n per cell in the legend); open "
-        "markers: the published numbers. Error bars: ±1 sample standard deviation, the "
-        "avg (stdev) of the seeds' tables; none where n = 1 or the paper gave no standard "
-        "deviation."
-    ]
-    fig, axes, bottom = _layout(panels, _caption_lines(paragraphs))
-    narrow = all(len(p.rows) <= 2 for p in panels)
-    for ax, panel in zip(axes, panels):
-        _draw_values(ax, panel, narrow)
-    _caption(bottom, paragraphs)
-    return fig
+    return _figure(panels, ["values"] * len(panels))
 
 
 def plot_values(
@@ -703,6 +846,9 @@ def plot_values(
 def _draw_values(ax: Any, panel: _Panel, narrow: bool) -> None:
     from matplotlib.lines import Line2D
 
+    if panel.by_variant:
+        _draw_values_by_variant(ax, panel, narrow)
+        return
     _style(ax)
     xs = list(range(len(panel.rows)))
     series = []
@@ -768,45 +914,165 @@ def _draw_values(ax: Any, panel: _Panel, narrow: bool) -> None:
                 )
             )
             left += step
-    if len(series) > 4:
+    if len(series) > _MANY_SERIES:
         # Many variants: one legend entry per variant, and the two marker styles once.
         handles = [
-            Line2D([], [], color=f"C{k}", marker="o", linestyle="none", markersize=4,
-                   label=f"{label} (n = {_ns([c.get('n') for c in cells])})")
+            _marker(f"C{k}", f"{label} (n = {_ns([c.get('n') for c in cells])})")
             for k, (_name, label, cells, _pub, _has) in enumerate(series)
-        ] + [
-            Line2D([], [], color="0.3", marker="o", linestyle="none", markersize=4,
-                   label="filled: simulated"),
-            Line2D([], [], color="0.3", marker="D", markerfacecolor="white",
-                   linestyle="none", markersize=4, label="open: published"),
-        ]
+        ] + [_marker("0.3", "filled: simulated"), _marker("0.3", "open: published", "D")]
     _row_axis(ax, panel, 0.0 if len(xs) > 2 else 0.15)
-    positive = [
-        v
-        for *_x, cells, pub, _h in series
-        for v in [_num(c.get("simulated")) for c in cells] + pub
-        if not math.isnan(v) and v > 0
-    ]
-    by_variant = bool(panel.recs) and panel.recs[0].get("layout") == "variants_as_rows"
-    if by_variant and positive and max(positive) / min(positive) > 30:
-        # A table of variants whose values span decades (seed 004's span three): a log axis,
-        # on which a zero (a variant that never does the thing measured) is not drawn.
+    ax.set_ylim(bottom=0.0, top=largest * 1.12 if largest > 0 else 1.0)
+    ax.set_ylabel(f"{panel.value_label()}\n{panel.better()}", fontsize=_FONT)
+    ax.yaxis.set_major_formatter(_plain_formatter(largest))
+    _legend(ax, handles, narrow, _MANY_LEGEND_COLUMNS if len(series) > _MANY_SERIES else 1)
+
+
+def _marker(color: str, label: str, marker: str = "o") -> Any:
+    """A legend entry: a filled circle (simulated) or an open diamond (published)."""
+    from matplotlib.lines import Line2D
+
+    open_ = {"markerfacecolor": "white"} if marker == "D" else {}
+    return Line2D(
+        [], [], color=color, marker=marker, linestyle="none", markersize=4, label=label, **open_
+    )
+
+
+class _VariantSeries:
+    """One row of a by-variant table's panel: its simulated and published values per variant
+    (in the panel's variant order) and where its markers sit in each variant's slot."""
+
+    def __init__(self, panel: _Panel, row: Any, k: int) -> None:
+        cells = [panel.get(row, name) for name, _ in panel.variants]
+        self.row, self.color = row, f"C{k}"
+        self.sim = [_num(c.get("simulated")) for c in cells]
+        self.sd = [_num(c.get("stdev")) for c in cells]
+        self.pub = [_num(c.get("published")) for c in cells]
+        self.pub_sd = [_num(c.get("published_stdev")) for c in cells]
+        self.n = _ns([c.get("n") for c in cells])
+        self.has_pub = any(not math.isnan(v) for v in self.pub)
+        self.sim_dx = self.pub_dx = 0.0
+
+
+def _variant_series(panel: _Panel) -> Tuple[List[_VariantSeries], bool]:
+    """The panel's series (a row each) with their offsets, and whether its axis is a log one:
+    values spanning decades (seed 004's span three), on which a zero is not drawn."""
+    series = [_VariantSeries(panel, row, k) for k, row in enumerate(panel.rows)]
+    slots = max(1, sum(2 if s.has_pub else 1 for s in series))
+    step = min(0.8, 0.24 * slots) / slots
+    left = -step * (slots - 1) / 2
+    for s in series:
+        s.sim_dx, left = left, left + step
+        if s.has_pub:
+            s.pub_dx, left = left, left + step
+    positive = [v for s in series for v in s.sim + s.pub if not math.isnan(v) and v > 0]
+    log = bool(positive) and max(positive) / min(positive) > 30
+    return series, log
+
+
+def _foot_marks(panel: _Panel) -> List[Tuple[float, str, str]]:
+    """What a by-variant panel writes at the foot of its axis, as (x, colour, text): "0" for
+    a zero a log axis cannot show, "n/p" for a variant the paper did not publish."""
+    series, log = _variant_series(panel)
+    marks: List[Tuple[float, str, str]] = []
+    for s in series:
+        for x, (sim, pub) in enumerate(zip(s.sim, s.pub)):
+            if log and not math.isnan(sim) and sim <= 0:
+                marks.append((x + s.sim_dx, s.color, "0"))
+            if s.has_pub and math.isnan(pub) and not math.isnan(sim):
+                marks.append((x + s.pub_dx, "0.4", "n/p"))
+            elif log and not math.isnan(pub) and pub <= 0:
+                marks.append((x + s.pub_dx, s.color, "0"))
+    return marks
+
+
+def _draw_values_by_variant(ax: Any, panel: _Panel, narrow: bool) -> None:
+    """A table with a line per variant (seed 004): the variants on the x axis, in the table's
+    order, and a colour per row of the experiment (one row: the x label names it)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    _style(ax)
+    series, log = _variant_series(panel)
+    xs = list(range(len(panel.variants)))
+    style = dict(markersize=4, elinewidth=0.8, capsize=2.0, linestyle="none", zorder=3)
+    key = str(panel.first.get("row_key") or "row")
+    one_row = len(series) == 1
+    handles: List[Any] = []
+    for s in series:
+        what = "" if one_row else f"{s.row}: "
+        ax.errorbar(
+            [x + s.sim_dx for x in xs],
+            [v if not (log and v <= 0) else math.nan for v in s.sim],
+            yerr=[0.0 if math.isnan(e) else e for e in s.sd],
+            fmt="o",
+            color=s.color,
+            **style,
+        )
+        handles.append(_marker(s.color, f"{what}simulated, n = {s.n}"))
+        if s.has_pub:
+            ax.errorbar(
+                [x + s.pub_dx for x in xs],
+                [v if not (log and v <= 0) else math.nan for v in s.pub],
+                yerr=[0.0 if math.isnan(e) else e for e in s.pub_sd],
+                fmt="D",
+                color=s.color,
+                markerfacecolor="white",
+                **style,
+            )
+            note = "" if any(not math.isnan(e) for e in s.pub_sd) else " (no stdev given)"
+            handles.append(_marker(s.color, f"{what}published{note}", "D"))
+    foot = blended_transform_factory(ax.transData, ax.transAxes)
+    for x, color, text in _foot_marks(panel):
+        ax.text(
+            x,
+            0.015,
+            text,
+            transform=foot,
+            ha="center",
+            va="bottom",
+            fontsize=_SMALL - 1,
+            color=color,
+            rotation=90 if text == "n/p" else 0,
+        )
+    ax.set_xticks(xs)
+    ax.set_xticklabels(
+        [label for _, label in panel.variants], rotation=30, ha="right", rotation_mode="anchor"
+    )
+    ax.set_xlim(-0.6, len(xs) - 0.4)
+    row = f" ({key} = {series[0].row})" if one_row and series else ""
+    ax.set_xlabel(f"variant{row}", fontsize=_FONT)
+    values = [v for s in series for v in s.sim + s.pub if not math.isnan(v)]
+    if log:
+        positive = [v for v in values if v > 0]
         ax.set_yscale("log")
-        ax.set_ylim(bottom=min(positive) / 2, top=max(positive) * 2)
-        ax.set_ylabel(f"{panel.value_label()}, log scale\n{panel.better()}", fontsize=_FONT)
+        ax.set_ylim(bottom=min(positive) / 3, top=max(positive) * 2)
+        ax.set_ylabel(f"{panel.value_label()}\n{panel.better()}, log scale", fontsize=_FONT)
     else:
+        largest = max([0.0] + [abs(v) for v in values])
         ax.set_ylim(bottom=0.0, top=largest * 1.12 if largest > 0 else 1.0)
         ax.set_ylabel(f"{panel.value_label()}\n{panel.better()}", fontsize=_FONT)
         ax.yaxis.set_major_formatter(_plain_formatter(largest))
-    _legend(ax, handles, narrow)
+    _legend(ax, handles, narrow, _VARIANT_LEGEND_COLUMNS, None if one_row else key)
 
 
 # --------------------------------------------------------------------------- entry points
 
 
+def auto_kinds(records: pd.DataFrame, experiment: Optional[str] = None) -> Dict[str, str]:
+    """The kind of figure ``"auto"`` draws for each experiment of ``records`` (name → kind):
+    ``"values"`` for an experiment laid out ``variants_as_rows`` (its tables have a line per
+    variant) or with more than :data:`AUTO_MAX_CHANGE_VARIANTS` non-baseline variants,
+    ``"change"`` otherwise.
+
+    Raises:
+        ValueError: nothing to plot.
+    """
+    return {str(p.first.get("experiment")): p.auto_kind() for p in _panels(records, experiment)}
+
+
 def figure(records: pd.DataFrame, kind: str = "change", experiment: Optional[str] = None) -> Any:
-    """A ``kind`` figure (:data:`KINDS`) of ``records``: :func:`change_figure` or
-    :func:`values_figure` (in Jupyter, a cell ending in it shows the figure).
+    """A ``kind`` figure of ``records``: :func:`change_figure`, :func:`values_figure`, or
+    (``"auto"``) each experiment's panel as :func:`auto_kinds` chooses (in Jupyter, a cell
+    ending in it shows the figure).
 
     Raises:
         ImportError: matplotlib is not installed.
@@ -816,7 +1082,11 @@ def figure(records: pd.DataFrame, kind: str = "change", experiment: Optional[str
         return change_figure(records, experiment)
     if kind == "values":
         return values_figure(records, experiment)
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if kind == AUTO:
+        _matplotlib()
+        panels = _panels(records, experiment)
+        return _figure(panels, [p.auto_kind() for p in panels])
+    raise ValueError(f"kind must be one of {', '.join(KINDS)} or {AUTO}, not {kind!r}")
 
 
 def plot_records(

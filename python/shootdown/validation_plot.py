@@ -36,14 +36,34 @@ def load_validation(path: Union[str, Path]) -> pd.DataFrame:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: -: not a validation document ({exc})") from None
     cases = doc.get("cases") if isinstance(doc, dict) else None
-    need = {"case", "op", "pages", "siblings", "mode", "real_us", "sim_us", "fitted"}
-    if (
-        not isinstance(cases, list)
-        or not cases
-        or not all(isinstance(c, dict) and need <= set(c) for c in cases)
-    ):
-        raise ConfigError(f"{path}: cases: missing or incomplete (keys {', '.join(sorted(need))})")
+    if not isinstance(cases, list) or not cases:
+        raise ConfigError(f"{path}: cases: missing or empty")
+    for i, c in enumerate(cases):
+        if not isinstance(c, dict):
+            raise ConfigError(f"{path}: cases[{i}]: expected an object")
+        for key, types, what in _CASE_FIELDS:
+            if key not in c:
+                raise ConfigError(f"{path}: cases[{i}].{key}: missing")
+            v = c[key]
+            if not isinstance(v, types) or isinstance(v, bool):
+                raise ConfigError(
+                    f"{path}: cases[{i}].{key}: expected {what}, got {type(v).__name__} {v!r:.40}"
+                )
     return pd.DataFrame(cases)
+
+
+#: The fields a validation case needs to be drawn, with their JSON types (``sim_us`` may be
+#: null: a case the profile's machine could not run).
+_CASE_FIELDS = (
+    ("case", (str,), "a string"),
+    ("op", (str,), "a string"),
+    ("pages", (int,), "an integer"),
+    ("siblings", (int,), "an integer"),
+    ("mode", (str,), "a string"),
+    ("real_us", (int, float), "a number"),
+    ("sim_us", (int, float, type(None)), "a number or null"),
+    ("fitted", (str,), "a string"),
+)
 
 
 def _family(row: Dict[str, Any]) -> str:

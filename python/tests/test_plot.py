@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import re
 import struct
 from pathlib import Path
 
@@ -206,8 +208,128 @@ def test_values_figure_has_plain_numbers(records) -> None:
     assert "±1 sample standard deviation" in text
 
 
+# --------------------------------------------------------------------------- the default kind
+
+
+def by_variant(records: pd.DataFrame, seed: str = "000") -> pd.DataFrame:
+    """``records`` with one seed's tables laid out a line per variant (as seed 004's)."""
+    out = records.copy()
+    out.loc[out["seed"] == seed, "layout"] = "variants_as_rows"
+    return out
+
+
+def with_variants(records: pd.DataFrame, others: int, seed: str = "002") -> pd.DataFrame:
+    """``records`` with one seed's non-baseline variant copied into ``others`` variants
+    (``v1``, ``v2`` …, each a little lower), drawn without running the model."""
+    mine = records[records["seed"] == seed]
+    base, other = mine[mine["baseline"]], mine[~mine["baseline"]].iloc[[0]]
+    copies = []
+    for k in range(1, others + 1):
+        c = other.copy()
+        c["variant"], c["label"] = f"v{k}", f"variant {k}"
+        c["simulated"] = c["simulated"] * (1 - 0.05 * k)
+        copies.append(c)
+    rest = records[records["seed"] != seed]
+    return pd.concat([rest, base, *copies], ignore_index=True)
+
+
+def panel_kinds(fig) -> list:
+    """ "change" or "values" for each panel, by its y label."""
+    axes = [ax for ax in fig.get_axes() if ax.get_visible()]
+    return ["change" if ax.get_ylabel().startswith("change vs") else "values" for ax in axes]
+
+
+def test_auto_kind_per_experiment(records) -> None:
+    """``auto`` (the default): values for a table of variants (variants_as_rows) or more than
+    four variants besides the baseline, change otherwise."""
+    assert plot.AUTO_MAX_CHANGE_VARIANTS == 4
+    two_variants = {"seed000-test": "change", "seed002-test": "change"}
+    assert plot.auto_kinds(records) == two_variants
+    assert plot.auto_kinds(by_variant(records)) == {
+        "seed000-test": "values",
+        "seed002-test": "change",
+    }
+    assert plot.auto_kinds(by_variant(records), experiment="000") == {"seed000-test": "values"}
+    assert plot.auto_kinds(with_variants(records, 4))["seed002-test"] == "change"
+    assert plot.auto_kinds(with_variants(records, 5))["seed002-test"] == "values"
+    # The figure follows, a panel each; an explicit kind still wins.
+    assert panel_kinds(plot.figure(records, kind="auto")) == ["change", "change"]
+    mixed = plot.figure(by_variant(records), kind="auto")
+    assert panel_kinds(mixed) == ["values", "change"]
+    text = caption(mixed, "Bars: change")  # the caption of each kind drawn
+    assert "standard deviation. Filled markers: simulated mean" in text
+    assert panel_kinds(plot.figure(by_variant(records), kind="change")) == ["change", "change"]
+    assert panel_kinds(plot.figure(records, kind="values")) == ["values", "values"]
+    many = plot.figure(with_variants(records, 6), kind="auto")
+    assert panel_kinds(many) == ["change", "values"]
+
+
+def test_auto_draws_as_the_kind_it_chooses(records, tmp_path) -> None:
+    auto = plot.plot_records(records, tmp_path / "auto.svg", kind="auto")
+    change = plot.plot_records(records, tmp_path / "change.svg")  # the library's default
+    assert auto.read_bytes() == change.read_bytes()  # two variants each: the change figure
+    table = by_variant(records)[lambda f: f["seed"] == "000"]
+    auto = plot.plot_records(table, tmp_path / "auto-004.svg", kind="auto")
+    values = plot.plot_records(table, tmp_path / "values-004.svg", kind="values")
+    assert auto.read_bytes() == values.read_bytes()
+
+
+def test_values_of_a_table_of_variants(records) -> None:
+    """A table with a line per variant (seed 004): the variants on the x axis in the table's
+    order, a colour per row with the row key as the legend's title, a log axis when the
+    values span decades, a zero and an unpublished cell said at the axis' foot."""
+    table = by_variant(records)
+    fig = plot.values_figure(table, experiment="000")
+    fig.canvas.draw()
+    (ax,) = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["tip-jun28", "+patch-set"]
+    assert all(t.get_rotation() == 30 for t in ax.get_xticklabels())
+    assert ax.get_xlabel() == "variant"
+    found = ax.get_legend() or next(iter(ax.figure.legends))  # two variants: a narrow panel
+    assert found.get_title().get_text() == "threads"
+    assert [t.get_text() for t in found.get_texts()] == [
+        "1: simulated, n = 2",
+        "1: published",
+        "8: simulated, n = 2",
+        "8: published",
+    ]
+    # Values within a decade (the fake's published ones are a thousand times larger): linear.
+    unpublished = table.copy()
+    unpublished[["published", "published_stdev"]] = math.nan
+    fig = plot.values_figure(unpublished, experiment="000")
+    (ax,) = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0.0
+    assert legend(ax) == ["1: simulated, n = 2", "8: simulated, n = 2"]
+    # One row: the x label names it, the legend has the two sides only.
+    one_row = table[(table["seed"] == "000") & (table["row"] == 8)].copy()
+    one_row.loc[one_row["variant"] == "after", "simulated"] /= 1000  # three decades
+    one_row.loc[one_row["variant"] == "before", "simulated"] = 0.0
+    one_row.loc[one_row["variant"] == "after", ["published", "published_stdev"]] = math.nan
+    fig = plot.values_figure(one_row)
+    (ax,) = [ax for ax in fig.get_axes() if ax.get_visible()]
+    assert ax.get_xlabel() == "variant (threads = 8)"
+    assert legend(ax) == ["simulated, n = 2", "published"]
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylabel() == "events (events/10s)\nhigher is better, log scale"
+    assert sorted(t.get_text() for t in ax.texts) == ["0", "n/p"]
+    text = caption(fig, "Filled markers")
+    assert "0 at the foot of a log axis: a value of zero" in text and "n/p: not published" in text
+
+
+def test_values_of_many_variants_have_a_compact_legend(records) -> None:
+    fig = plot.values_figure(with_variants(records, 6), experiment="002")
+    (ax,) = [ax for ax in fig.get_axes() if ax.get_visible()]
+    entries = legend(ax)
+    assert entries[0] == "unpatched (n = 1)" and entries[-2:] == [
+        "filled: simulated",
+        "open: published",
+    ]
+    assert len(entries) == 7 + 2
+    assert next(iter(fig.get_axes()[0].figure.legends))._ncols == 2  # under the narrow panel
+
+
 def test_unknown_kind_and_nothing_to_plot(records, tmp_path) -> None:
-    with pytest.raises(ValueError, match="kind must be one of change, values"):
+    with pytest.raises(ValueError, match="kind must be one of change, values or auto"):
         plot.figure(records, kind="pie")
     with pytest.raises(ValueError, match="no records of nope to plot"):
         plot.plot_records(records, tmp_path / "x.svg", experiment="nope")
@@ -276,6 +398,8 @@ def test_load_records_round_trip(records, tmp_path) -> None:
         ("[]", "no records"),
         ('[{"index": 0, "rep": 0, "value": 1.0}]', "per-run points (run --points)"),
         ('[{"experiment": "x", "row": 1}]', "not records: missing key(s) variant, baseline"),
+        ("", "not JSON"),
+        ("[" * 100000, "not JSON"),
     ],
 )
 def test_load_records_errors(tmp_path, content, message) -> None:
@@ -287,6 +411,49 @@ def test_load_records_errors(tmp_path, content, message) -> None:
         plot.load_records(path)
     with pytest.raises(shootdown.ConfigError, match="no such file"):
         plot.load_records(tmp_path / "missing.json")
+
+
+def good_record() -> dict:
+    return {
+        "experiment": "x",
+        "row": 1,
+        "variant": "a",
+        "baseline": True,
+        "n": 2,
+        "simulated": 1.0,
+        "stdev": 0.1,
+    }
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("simulated", "1.5", '[0].simulated: expected a number or null, got a string "1.5"'),
+        ("stdev", [1], "[0].stdev: expected a number or null, got an array [1]"),
+        ("n", "two", '[0].n: expected an integer or null, got a string "two"'),
+        ("n", 2.5, "[0].n: expected an integer or null, got a number 2.5"),
+        ("baseline", "yes", '[0].baseline: expected true or false or null, got a string "yes"'),
+        ("row", {"a": 1}, '[0].row: expected a number, a string or null, got an object {"a": 1}'),
+        ("published_n", True, "[0].published_n: expected a number or null, got a boolean true"),
+        ("layout", 3, "[0].layout: expected a string or null, got a number 3"),
+    ],
+)
+def test_load_records_checks_types(tmp_path, key, value, message) -> None:
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps([good_record(), {**good_record(), "variant": "b", key: value}]))
+    with pytest.raises(shootdown.ConfigError) as err:
+        plot.load_records(path)
+    assert str(err.value) == f"{path}: {message.replace('[0]', '[1]')}"
+    path.write_text(json.dumps([{**good_record(), key: value}]))
+    with pytest.raises(shootdown.ConfigError, match=re.escape(message)):
+        plot.load_records(path)
+
+
+def test_load_records_of_a_binary_file(tmp_path) -> None:
+    path = tmp_path / "random.json"
+    path.write_bytes(bytes([0x9F, 0x00, 0xFF, 0xC3]) + random.Random(4).randbytes(256))
+    with pytest.raises(shootdown.ConfigError, match="not JSON: not UTF-8 text .* a binary file"):
+        plot.load_records(path)
 
 
 # --------------------------------------------------------------------------- the command
@@ -346,6 +513,58 @@ def test_plot_command_from_json_selects_experiments(runner, fake_native, records
     assert "per-run points (run --points)" in line
     line = one_error_line(invoke(runner, "plot", "--from-json", tmp_path / "no.json", "--out", one))
     assert line == f"shootdown: error: {tmp_path / 'no.json'}: no such file"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_plot_command_from_json_of_random_bytes(runner, tmp_path, seed) -> None:
+    """Any file given to --from-json: one error line, exit 2, never a traceback."""
+    path = tmp_path / "random.bin"
+    path.write_bytes(random.Random(seed).randbytes(4096))
+    line = one_error_line(invoke(runner, "plot", "--from-json", path, "--out", tmp_path / "f.png"))
+    assert line.startswith(f"shootdown: error: {path}: not JSON")
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_plot_command_from_json_of_edited_files(runner, records, tmp_path) -> None:
+    edited = json.loads(shootdown.records.to_json(records))
+    edited[2]["simulated"] = "fast"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(edited))
+    line = one_error_line(invoke(runner, "plot", "--from-json", path, "--out", tmp_path / "f.png"))
+    assert line == (
+        f'shootdown: error: {path}: [2].simulated: expected a number or null, got a string "fast"'
+    )
+    validation = tmp_path / "validation.json"
+    case = {"case": "c", "op": "munmap", "pages": 1, "siblings": "x", "mode": "busy"}
+    case.update(real_us="slow", sim_us=1.0, fitted=True)
+    validation.write_text(json.dumps({"kind": "validation", "cases": [case]}))
+    line = one_error_line(
+        invoke(runner, "plot", "--from-json", validation, "--out", tmp_path / "v.png")
+    )
+    assert (
+        line
+        == f"shootdown: error: {validation}: cases[0].siblings: expected an integer, got str 'x'"
+    )
+
+
+def test_plot_command_kind_auto(runner, fake_native, records, tmp_path) -> None:
+    """--kind defaults to auto: seed 000 laid out a line per variant is drawn as values,
+    seed 002 as changes; --kind change draws both as changes."""
+    path = tmp_path / "r.json"
+    path.write_text(shootdown.records.to_json(by_variant(records)))
+    default, auto = tmp_path / "default.svg", tmp_path / "auto.svg"
+    assert invoke(runner, "plot", "--from-json", path, "--out", default).exit_code == 0
+    res = invoke(runner, "plot", "--from-json", path, "--kind", "auto", "--out", auto)
+    assert res.exit_code == 0, res.stderr
+    expected = plot.plot_records(plot.load_records(path), tmp_path / "expected.svg", kind="auto")
+    assert default.read_bytes() == auto.read_bytes() == expected.read_bytes()
+    change = tmp_path / "change.svg"
+    res = invoke(runner, "plot", "--from-json", path, "--kind", "change", "--out", change)
+    assert res.exit_code == 0, res.stderr
+    expected = plot.plot_records(plot.load_records(path), tmp_path / "e2.svg", kind="change")
+    assert change.read_bytes() == expected.read_bytes() != default.read_bytes()
+    res = invoke(runner, "plot", "--help")
+    assert "auto" in " ".join(res.stdout.split())
 
 
 def test_plot_command_fails_before_running(
