@@ -1,13 +1,14 @@
 """shootdown — a simulator of x86 Linux TLB shootdowns (Python front end).
 
-Quick tour::
+Quick tour (shipped experiments and scenarios by name, from any directory)::
 
     import shootdown
-    points = shootdown.run("experiments/seeds/000-sysbench.toml", quick=True)
-    summary = shootdown.summarize(points)            # avg (stdev) per row × variant, change %
-    records = shootdown.reproduce(["000"], quick=True)
-    print(shootdown.report.format_table(records))     # tables like the seeds' cover letters
-    shootdown.check("lazy-tlb", mutant="...")         # model-check a scenario
+    points = shootdown.run("seed002-madv-dontneed", quick=True)  # one row per simulated run
+    summary = shootdown.summarize(points)         # avg (stdev) per row × variant, change %
+    records = shootdown.reproduce(["002"], quick=True)
+    print(shootdown.report.format_table(records))  # beside the published numbers
+    result = shootdown.check("lazy_munmap", mutant="lazy_ignores_freed_tables")
+    print(result["verdict"], result["invariant"])  # violation INV-PTFREE (bug N3)
 
 The simulator and checker are Rust (``shootdown._native``); this package plans, runs in
 parallel, summarizes, compares with published numbers, caches sweeps and prints reports.

@@ -55,8 +55,14 @@ class Run:
 
     @property
     def summary(self) -> str:
-        assert self.lines, self.err
-        assert self.lines[-1].startswith("summary: "), self.out
+        assert len(self.lines) >= 2, self.err
+        assert self.lines[-2].startswith("summary: "), self.out
+        return self.lines[-2]
+
+    @property
+    def counts(self) -> str:
+        """The last line: the suites as counts, in the plain closing form of test runners."""
+        assert self.lines[-1].startswith("suites: "), self.out
         return self.lines[-1]
 
 
@@ -147,7 +153,7 @@ def test_every_suite_under_its_own_header_then_a_summary(run_script) -> None:
     assert len(headers) == len(expected_calls())
     for k, call in enumerate(expected_calls()):
         start = headers[k]
-        end = headers[k + 1] if k + 1 < len(headers) else len(run.lines) - 1
+        end = headers[k + 1] if k + 1 < len(headers) else len(run.lines) - 2
         assert run.lines[start + 1 : end] == [f"stub: {call}"], run.lines[start:end]
     for crate, start in zip(crates(), headers):
         assert run.lines[start] == f"== cargo test -p {crate}"
@@ -158,6 +164,7 @@ def test_every_suite_under_its_own_header_then_a_summary(run_script) -> None:
     assert run.summary == "summary: " + ", ".join(f"{n} ok" for n in suite_names())
     assert run.summary.startswith("summary: cargo shootdown-engine ok, ")
     assert run.summary.endswith(", pip install ok, pytest ok")
+    assert run.counts == f"suites: {len(suite_names())} passed, 0 failed, 0 skipped"
 
 
 def test_the_first_failing_crate_stops_the_script(run_script) -> None:
@@ -172,6 +179,7 @@ def test_the_first_failing_crate_stops_the_script(run_script) -> None:
         + [f"{n} not run" for n in names[3:]]
     )
     assert "stub: cargo fails" in run.err
+    assert run.counts == f"suites: 2 passed, 1 failed, {len(names) - 3} skipped"
 
 
 def test_a_failing_pytest_is_named_last(run_script) -> None:
@@ -180,3 +188,4 @@ def test_a_failing_pytest_is_named_last(run_script) -> None:
     assert run.calls == expected_calls()
     assert run.summary.endswith(", pip install ok, pytest FAILED (exit 101)")
     assert "not run" not in run.summary
+    assert run.counts == f"suites: {len(suite_names()) - 1} passed, 1 failed, 0 skipped"

@@ -41,11 +41,13 @@ fn main() {
         .unwrap_or(DEFAULT_MAX_STATES);
     let sample: Option<u64> = get("--sample").map(|s| s.parse().unwrap());
     let seed: u64 = get("--seed").map(|s| s.parse().unwrap()).unwrap_or(0);
+    // The defaults of `shootdown check`: auto (depth-first, then breadth-first for a shortest
+    // counterexample), random with --sample.
     let strategy = get("--strategy").unwrap_or_else(|| {
         if sample.is_some() {
             "random".into()
         } else {
-            "bfs".into()
+            "auto".into()
         }
     });
     let threads: Option<usize> = get("--threads").map(|s| s.parse().unwrap());

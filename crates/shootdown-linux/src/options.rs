@@ -349,7 +349,9 @@ impl OptionValue for MmioGenBits {
 macro_rules! mutants {
     ($( $(#[doc = $doc:literal])* $field:ident = $bug:literal, )+) => {
         /// Historical bugs and seeded mistakes, each re-creatable as an option. All off = the
-        /// fixed protocol. See `docs/checker.md` and `../shared/bugs/CATALOG.md`.
+        /// fixed protocol. See `docs/checker.md`: its Results table gives each mutant's catalog
+        /// id, the invariant it breaks and its counterexample's length; `shootdown check --list`
+        /// shows the ids too.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
         pub struct Mutants { $( $(#[doc = $doc])* pub $field: bool, )+ }
 
