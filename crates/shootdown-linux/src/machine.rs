@@ -1,8 +1,10 @@
 //! The whole simulated machine — CPUs, tasks, mms, page-table memory, the oracle, and the host
 //! with its vCPUs — and the [`Model`] implementation through which both drivers run it. This
-//! file only holds the state and dispatches; each concept lives in its own file (`stack.rs`
-//! runs frames, `apic.rs` delivers IPIs, `busy.rs` accounts interruptible work, `kvm/` is the
-//! host side of KVM, …).
+//! file only holds the state and dispatches; each concept lives in its own file (`setup.rs`
+//! builds the machine, `stack.rs` runs frames, `apic.rs` delivers IPIs, `busy.rs` accounts
+//! interruptible work, `host/` and `kvm/` are the host and its side of KVM, `components.rs`
+//! shares the state's components between explorer states, `prefetch.rs` gives the timed
+//! driver its prefetch hints, …).
 //!
 //! Actions (what the explorer interleaves; the timed driver picks one per agent turn):
 //! * `Step(cpu)` — the next atomic step of whatever the CPU is running (a kernel frame on its
@@ -15,24 +17,18 @@
 //! * with a host, CPUs are vCPUs and the host acts on them: `VcpuPut(v)` (the host preempts
 //!   vCPU `v`) and, explorer only, `VcpuIoctl(v)` (a load/put pair without entering the guest).
 
-use crate::counters::Counters;
-use crate::host::{Host, HostConfig};
+use crate::host::Host;
 use crate::mem::MemoryModel;
-use crate::mem::{call_queue_line, csd_line, flush_info_line, percpu_line, PerCpuLine};
 use crate::options::Options;
-use crate::perf::{Peer, Perf};
+use crate::perf::Perf;
 use crate::state::*;
 use shootdown_engine::{
-    prefetch, Components, Env, HashCached, Interner, Lead, Model, Outcome, Park, StepKind, Time,
-    Unhashed, Violation,
+    Env, HashCached, Interner, Lead, Model, Outcome, Park, StepKind, Time, Unhashed,
 };
 use shootdown_hw::oracle::Oracle;
 use shootdown_hw::pagetable::{PtPages, Vpn};
-use shootdown_hw::tlb::Tlb;
-use shootdown_hw::{CostProfile, CpuId, Topology};
+use shootdown_hw::Topology;
 use std::collections::BTreeMap;
-use std::hash::Hash;
-use std::sync::Arc;
 
 /// An explorer/timed-driver action.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -116,210 +112,6 @@ shootdown_engine::state_fields!(Machine {
     invpcid,
     memory_model,
 });
-
-impl Machine {
-    /// Every [`HashCached`] component of the state, to `v`.
-    fn visit_components(&mut self, v: &mut impl Components) {
-        fn each<T: Clone + Hash + Send + Sync + 'static>(
-            v: &mut impl Components,
-            list: &mut [HashCached<T>],
-        ) {
-            list.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| v.component(i, c));
-        }
-        each(v, &mut self.cpus);
-        each(v, &mut self.tasks);
-        each(v, &mut self.mms);
-        each(v, &mut self.ept.pages);
-        v.component(0, &mut self.oracle);
-        if let Some(h) = &mut self.host {
-            each(v, &mut h.vcpus);
-            each(v, &mut h.kvms);
-            each(v, &mut h.threads);
-        }
-    }
-
-    /// Forget every remembered component digest ([`HashCached`]), so that the next
-    /// fingerprint is computed from scratch (tests compare it with the remembered one).
-    pub fn forget_digests(&mut self) {
-        struct Forget;
-        impl Components for Forget {
-            fn component<T: Clone + Hash + Send + Sync + 'static>(
-                &mut self,
-                _: usize,
-                c: &mut HashCached<T>,
-            ) {
-                c.forget();
-            }
-        }
-        self.visit_components(&mut Forget);
-    }
-
-    /// The performance state of this machine at time zero, before any step: what a stored
-    /// explorer state's stands for ([`Perf::stow`]). It depends only on what is fixed for the
-    /// run (the CPUs, the topology, the host's configuration), so every state of the run
-    /// gives the same one.
-    fn blank_perf(&self) -> Perf {
-        let mut p = Perf::new(
-            Arc::clone(&self.perf.profile.0),
-            self.cpus.len(),
-            &self.topo,
-        );
-        if let Some(h) = &self.host {
-            p.host = h.perf();
-        }
-        p
-    }
-
-    /// A machine with every CPU idle in init_mm.
-    pub fn new(
-        topo: Topology,
-        profile: Arc<CostProfile>,
-        opts: Options,
-        memory_model: MemoryModel,
-    ) -> Machine {
-        let n = topo.nr_cpus();
-        Machine::with_cpus(topo, n, profile, opts, memory_model)
-    }
-
-    /// A machine of `n` CPUs on topology `topo` (`n` = the topology's CPUs natively; the vCPUs
-    /// of every VM on a host, whose physical CPUs `topo` describes).
-    pub(crate) fn with_cpus(
-        topo: Topology,
-        n: usize,
-        profile: Arc<CostProfile>,
-        opts: Options,
-        memory_model: MemoryModel,
-    ) -> Machine {
-        let f = &profile.features;
-        let mut m = Machine {
-            pcid_hw: f.pcid,
-            pti: f.pti,
-            invpcid: f.invpcid,
-            opts,
-            memory_model,
-            cpus: Vec::with_capacity(n),
-            tasks: Vec::new(),
-            mms: vec![Mm::new(0, n, "init_mm".into()).into()],
-            pt_pages: PtPages::default(),
-            ept: Default::default(),
-            oracle: HashCached::new(Oracle::new(1)),
-            csd_locked: CsdLocks::new(n),
-            flush_info: vec![None; n],
-            spec_pages: Vec::new(),
-            dax_files: Vec::new(),
-            dax_index: BTreeMap::new(),
-            fileio: None,
-            next_pfn: 1 << 24,
-            host: None,
-            guest_words: Vec::new(),
-            guest_word_pages: Vec::new(),
-            perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
-            topo,
-        };
-        for c in 0..n {
-            let idle = m.tasks.len() as TaskId;
-            m.tasks.push(HashCached::new(Task {
-                name: format!("swapper/{c}"),
-                mm: None,
-                state: TaskState::Running,
-                cpu: c,
-                stack: Vec::new(),
-                program: Vec::new(),
-                pc: 0,
-                loop_left: Vec::new(),
-                op_progress: 0,
-                op_base: None,
-                op_started: None,
-                fsync_file: None,
-                cpus: Vec::new(),
-                on_cpu: true,
-            }));
-            m.cpus.push(HashCached::new(Cpu {
-                tlb: Tlb::new(profile.features.tlb_entries, profile.features.psc_entries),
-                cr3_mm: INIT_MM,
-                cr3_pcid: 0,
-                tlbstate: TlbState::default(),
-                irq_stack: Vec::new(),
-                irq_off: 0,
-                ipi_pending: false,
-                call_queue: Vec::new(),
-                curr: idle,
-                idle_task: idle,
-                runqueue: Default::default(),
-                need_resched: false,
-                sb: Default::default(),
-                halted: false,
-            }));
-        }
-        m
-    }
-
-    /// A machine whose CPUs are the vCPUs of `cfg.vms` VMs on a host with topology `topo`
-    /// (the pCPUs). Call `cfg.validate(topo.nr_cpus())` first.
-    pub fn with_host(
-        topo: Topology,
-        profile: Arc<CostProfile>,
-        opts: Options,
-        memory_model: MemoryModel,
-        cfg: HostConfig,
-    ) -> Machine {
-        let pcpus = topo.nr_cpus();
-        let n = cfg.vms * cfg.vcpus_per_vm;
-        let mut m = Machine::with_cpus(topo, n, profile, opts, memory_model);
-        m.host = Some(Box::new(Host::new(cfg, pcpus)));
-        // With the host's scheduling timers.
-        m.perf = Unhashed(m.blank_perf());
-        m
-    }
-
-    pub fn counters(&self) -> &Counters {
-        &self.perf.counters
-    }
-
-    pub(crate) fn violate(&mut self, v: Violation) {
-        if self.perf.violation.is_none() {
-            self.perf.violation = Some(v);
-        }
-    }
-
-    /// The pCPU an agent runs on (a CPU itself without a host; a vCPU's or a host thread's).
-    #[inline]
-    pub fn phys_cpu(&self, cpu: CpuId) -> CpuId {
-        match &self.host {
-            None => cpu,
-            Some(h) => match h.vcpus.get(cpu) {
-                Some(v) => v.pcpu as usize,
-                None => h.threads[cpu - self.cpus.len()].pcpu as usize,
-            },
-        }
-    }
-
-    /// Is this CPU running guest code (always, without a host)?
-    #[inline]
-    pub fn vcpu_in_guest(&self, cpu: CpuId) -> bool {
-        match &self.host {
-            None => true,
-            Some(h) => h.vcpus.get(cpu).is_some_and(|v| v.in_guest()),
-        }
-    }
-
-    /// Is this vCPU's thread in host code (a frame on its host stack)?
-    #[inline]
-    pub fn in_host_code(&self, cpu: CpuId) -> bool {
-        self.host
-            .as_ref()
-            .is_some_and(|h| h.vcpus.get(cpu).is_some_and(|v| !v.stack.is_empty()))
-    }
-
-    pub(crate) fn host_ref(&self) -> &Host {
-        self.host.as_deref().expect("machine has a host")
-    }
-    pub(crate) fn host_mut(&mut self) -> &mut Host {
-        self.host.as_deref_mut().expect("machine has a host")
-    }
-}
 
 impl Model for Machine {
     type Action = Action;
@@ -424,102 +216,12 @@ impl Model for Machine {
     }
 
     fn intern(&mut self, interner: &Interner) {
-        struct Intern<'a>(&'a Interner);
-        impl Components for Intern<'_> {
-            fn component<T: Clone + Hash + Send + Sync + 'static>(
-                &mut self,
-                index: usize,
-                c: &mut HashCached<T>,
-            ) {
-                self.0.intern(index, c);
-            }
-        }
-        self.visit_components(&mut Intern(interner));
-        let blank = interner.constant(|| self.blank_perf());
-        self.perf.stow(blank);
+        self.intern_components(interner);
     }
 
-    /// Two steps ahead: the CPU's first lines (what `timed_action` and the stack code read
-    /// first), its performance line and its frame hint. One step ahead: through the CPU, now
-    /// cached, its current task; through the hint its last step left
-    /// ([`crate::perf::FrameHint`]), its top frame (of the interrupt stack, else of the
-    /// task's) and what the frame's walk over other CPUs reads next. (The interrupt stack's
-    /// top was also fetched through the CPU, a load the hint already answers: 4 % slower.)
+    /// Fetch ahead what `agent`'s next steps read (`prefetch.rs`).
     fn prefetch(&self, agent: usize, lead: Lead) {
-        let Some(c) = self.cpus.get(agent) else {
-            return;
-        };
-        match lead {
-            Lead::Two => {
-                let p: *const Cpu = &**c;
-                prefetch(p);
-                prefetch(p.cast::<u8>().wrapping_add(64));
-                prefetch(&self.perf.cpu[agent]);
-                if let Some(h) = self.perf.frames.get(agent) {
-                    prefetch(h);
-                }
-                let lines = &self.perf.lines;
-                lines.prefetch(percpu_line(agent, PerCpuLine::Tlbstate0));
-                lines.prefetch(percpu_line(agent, PerCpuLine::CallQueue));
-            }
-            Lead::One => {
-                if let Some(t) = self.tasks.get(c.curr as usize) {
-                    let p: *const Task = &**t;
-                    prefetch(p);
-                }
-                // The hint's line is cached: it was fetched two steps ahead.
-                if let Some(h) = self.perf.frames.get(agent) {
-                    h.prefetch();
-                    if let Some(peer) = h.peer.get() {
-                        self.prefetch_peer(agent, peer);
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Machine {
-    /// What `agent`'s next step reads about `peer` ([`crate::perf::FrameHint`]): a target's
-    /// `struct Cpu` (its `call_single_queue` in the first line, `cpu_tlbstate` in the next
-    /// two) and the directory's entries for its lines, or a sender's `flush_tlb_info`; and
-    /// their csd's lock bit and line.
-    fn prefetch_peer(&self, agent: CpuId, peer: Peer) {
-        let n = self.cpus.len();
-        let lines = &self.perf.lines;
-        let k = match peer {
-            Peer::Target(t) => {
-                let Some(c) = self.cpus.get(t) else { return };
-                let p: *const Cpu = &**c;
-                for off in [0, 64, 128] {
-                    prefetch(p.cast::<u8>().wrapping_add(off));
-                }
-                // What cond_func reads (`loaded_mm`, and `is_lazy` in either of the lines it
-                // has had; `line_of` is a match over every location, too slow here), then
-                // llist_add's line.
-                for kind in [PerCpuLine::Tlbstate0, PerCpuLine::TlbstateShared] {
-                    // Every flushing CPU reads these lines: the bit that says whether
-                    // `agent` holds a copy is in a word of its own.
-                    lines.prefetch(percpu_line(t, kind));
-                    lines.prefetch_sharer(percpu_line(t, kind), agent);
-                }
-                lines.prefetch(call_queue_line(t));
-                CsdKey { src: agent, dst: t }
-            }
-            Peer::Sender(s) => {
-                let Some(info) = self.flush_info.get(s) else {
-                    return;
-                };
-                prefetch(info);
-                lines.prefetch(flush_info_line(s));
-                lines.prefetch_sharer(flush_info_line(s), agent);
-                CsdKey { src: s, dst: agent }
-            }
-        };
-        if k.src < n && k.dst < n {
-            lines.prefetch(csd_line(n, k));
-            self.csd_locked.prefetch(k);
-        }
+        self.prefetch_ahead(agent, lead);
     }
 }
 

@@ -1,9 +1,11 @@
 //! Performance-only state: costs, counters, clocks of interruptible work, trace and label
 //! bookkeeping. It lives in `Machine::perf` (an `Unhashed`), so it never distinguishes two
-//! states for the explorer.
+//! states for the explorer. Also the machine's own uses of it: its blank at time zero, its
+//! counters, and the violation a step reports.
 
 use crate::counters::Counters;
 use crate::host::HostPerf;
+use crate::machine::Machine;
 use shootdown_engine::{Time, Violation};
 use shootdown_hw::{CostProfile, CpuId, Topology};
 use std::sync::Arc;
@@ -332,6 +334,34 @@ impl Perf {
             core_executing: vec![0; topo.nr_cores()],
             profile: Profile(profile),
             stowed: None,
+        }
+    }
+}
+
+impl Machine {
+    /// The performance state of this machine at time zero, before any step: what a stored
+    /// explorer state's stands for ([`Perf::stow`]). It depends only on what is fixed for the
+    /// run (the CPUs, the topology, the host's configuration), so every state of the run
+    /// gives the same one.
+    pub(crate) fn blank_perf(&self) -> Perf {
+        let mut p = Perf::new(
+            Arc::clone(&self.perf.profile.0),
+            self.cpus.len(),
+            &self.topo,
+        );
+        if let Some(h) = &self.host {
+            p.host = h.perf();
+        }
+        p
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.perf.counters
+    }
+
+    pub(crate) fn violate(&mut self, v: Violation) {
+        if self.perf.violation.is_none() {
+            self.perf.violation = Some(v);
         }
     }
 }

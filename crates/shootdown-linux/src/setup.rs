@@ -1,18 +1,127 @@
-//! Building a machine's initial state: processes (`mm_alloc`), tasks, pre-faulted memory, DAX
+//! Building a machine's initial state: the machine itself (every CPU idle in `init_mm`, natively
+//! or as the vCPUs of a host's VMs), processes (`mm_alloc`), tasks, pre-faulted memory, DAX
 //! files, and an aged ASID rotor. Workloads and checker scenarios call these before a run.
 
-use crate::host::{HostOp, HostThread};
+use crate::host::{Host, HostConfig, HostOp, HostThread};
 use crate::kvm::memslot::Memslot;
 use crate::kvm::mmu::fault::FaultTarget;
 use crate::kvm::{mode, Kvm, VcpuRun, VcpuRunPc};
 use crate::machine::Machine;
+use crate::mem::MemoryModel;
+use crate::options::Options;
+use crate::perf::Perf;
 use crate::state::*;
-use shootdown_engine::HashCached;
-use shootdown_hw::pagetable::{Pte, Vpn};
-use shootdown_hw::CpuId;
-use std::collections::BTreeSet;
+use shootdown_engine::{HashCached, Unhashed};
+use shootdown_hw::oracle::Oracle;
+use shootdown_hw::pagetable::{PtPages, Pte, Vpn};
+use shootdown_hw::tlb::Tlb;
+use shootdown_hw::{CostProfile, CpuId, Topology};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 impl Machine {
+    /// A machine with every CPU idle in init_mm.
+    pub fn new(
+        topo: Topology,
+        profile: Arc<CostProfile>,
+        opts: Options,
+        memory_model: MemoryModel,
+    ) -> Machine {
+        let n = topo.nr_cpus();
+        Machine::with_cpus(topo, n, profile, opts, memory_model)
+    }
+
+    /// A machine of `n` CPUs on topology `topo` (`n` = the topology's CPUs natively; the vCPUs
+    /// of every VM on a host, whose physical CPUs `topo` describes).
+    pub(crate) fn with_cpus(
+        topo: Topology,
+        n: usize,
+        profile: Arc<CostProfile>,
+        opts: Options,
+        memory_model: MemoryModel,
+    ) -> Machine {
+        let f = &profile.features;
+        let mut m = Machine {
+            pcid_hw: f.pcid,
+            pti: f.pti,
+            invpcid: f.invpcid,
+            opts,
+            memory_model,
+            cpus: Vec::with_capacity(n),
+            tasks: Vec::new(),
+            mms: vec![Mm::new(0, n, "init_mm".into()).into()],
+            pt_pages: PtPages::default(),
+            ept: Default::default(),
+            oracle: HashCached::new(Oracle::new(1)),
+            csd_locked: CsdLocks::new(n),
+            flush_info: vec![None; n],
+            spec_pages: Vec::new(),
+            dax_files: Vec::new(),
+            dax_index: BTreeMap::new(),
+            fileio: None,
+            next_pfn: 1 << 24,
+            host: None,
+            guest_words: Vec::new(),
+            guest_word_pages: Vec::new(),
+            perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
+            topo,
+        };
+        for c in 0..n {
+            let idle = m.tasks.len() as TaskId;
+            m.tasks.push(HashCached::new(Task {
+                name: format!("swapper/{c}"),
+                mm: None,
+                state: TaskState::Running,
+                cpu: c,
+                stack: Vec::new(),
+                program: Vec::new(),
+                pc: 0,
+                loop_left: Vec::new(),
+                op_progress: 0,
+                op_base: None,
+                op_started: None,
+                fsync_file: None,
+                cpus: Vec::new(),
+                on_cpu: true,
+            }));
+            m.cpus.push(HashCached::new(Cpu {
+                tlb: Tlb::new(profile.features.tlb_entries, profile.features.psc_entries),
+                cr3_mm: INIT_MM,
+                cr3_pcid: 0,
+                tlbstate: TlbState::default(),
+                irq_stack: Vec::new(),
+                irq_off: 0,
+                ipi_pending: false,
+                call_queue: Vec::new(),
+                curr: idle,
+                idle_task: idle,
+                runqueue: Default::default(),
+                need_resched: false,
+                sb: Default::default(),
+                halted: false,
+            }));
+        }
+        m
+    }
+
+    /// A machine whose CPUs are the vCPUs of `cfg.vms` VMs on a host with topology `topo`
+    /// (the pCPUs). Call `cfg.validate(topo.nr_cpus())` first.
+    pub fn with_host(
+        topo: Topology,
+        profile: Arc<CostProfile>,
+        opts: Options,
+        memory_model: MemoryModel,
+        cfg: HostConfig,
+    ) -> Machine {
+        let pcpus = topo.nr_cpus();
+        let n = cfg.vms * cfg.vcpus_per_vm;
+        let mut m = Machine::with_cpus(topo, n, profile, opts, memory_model);
+        m.host = Some(Box::new(Host::new(cfg, pcpus)));
+        // With the host's scheduling timers.
+        m.perf = Unhashed(m.blank_perf());
+        m
+    }
+
     /// A machine that has been up a while: other processes have run on every CPU since boot,
     /// so each CPU's `cpu_tlbstate.next_asid` rotor (`choose_new_asid`) stands anywhere in
     /// `0..TLB_NR_DYN_ASIDS`, drawn uniformly from `seed`. A workload's mm then gets a

@@ -16,6 +16,9 @@
 //! * [`thread`] — host threads that are not vCPUs (the VMM's ioctl thread, an MMU-notifier
 //!   caller): agents with programs of their own; [`vmm`] runs their programs.
 //!
+//! This file also says where an agent runs: its pCPU ([`Machine::phys_cpu`]) and whether a vCPU
+//! is in the guest or in host code.
+//!
 //! Simplifications: no halt-polling, no pause-loop exiting / directed yield, no load balancing
 //! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one
 //! `vm_exit_entry` cost for every exit reason plus the emulation cost where it matters.
@@ -30,6 +33,7 @@ pub mod vmm;
 pub use config::{HostConfig, HOST_KEYS, MAX_VCPUS_PER_PCPU, MAX_VMS};
 
 use crate::kvm::{Kvm, ThreadState, Vcpu, VcpuRun, KVM_VCPU_PREEMPTED};
+use crate::machine::Machine;
 use shootdown_engine::Time;
 use shootdown_hw::CpuId;
 use std::collections::{BTreeSet, VecDeque};
@@ -170,5 +174,43 @@ impl Host {
             }
         }
         hp
+    }
+}
+
+impl Machine {
+    /// The pCPU an agent runs on (a CPU itself without a host; a vCPU's or a host thread's).
+    #[inline]
+    pub fn phys_cpu(&self, cpu: CpuId) -> CpuId {
+        match &self.host {
+            None => cpu,
+            Some(h) => match h.vcpus.get(cpu) {
+                Some(v) => v.pcpu as usize,
+                None => h.threads[cpu - self.cpus.len()].pcpu as usize,
+            },
+        }
+    }
+
+    /// Is this CPU running guest code (always, without a host)?
+    #[inline]
+    pub fn vcpu_in_guest(&self, cpu: CpuId) -> bool {
+        match &self.host {
+            None => true,
+            Some(h) => h.vcpus.get(cpu).is_some_and(|v| v.in_guest()),
+        }
+    }
+
+    /// Is this vCPU's thread in host code (a frame on its host stack)?
+    #[inline]
+    pub fn in_host_code(&self, cpu: CpuId) -> bool {
+        self.host
+            .as_ref()
+            .is_some_and(|h| h.vcpus.get(cpu).is_some_and(|v| !v.stack.is_empty()))
+    }
+
+    pub(crate) fn host_ref(&self) -> &Host {
+        self.host.as_deref().expect("machine has a host")
+    }
+    pub(crate) fn host_mut(&mut self) -> &mut Host {
+        self.host.as_deref_mut().expect("machine has a host")
     }
 }
