@@ -321,9 +321,10 @@ def check(
     Returns:
         ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
         "bound-reached" | "interrupted": Ctrl-C stopped it and nothing is proved),
-        "invariant", "states", "transitions", "seconds", "states_per_s", "peak_rss_mb" (the process's peak resident memory after the search, MB: on Linux and
-        macOS; it includes whatever the process did before), "counterexample": [{"step",
-        "actor", "text"}, ...]}``.
+        "invariant", "states", "transitions", "seconds", "states_per_s", "peak_rss_mb" (the
+        process's peak resident memory after the search, MB: on Linux and macOS; it includes
+        whatever the process did before), "counterexample": [{"step", "actor", "text"},
+        ...]}``.
     """
     resolved = paths.resolve_scenario(str(scenario))
     if resolved is None:

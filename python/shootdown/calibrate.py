@@ -153,19 +153,6 @@ def _us(result: Dict[str, Any]) -> float:
     return float(result["median_us"])
 
 
-def _cell(case: Case) -> str:
-    """The id of the cell a cost fitted on ``case`` names: the twin's cell of a shootdown case
-    (``EXPERIMENT/VARIANT/ROW``, as validate shows it), ``host/OP`` for a primitive."""
-    if case.op not in hostcases.SHOOTDOWN_OPS:
-        return _primitive_cell(case.op)
-    mode = "busy" if case.siblings == 0 else case.mode
-    return f"{twin.experiment_name(case.family, mode)}/{twin.VARIANT}/{case.siblings}"
-
-
-def _primitive_cell(op: str) -> str:
-    return f"host/{op}"
-
-
 def _machine_table(host: Dict[str, Any]) -> Dict[str, Any]:
     kvm = host.get("kvm_features") or {}
     m: Dict[str, Any] = {
@@ -302,7 +289,7 @@ def _fit_groups(
                 base[k] * sc,
                 f"fitted: {cal.base}'s value × {sc:.3f}, the {g.label} scale that makes the "
                 f"model's {g.case.name} equal the measured median {target:.3f} us",
-                [_cell(g.case)],
+                [g.case.cell],
             )
         cal.scales[g.label] = sc
     check = sim(scales)
@@ -353,7 +340,7 @@ def fit_profile(host: Dict[str, Any], measured: Dict[str, Dict[str, Any]]) -> Ca
         "syscall_entry_exit",
         sc,
         f"measured: null_syscall (getppid) median {sc:.1f} ns",
-        _primitive_cell("null_syscall"),
+        Case("null_syscall").cell,
     )
     cs = ns("ctx_switch") - 2 * sc - base["wakeup"]
     _direct(
@@ -362,7 +349,7 @@ def fit_profile(host: Dict[str, Any], measured: Dict[str, Dict[str, Any]]) -> Ca
         cs,
         f"fitted: ctx_switch median {ns('ctx_switch'):.1f} ns per switch, less 2 system calls "
         f"and the base wakeup ({base['wakeup']:.0f} ns)",
-        _primitive_cell("ctx_switch"),
+        Case("ctx_switch").cell,
     )
     cs = cal.costs["context_switch"].value
     if "migrate" in measured:
@@ -372,7 +359,7 @@ def fit_profile(host: Dict[str, Any], measured: Dict[str, Dict[str, Any]]) -> Ca
             ns("migrate") - sc - cs,
             f"fitted: migrate median {ns('migrate'):.1f} ns per call, less a system call and a "
             "context switch",
-            _primitive_cell("migrate"),
+            Case("migrate").cell,
         )
 
     # What the cases' "touch" is: one byte written per page, a store that hits the cache. The
@@ -414,7 +401,7 @@ def fit_profile(host: Dict[str, Any], measured: Dict[str, Dict[str, Any]]) -> Ca
             ns("wake_ipi") / 2 - rest,
             f"fitted: wake_ipi median {ns('wake_ipi'):.1f} ns per round trip, half of it less "
             f"the model's other wake-up costs ({rest:.0f} ns)",
-            _primitive_cell("wake_ipi"),
+            Case("wake_ipi").cell,
         )
     return cal
 

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
 from . import api, paths, profiling, records, report
 from ._bridge import ConfigError, HostError, NativeUnavailableError
 from ._version import __version__
+from .calibrate import DEFAULT_PROFILE
 from .sweep import parse_grid, summarize_sweep
 from .sweep import sweep as run_sweep
 
@@ -421,7 +422,9 @@ def check(
     ),
     seed: int = typer.Option(0, "--seed", help="RNG seed for sampling."),
     strategy: Optional[Strategy] = typer.Option(
-        None, "--strategy", help="auto (the default without --sample: dfs, then parallel for a shortest counterexample if it finds a violation), dfs (depth-first on every core, fingerprints only: the least memory), parallel (breadth-first on every core: shortest counterexamples), bfs (the same on one thread), random or pct (the default with --sample: random). The exhaustive ones find the same on any core count."
+        None,
+        "--strategy",
+        help="auto (the default without --sample: dfs, then parallel for a shortest counterexample if it finds a violation), dfs (depth-first on every core, fingerprints only: the least memory), parallel (breadth-first on every core: shortest counterexamples), bfs (the same on one thread), random or pct (the default with --sample: random). The exhaustive ones find the same on any core count.",
     ),
     no_symmetry: bool = typer.Option(
         False, "--no-symmetry", help="Do not reduce by the scenario's symmetric CPU groups."
@@ -459,9 +462,7 @@ def check(
     _emit(text, None)
     verdict = result.get("verdict")
     if verdict == "interrupted":
-        _note(
-            f"{_PROG}: interrupted after {result.get('states', 0)} states: nothing was proved"
-        )
+        _note(f"{_PROG}: interrupted after {result.get('states', 0)} states: nothing was proved")
         raise typer.Exit(EXIT_INTERRUPTED)
     if verdict == "violation":
         raise typer.Exit(EXIT_VIOLATION)
@@ -573,9 +574,7 @@ def sweep_(
     if address is not None and backend is not Backend.ray:
         raise click_exc.UsageError("--address names a Ray cluster: use it with --backend ray")
     grid = parse_grid(list(grids or []))
-    kept = (
-        f"the points finished so far are cached in {cache}; the same command resumes from them"
-    )
+    kept = f"the points finished so far are cached in {cache}; the same command resumes from them"
     with _on_interrupt(kept), _progress(True, threads, f"sweep {file.stem}") as bar:
         frame = run_sweep(
             file,
@@ -882,22 +881,19 @@ class _CaseBar:
 
 @contextmanager
 def _case_bar(description: str) -> Iterator[_CaseBar]:
+    """The bar of measured cases; Ctrl-C says nothing was written (the profile or table is
+    written only at the end)."""
     bar = _CaseBar(description)
-    try:
-        yield bar
-    except KeyboardInterrupt:
-        bar.close()
-        _note(f"{_PROG}: interrupted: nothing was written")
-        sys.exit(130)
-    finally:
-        bar.close()
+    with _on_interrupt("nothing was written"):
+        try:
+            yield bar
+        finally:
+            bar.close()
 
 
 @app.command()
 def calibrate(
-    out: Path = typer.Option(
-        Path("shootdown-host.toml"), "--out", "-o", help="The profile to write (TOML)."
-    ),
+    out: Path = typer.Option(DEFAULT_PROFILE, "--out", "-o", help="The profile to write (TOML)."),
     reps: int = typer.Option(5, "--reps", min=3, max=1000, help="Timed repetitions per case."),
     target_ms: float = typer.Option(
         30.0, "--target-ms", min=1.0, max=10000.0, help="Wall time of one repetition, ms."
@@ -919,10 +915,8 @@ def calibrate(
     lines = [f"{'cost':<24} {'ns':>10}  from"]
     for key, c in cal.costs.items():
         lines.append(f"{key:<24} {c.value:>10.1f}  {', '.join(c.fitted) or 'assumed'}")
-    lines.append(
-        "scales over the base profile " + cal.base + ": "
-        + ", ".join(f"{k} × {v:.3f}" for k, v in cal.scales.items())
-    )
+    scales = ", ".join(f"{k} × {v:.3f}" for k, v in cal.scales.items())
+    lines.append(f"scales over the base profile {cal.base}: {scales}")
     _emit("\n".join(lines), None)
     _note(f"wrote {out}")
 
@@ -930,7 +924,7 @@ def calibrate(
 @app.command()
 def validate(
     profile_file: Path = typer.Option(
-        Path("shootdown-host.toml"), "--profile", "-p", help="Calibrated profile (calibrate --out)."
+        DEFAULT_PROFILE, "--profile", "-p", help="Calibrated profile (calibrate --out)."
     ),
     fmt: OutFormat = typer.Option(OutFormat.table, "--format", "-f", help="Output format."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout."),

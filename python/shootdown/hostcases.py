@@ -12,8 +12,8 @@ idle with the mm lazily loaded).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence
 
 from ._bridge import HostError, native
 
@@ -26,6 +26,15 @@ __all__ = [
     "probe",
     "measure",
 ]
+
+
+#: The variant every twin experiment runs (its name appears in fitted-cell ids).
+TWIN_VARIANT = "calibrated"
+
+
+def twin_experiment_name(family: str, mode: str) -> str:
+    """The name of the twin experiment of a case family and sibling mode."""
+    return f"validate-{family}-{mode}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,21 @@ class Case:
         if self.siblings == 0:
             return f"{self.family}/T0"
         return f"{self.family}/T{self.siblings}-{self.mode}"
+
+    @property
+    def twin_mode(self) -> str:
+        """The sibling mode of the twin experiment this case is a row of: T = 0 runs with the
+        busy ones (it has no siblings)."""
+        return "busy" if self.siblings == 0 else self.mode
+
+    @property
+    def cell(self) -> str:
+        """The id of this case's cell, as a profile's ``fitted`` lists name it: the twin's
+        ``EXPERIMENT/VARIANT/ROW`` for a shootdown case, ``host/OP`` for a primitive."""
+        if self.op not in SHOOTDOWN_OPS:
+            return f"host/{self.op}"
+        experiment = twin_experiment_name(self.family, self.twin_mode)
+        return f"{experiment}/{TWIN_VARIANT}/{self.siblings}"
 
     def spec(self, reps: int, target_ms: float) -> Dict[str, Any]:
         """The JSON case spec of ``shootdown-hostbench``."""
@@ -130,10 +154,15 @@ def probe() -> Dict[str, Any]:
     return json.loads(native().host_probe())
 
 
+def cpu_count(host: Dict[str, Any]) -> int:
+    """The CPUs this process may run on, as :func:`probe` found them."""
+    return int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
+
+
 def online_cpus(host: Dict[str, Any]) -> int:
-    """The CPUs this process may run on; at least two, or a one-line ``HostError``: every
-    shootdown needs a sibling on another CPU, and the IPI costs a second CPU to measure."""
-    cpus = int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
+    """:func:`cpu_count`, at least two, or a one-line ``HostError``: every shootdown needs a
+    sibling on another CPU, and the IPI costs a second CPU to measure."""
+    cpus = cpu_count(host)
     if cpus < 2:
         raise HostError(
             f"only {cpus} online CPU in this process's affinity mask: calibrate and validate "
@@ -147,15 +176,3 @@ def measure(case: Case, reps: int = 5, target_ms: float = 30.0) -> Dict[str, Any
     """Run one case on this machine (``CaseResult``: ``us_per_op`` per repetition, ``median_us``,
     ``min_us``, ``max_us``, ``tlb_ipis_per_op``…)."""
     return json.loads(native().host_run_case(json.dumps(case.spec(reps, target_ms))))
-
-
-def case_from_dict(d: Dict[str, Any]) -> Case:
-    return Case(d["op"], int(d.get("pages", 1)), int(d.get("siblings", 0)), d.get("mode", "busy"))
-
-
-def case_dict(case: Case, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    out = asdict(case)
-    out["name"] = case.name
-    if extra:
-        out.update(extra)
-    return out

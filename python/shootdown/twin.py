@@ -20,7 +20,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import api
 from ._bridge import ConfigError
-from .hostcases import TWIN_OPS_PER_ITERATION, Case
+from .hostcases import TWIN_OPS_PER_ITERATION, TWIN_VARIANT, Case
+from .hostcases import twin_experiment_name as experiment_name
 
 try:  # Python 3.11+
     import tomllib
@@ -29,8 +30,6 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["load_profile_file", "machine_of", "twin_options", "experiment_text", "simulate"]
 
-#: The variant every twin experiment runs (its name appears in fitted-cell ids).
-VARIANT = "calibrated"
 #: Iterations of thread 0's loop per simulated run (after its warm-up), by default and for the
 #: ops whose iteration is long (the ``fault`` primitive's 512 pages).
 ITERATIONS = 400
@@ -115,10 +114,6 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
-def experiment_name(family: str, mode: str) -> str:
-    return f"validate-{family}-{mode}"
-
-
 def experiment_text(
     profile: str,
     machine: Mapping[str, Any],
@@ -164,7 +159,7 @@ def experiment_text(
         lines.append(f"pages = {pages}")
     lines += [
         "",
-        f"[variants.{VARIANT}]",
+        f"[variants.{TWIN_VARIANT}]",
         'label = "this machine"',
         f"options = {_toml_value(twin_options(machine, pcid))}",
         "",
@@ -176,8 +171,7 @@ def _groups(cases: Iterable[Case]) -> Dict[Tuple[str, int, str], List[Case]]:
     """Cases by (op, pages, mode); T = 0 runs with the busy group (it has no siblings)."""
     out: Dict[Tuple[str, int, str], List[Case]] = {}
     for c in cases:
-        mode = "busy" if c.siblings == 0 else c.mode
-        out.setdefault((c.op, c.pages, mode), []).append(c)
+        out.setdefault((c.op, c.pages, c.twin_mode), []).append(c)
     return out
 
 

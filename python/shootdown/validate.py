@@ -16,7 +16,6 @@ import pandas as pd
 
 from . import hostcases, twin
 from .calibrate import measure_cases
-from .hostcases import Case
 
 __all__ = ["BAND", "validate", "format_table", "summary", "host_mismatch"]
 
@@ -53,14 +52,9 @@ def _fitted_cells(profile: Dict[str, Any]) -> Dict[str, List[str]]:
     return cells
 
 
-def _cell(case: Case) -> str:
-    mode = "busy" if case.siblings == 0 else case.mode
-    return f"{twin.experiment_name(case.family, mode)}/{twin.VARIANT}/{case.siblings}"
-
-
 def host_mismatch(machine: Dict[str, Any], host: Dict[str, Any]) -> Optional[str]:
     """Why the profile looks like another machine's, or ``None``."""
-    cpus = int(host.get("online_cpu_count") or len(host.get("online_cpus") or []))
+    cpus = hostcases.cpu_count(host)
     diffs = []
     if str(machine.get("cpu_model", "")) != str(host.get("cpu_model", "")):
         diffs.append(f"CPU '{machine.get('cpu_model')}' vs '{host.get('cpu_model')}'")
@@ -114,7 +108,7 @@ def validate(
                 "error_pct": (sim_us - real_us) / real_us * 100.0 if real_us > 0 else math.nan,
                 "real_tlb_ipis_per_op": real.get("tlb_ipis_per_op"),
                 "sim_tlb_ipis_per_op": sim["tlb_ipis_per_op"] if sim else math.nan,
-                "fitted": ",".join(sorted(fitted.get(_cell(c), []))),
+                "fitted": ",".join(sorted(fitted.get(c.cell, []))),
                 "violations": len(sim["violations"]) if sim else 0,
                 "disturbed": real.get("disturbed", ""),
             }
