@@ -227,7 +227,8 @@ pub(crate) fn path_to<A: Copy>(parents: &[(u32, A)], mut id: u32) -> Vec<A> {
 
 /// Set by [`request_cancel`] (the front end's SIGINT/SIGTERM handler): every search polls it
 /// (every few thousand states, and between levels, chunks and schedules) and ends with
-/// [`Verdict::Interrupted`]. A search clears it when it starts.
+/// [`Verdict::Interrupted`]. The caller clears it ([`clear_cancel`]) before a search: a request
+/// that comes while the scenario is still loading then still counts.
 static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Ask the running search (from any thread) to stop as soon as it polls.

@@ -17,7 +17,8 @@
 //! * `madvise`: `madvise(MADV_DONTNEED)` of `pages` pages, then write one byte to each
 //!   (`zap_page_range_single` → `tlb_finish_mmu` → `flush_tlb_mm_range`, and a fault per page);
 //! * `mprotect`: `mprotect(PROT_READ)` then `mprotect(PROT_READ|PROT_WRITE)` of `pages` pages,
-//!   then write one byte to each (`change_protection` → `flush_tlb_range` for the downgrade);
+//!   then write one byte to each (`change_protection` → a flush for each: x86 flushes a
+//!   `_PAGE_RW` change either way);
 //! * `munmap`: `mmap` a 2 MiB-aligned region of its own, write its first page (a page-table
 //!   page is allocated), `munmap` it (`unmap_region` → `free_pgtables`: the flush carries
 //!   `freed_tables`, which lazy CPUs must take too);
@@ -26,8 +27,8 @@
 //!   and freed, one flush). The metric stays µs per iteration; per page is 1/`pages`.
 //!
 //! Simplifications: the real benchmark's loop, timing and the real `mmap`'s VMA work beyond
-//! `mmap_syscall` are not modelled; nor is the page cache or THP (the real `munmap` case
-//! disables THP for its region, and the model's default is `transparent_hugepage = never`).
+//! `mmap_syscall` are not modelled; nor is the page cache or THP (the real cases run with THP
+//! off, and the model's default is `transparent_hugepage = never`).
 
 use crate::{params::limits, Built, Measure, ParamError, Params};
 use shootdown_engine::Time;
