@@ -69,20 +69,10 @@ impl Machine {
         for c in 0..n {
             let idle = m.tasks.len() as TaskId;
             m.tasks.push(HashCached::new(Task {
-                name: format!("swapper/{c}"),
-                mm: None,
                 state: TaskState::Running,
-                cpu: c,
-                stack: Vec::new(),
-                program: Vec::new(),
-                pc: 0,
-                loop_left: Vec::new(),
-                op_progress: 0,
-                op_base: None,
-                op_started: None,
-                fsync_file: None,
                 cpus: Vec::new(),
                 on_cpu: true,
+                ..Task::new(format!("swapper/{c}"), None, c, Vec::new())
             }));
             m.cpus.push(HashCached::new(Cpu {
                 tlb: Tlb::new(profile.features.tlb_entries, profile.features.psc_entries),
@@ -183,22 +173,12 @@ impl Machine {
         program: Vec<UserOp>,
     ) -> TaskId {
         let id = self.tasks.len() as TaskId;
-        self.tasks.push(HashCached::new(Task {
-            name: name.to_string(),
+        self.tasks.push(HashCached::new(Task::new(
+            name.to_string(),
             mm,
-            state: TaskState::Runnable,
             cpu,
-            stack: Vec::new(),
             program,
-            pc: 0,
-            loop_left: Vec::new(),
-            op_progress: 0,
-            op_base: None,
-            op_started: None,
-            fsync_file: None,
-            cpus: vec![cpu],
-            on_cpu: false,
-        }));
+        )));
         self.cpus[cpu].runqueue.push_back(id);
         self.cpus[cpu].need_resched = true;
         self.perf.user_tasks_alive += 1;

@@ -554,6 +554,29 @@ pub struct Task {
     pub name: String,
 }
 
+impl Task {
+    /// A task on `cpu` that has not run yet: runnable, at the start of `program`, allowed on
+    /// `cpu` only.
+    pub fn new(name: String, mm: Option<MmId>, cpu: CpuId, program: Vec<UserOp>) -> Task {
+        Task {
+            stack: Vec::new(),
+            mm,
+            cpu,
+            state: TaskState::Runnable,
+            on_cpu: false,
+            pc: 0,
+            op_progress: 0,
+            program,
+            loop_left: Vec::new(),
+            op_base: None,
+            op_started: None,
+            fsync_file: None,
+            cpus: vec![cpu],
+            name,
+        }
+    }
+}
+
 // The program and name are fixed for a run and left out of the fingerprint. (A task is
 // `HashCached` in the machine: hashed again only when a step changed it.)
 shootdown_engine::state_fields!(Task {
