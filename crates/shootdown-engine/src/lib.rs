@@ -18,6 +18,7 @@ pub mod digest;
 pub mod hash;
 pub mod intern;
 pub mod model;
+pub mod overrides;
 pub mod phases;
 pub mod profile;
 mod queue;

@@ -1,9 +1,9 @@
-//! `--set KEY=VALUE`: override any key of an experiment file before it is validated. KEY is a
-//! dotted path (`workload.threads`, `variants.after.options.smp_call`); VALUE is a TOML value,
-//! or a bare string when it does not parse as one — except a value that opens an array, an
-//! inline table or a quoted string, which must parse (a typo there is an error, not a string).
+//! `--set KEY=VALUE`: override any key of an experiment file before it is validated (the
+//! syntax: [`shootdown_engine::overrides`]). What is particular to experiments: a key inside a
+//! variant must name a variant the file has, and `workload.K` wins over `[quick.workload] K`.
 
 use crate::ConfigError;
+use shootdown_engine::overrides::{parse_set, set_path};
 use std::path::Path;
 
 /// A key inside a variant (`variants.NAME.options.X`, `variants.NAME.label`) must name one the
@@ -38,60 +38,14 @@ fn check_variant(
     ))
 }
 
+/// Apply every `--set` to the experiment file's table, in order.
 pub fn apply(path: &Path, doc: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
     for s in sets {
-        let Some((key, raw)) = s.split_once('=') else {
-            return Err(ConfigError::new(
-                path,
-                s.as_str(),
-                "--set expects KEY=VALUE",
-            ));
-        };
-        let key = key.trim();
-        if key.is_empty() || key.split('.').any(str::is_empty) {
-            return Err(ConfigError::new(
-                path,
-                key,
-                "--set: empty key or path segment",
-            ));
-        }
-        let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-            Ok(mut t) => t.remove("v").expect("parsed"),
-            Err(e) if raw.trim_start().starts_with(['[', '{', '"', '\'']) => {
-                let why = e
-                    .message()
-                    .lines()
-                    .next()
-                    .unwrap_or("invalid")
-                    .trim()
-                    .to_string();
-                return Err(ConfigError::new(
-                    path,
-                    key,
-                    format!("--set: invalid TOML value {}: {why}", raw.trim()),
-                ));
-            }
-            Err(_) => toml::Value::String(raw.trim().to_string()),
-        };
+        let (key, value) =
+            parse_set(s).map_err(|(k, why)| ConfigError::new(path, k.as_str(), why))?;
         let segs: Vec<&str> = key.split('.').collect();
-        check_variant(path, doc, key, &segs)?;
-        let mut cur = &mut *doc;
-        for seg in &segs[..segs.len() - 1] {
-            let entry = cur
-                .entry(seg.to_string())
-                .or_insert_with(|| toml::Value::Table(Default::default()));
-            cur = match entry {
-                toml::Value::Table(t) => t,
-                _ => {
-                    return Err(ConfigError::new(
-                        path,
-                        key,
-                        format!("'{seg}' is not a table"),
-                    ))
-                }
-            };
-        }
-        cur.insert(segs[segs.len() - 1].to_string(), value);
+        check_variant(path, doc, &key, &segs)?;
+        set_path(doc, &key, value).map_err(|why| ConfigError::new(path, key.as_str(), why))?;
         // An explicit `--set workload.K` wins over the file's `[quick.workload] K` too.
         if let ["workload", k] = segs.as_slice() {
             if let Some(toml::Value::Table(q)) = doc
