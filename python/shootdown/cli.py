@@ -414,8 +414,14 @@ def check(
     memory_model: MemoryModel = typer.Option(
         MemoryModel.sc, "--memory-model", help="Memory model."
     ),
-    max_states: int = typer.Option(
-        api.DEFAULT_MAX_STATES, "--max-states", min=1, help="State bound."
+    max_states: Optional[int] = typer.Option(
+        None,
+        "--max-states",
+        min=1,
+        help=(
+            "State bound (default: a quarter of the available memory, at about 40 B a state"
+            " depth-first and 173 B breadth-first)."
+        ),
     ),
     sample: Optional[int] = typer.Option(
         None, "--sample", min=1, help="Sample N schedules instead of exploring all."
@@ -424,10 +430,27 @@ def check(
     strategy: Optional[Strategy] = typer.Option(
         None,
         "--strategy",
-        help="auto (the default without --sample: dfs, then parallel for a shortest counterexample if it finds a violation), dfs (depth-first on every core, fingerprints only: the least memory), parallel (breadth-first on every core: shortest counterexamples), bfs (the same on one thread), random or pct (the default with --sample: random). The exhaustive ones find the same on any core count.",
+        help=(
+            "auto (the default without --sample: dfs, then parallel for a shortest"
+            " counterexample if it finds a violation), dfs (depth-first on every core,"
+            " fingerprints only: the least memory), parallel (breadth-first on every core:"
+            " shortest counterexamples), bfs (the same on one thread), random or pct (the"
+            " default with --sample: random). The exhaustive ones find the same on any core"
+            " count."
+        ),
     ),
     no_symmetry: bool = typer.Option(
         False, "--no-symmetry", help="Do not reduce by the scenario's symmetric CPU groups."
+    ),
+    sets: Optional[List[str]] = typer.Option(
+        None,
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help=(
+            "Override a scenario key (options.smp_call=concurrent, mms.0.map.0.npages=4);"
+            " cpus=N grows the scenario with copies of its last CPU's role."
+        ),
     ),
     fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
 ) -> None:
@@ -453,6 +476,7 @@ def check(
         strategy=None if strategy is None else strategy.value,
         progress=sys.stderr.isatty(),
         symmetry=not no_symmetry,
+        sets=sets or [],
     )
     text = (
         json.dumps(result, indent=2, ensure_ascii=False)

@@ -360,7 +360,9 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
         )
         seed = first.get("seed")
         if (bad_dirs or (predicted and len(predicted) > within2)) and seed:
-            lines.append(f"the cells that miss, and why: docs/reproduction.md, section 'Seed {seed}'")
+            lines.append(
+                f"the cells that miss, and why: docs/reproduction.md, section 'Seed {seed}'"
+            )
     lines += _violations_note(recs)
     return "\n".join(lines)
 

@@ -111,6 +111,7 @@ class CheckResult(TypedDict):
     states: int
     transitions: int
     seconds: float
+    max_states: int  # the state bound used (--max-states, or the memory-based default)
     states_per_s: Optional[float]  # states / seconds (None for a zero-time search)
     peak_rss_mb: Optional[float]  # the process's peak resident memory after the search
     counterexample: List[CheckStep]

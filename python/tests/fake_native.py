@@ -263,11 +263,12 @@ class FakeNative:
         scenario: str,
         mutant: Optional[str],
         memory_model: str,
-        max_states: int,
+        max_states: Optional[int],
         sample: Optional[int],
         seed: int,
         strategy: str,
         symmetry: bool = True,
+        sets: Optional[List[str]] = None,
     ) -> str:
         self.calls.append(
             (
@@ -291,7 +292,7 @@ class FakeNative:
                 {"step": 2, "actor": "cpu0", "text": "flush_tlb_mm_range: read mm_cpumask(mm1)"},
                 {"step": 10, "actor": "cpu1", "text": "use stale translation of VA 0x1000"},
             ]
-        elif max_states < 10:
+        elif max_states is not None and max_states < 10:
             verdict, inv, steps = "bound-reached", None, []
         else:
             verdict, inv, steps = "verified", None, []
@@ -305,6 +306,7 @@ class FakeNative:
                 "states": 42,
                 "transitions": 99,
                 "seconds": 0.01,
+                "max_states": 5_000_000 if max_states is None else max_states,
                 "counterexample": steps,
             }
         )

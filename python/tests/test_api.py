@@ -121,7 +121,7 @@ def test_check_resolves_names_and_defaults(fake_native, data_home) -> None:
     assert res["verdict"] == "verified"
     fn, args = fake_native.calls[-1]
     assert args[0] == str(data_home / "scenarios" / "lazy-switch.toml")
-    assert args[2:] == ("sc", 1_000_000, None, 0, "auto", True)
+    assert args[2:] == ("sc", None, None, 0, "auto", True)  # the bound: from memory, in Rust
     shootdown.check("lazy-switch", sample=10, seed=3)
     assert fake_native.calls[-1][1][4:] == (10, 3, "random", True)
     shootdown.check("lazy-switch", symmetry=False)

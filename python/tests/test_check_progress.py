@@ -3,6 +3,7 @@ and a bound that was reached says how far the search got and which bound to try 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -26,8 +27,36 @@ def test_check_progress_goes_to_stderr_and_the_bound_note_suggests_a_bound() -> 
     assert "checking: " in done.stderr and "states/s, depth-first, deepest path " in done.stderr
     assert done.stderr.endswith("\x1b[K"), repr(done.stderr[-40:])  # erased at the end
     assert "checking" not in done.stdout
+    assert "checking: " in done.stderr and " of at most 900000 states, " in done.stderr
     notes = done.stdout
-    assert "900000 states, paths " in notes and "try --max-states 9000000" in notes
+    # Depth-first search has no levels to extrapolate from: the hint says so.
+    assert "900000 stored, paths " in notes and "try --max-states 9000000" in notes
+    assert "breadth-first search estimates it" in notes
+
+
+@requires_native
+def test_breadth_first_hint_extrapolates_the_level_sizes() -> None:
+    # smp_call_concurrent under TSO has 920,860 states (parallel breadth-first, as depth-first);
+    # stopped at 800,000 the shrinking last levels extrapolate to about that many (995,640; the
+    # hint adds a quarter). The level sizes do not depend on the number of threads.
+    import shootdown
+
+    r = shootdown.check(
+        "smp_call_concurrent", memory_model="tso", max_states=800_000, strategy="parallel"
+    )
+    assert r["verdict"] == "bound-reached" and r["max_states"] == 800_000
+    hint = r"extrapolates to about (\d+) states in all: try --max-states (\d+)"
+    m = re.search(hint, r["notes"][0])
+    assert m, r["notes"]
+    assert 920_860 <= int(m.group(2)) <= 2 * 920_860, m.group(0)
+
+
+@requires_native
+def test_default_bound_comes_from_memory() -> None:
+    import shootdown
+
+    r = shootdown.check("pv_tlb_flush")
+    assert r["verdict"] == "verified" and r["max_states"] >= 1_000_000
 
 
 @requires_native

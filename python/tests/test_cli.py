@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import shootdown
-
 from shootdown.cli import app
 from shootdown.records import RECORD_COLUMNS
 
@@ -205,7 +204,8 @@ def test_bench_and_trace(runner, fake_native, seed000, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     traced = [c for c in fake_native.calls if c[0] == "trace"]
     assert traced[-1][1][6:] == (3.0, 1.5)
-    assert "from_ms" in one_error_line(invoke(runner, "trace", seed000, "--from", "-1", "--out", out))
+    bad_from = invoke(runner, "trace", seed000, "--from", "-1", "--out", out)
+    assert "from_ms" in one_error_line(bad_from)
     res = invoke(runner, "trace", seed000, "--out", out, "--duration", "50")
     assert res.exit_code == 0 and fake_native.calls[-1][1][6] == 50.0
     line = one_error_line(invoke(runner, "trace", seed000, "--out", out, "--duration", "0"))

@@ -335,9 +335,7 @@ def test_a_wrong_token_is_one_line_naming_the_fix(cluster: LocalCluster, tmp_pat
         assert done.stdout == "" and time.monotonic() - began < 30  # ray.init retries for 20 s
 
 
-def test_cli_sweep_with_the_clusters_token_in_a_file(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
+def test_cli_sweep_with_the_clusters_token_in_a_file(cluster: LocalCluster, tmp_path: Path) -> None:
     token_file = tmp_path / "cluster-token"
     token_file.write_text(cluster.token + "\n")
     env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}

@@ -1,5 +1,5 @@
 //! `cargo run --release -p shootdown-checker --example check -- SCENARIO [--mutant M]
-//! [--memory-model sc|tso] [--max-states N] [--sample N --seed S --strategy random|pct]
+//! [--memory-model sc|tso] [--max-states N] [--set KEY=VALUE]… [--sample N --seed S --strategy random|pct]
 //! [--format text|json] [--no-por] [--no-symmetry] [--threads N (parallel search)] [--list DIR]`
 use shootdown_checker::*;
 use std::path::Path;
@@ -36,9 +36,7 @@ fn main() {
     let path = args.first().expect("scenario path").clone();
     let mutant = get("--mutant");
     let mm = get("--memory-model").unwrap_or_else(|| "sc".into());
-    let max: u64 = get("--max-states")
-        .map(|s| s.parse().unwrap())
-        .unwrap_or(DEFAULT_MAX_STATES);
+    let max: Option<u64> = get("--max-states").map(|s| s.parse().unwrap());
     let sample: Option<u64> = get("--sample").map(|s| s.parse().unwrap());
     let seed: u64 = get("--seed").map(|s| s.parse().unwrap()).unwrap_or(0);
     // The defaults of `shootdown check`: auto (depth-first, then breadth-first for a shortest
@@ -50,6 +48,11 @@ fn main() {
             "auto".into()
         }
     });
+    let sets: Vec<String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--set")
+        .map(|w| w[1].clone())
+        .collect();
     let threads: Option<usize> = get("--threads").map(|s| s.parse().unwrap());
     let res = if (args.iter().any(|a| a == "--no-por" || a == "--no-symmetry") || threads.is_some())
         && sample.is_none()
@@ -82,6 +85,7 @@ fn main() {
             seed,
             &strategy,
             true,
+            &sets,
         )
     };
     match res {

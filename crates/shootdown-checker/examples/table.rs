@@ -25,11 +25,12 @@ fn main() {
                 &path,
                 mutant.as_deref(),
                 &mm,
-                30_000_000,
+                Some(30_000_000),
                 None,
                 0,
                 "bfs",
                 true,
+                &[],
             )
             .unwrap();
             println!(

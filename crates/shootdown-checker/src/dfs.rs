@@ -37,6 +37,7 @@
 //! The counterexample a depth-first search finds need not be the shortest; the default strategy
 //! runs breadth-first search for a shortest one when this search finds a violation (`lib.rs`).
 
+use crate::bound::LevelSizes;
 use crate::explore::{copy_into, deadlock, Exploration, ExploreEnv, FpSet, Limits, Reduction};
 use crate::explore::{ProgressLine, Verdict};
 use shootdown_engine::{Model, Violation};
@@ -596,7 +597,7 @@ where
                     depth: 0,
                     since_look: 0,
                     count: 0,
-                    progress: (i == 0).then(ProgressLine::new),
+                    progress: (i == 0).then(|| ProgressLine::new(limits.max_states)),
                 };
                 while let Some(item) = sh.take() {
                     if let Err(e) = w.search(item).and_then(|()| w.flush_count()) {
@@ -652,6 +653,8 @@ where
             index_bytes: sh.visited.bytes(),
             images: t.images,
             approximate,
+            // Depth-first search has no levels.
+            levels: LevelSizes::default(),
         },
         end,
         chain_steps: t.chain_steps,

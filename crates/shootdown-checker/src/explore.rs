@@ -14,6 +14,7 @@
 //! [`explore`] callers that need the globally shortest path re-run without POR up to that depth,
 //! see `lib.rs`).
 
+use crate::bound::LevelSizes;
 use shootdown_engine::{Env, Interner, Model, Violation};
 use std::borrow::BorrowMut;
 use std::collections::{HashSet, VecDeque};
@@ -182,6 +183,8 @@ pub struct Exploration<A> {
     /// The violation's path passes through a symmetric image: it is a run of the model's
     /// symmetric closure, not necessarily of the model (the caller re-checks without symmetry).
     pub approximate: bool,
+    /// Breadth-first search's level sizes, for the hint at a bound (empty for depth-first).
+    pub levels: LevelSizes,
 }
 
 /// Copy `src` into the reusable state `scratch` (a state, or a box of one) and return it: its
@@ -260,16 +263,19 @@ pub fn set_progress(on: bool) {
 /// The live progress line: redrawn at most every half second, erased when the search ends.
 pub(crate) struct ProgressLine {
     on: bool,
+    /// The state bound, shown beside the states stored.
+    bound: u64,
     t0: Instant,
     last: Instant,
     shown: bool,
 }
 
 impl ProgressLine {
-    pub(crate) fn new() -> ProgressLine {
+    pub(crate) fn new(bound: u64) -> ProgressLine {
         let now = Instant::now();
         ProgressLine {
             on: PROGRESS.load(std::sync::atomic::Ordering::Relaxed),
+            bound,
             t0: now,
             last: now,
             shown: false,
@@ -301,7 +307,10 @@ impl ProgressLine {
         self.last = now;
         self.shown = true;
         let rate = states as f64 / now.duration_since(self.t0).as_secs_f64().max(1e-9);
-        eprint!("\r\x1b[Kchecking: {states} states, {rate:.0} states/s, {how}");
+        eprint!(
+            "\r\x1b[Kchecking: {states} of at most {} states, {rate:.0} states/s, {how}",
+            self.bound
+        );
     }
 }
 
@@ -334,6 +343,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
         env: ExploreEnv::default(),
         scratch: None,
         interner: Interner::default(),
+        levels: LevelSizes::default(),
     };
     let (verdict, violation, path, approximate) = b.run(init);
     let states = b.visited.len() as u64 - u64::from(verdict == Verdict::BoundReached);
@@ -356,6 +366,7 @@ pub fn explore<M: Model, R: Reduction<M>>(
             + b.parents.capacity() * std::mem::size_of::<(u32, M::Action)>(),
         images: b.images,
         approximate,
+        levels: b.levels,
     }
 }
 
@@ -389,6 +400,7 @@ struct Bfs<'r, M: Model, R> {
     scratch: Option<M>,
     /// One copy of each distinct component among the stored states ([`Interner`]).
     interner: Interner,
+    levels: LevelSizes,
 }
 
 /// Why a successor was not stored: the search ends.
@@ -437,6 +449,7 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
             }
             let nid = self.parents.len() as u32;
             self.parents.push((id, a));
+            self.levels.store(d + 1);
             let mut t = self.scratch.take().expect("the successor just built");
             t.intern(&self.interner);
             self.queue.push_back((nid, d + 1, alt, t));
@@ -469,9 +482,10 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
     }
 
     fn run(&mut self, init: &M) -> Ending<M::Action> {
-        let mut progress = ProgressLine::new();
+        let mut progress = ProgressLine::new(self.limits.max_states);
         let mut enabled = Vec::new();
         self.visited.insert(self.red.fingerprint(init));
+        self.levels.store(0);
         init.enabled(&mut enabled);
         let Some(&dummy) = enabled.first() else {
             return if init.finished() {
@@ -498,6 +512,7 @@ impl<M: Model, R: Reduction<M>> Bfs<'_, M, R> {
             if self.limits.max_depth.is_some_and(|md| d >= md) {
                 continue;
             }
+            self.levels.expand(d);
             enabled.clear();
             s.enabled(&mut enabled);
             if enabled.is_empty() {

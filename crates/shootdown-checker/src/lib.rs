@@ -18,6 +18,7 @@
 //!
 //! See `docs/checker.md`.
 
+pub mod bound;
 pub mod describe;
 pub mod dfs;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod parallel;
 pub mod reduce;
 pub mod report;
 pub mod sample;
+pub mod scale;
 pub mod scenario;
 
 pub use error::CheckError;
@@ -41,13 +43,12 @@ use shootdown_linux::describe::NullEnv;
 use shootdown_linux::{Action, Machine, MemoryModel};
 use std::path::Path;
 
-/// Default state bound of `shootdown check`.
-pub const DEFAULT_MAX_STATES: u64 = 5_000_000;
-
 /// Knobs of one check beyond the public [`check`] arguments (used by tests and the bench).
 #[derive(Clone, Copy, Debug)]
 pub struct CheckOptions {
-    pub max_states: u64,
+    /// The state bound; None: a share of the available memory ([`bound::default_max_states`],
+    /// per strategy).
+    pub max_states: Option<u64>,
     pub por: bool,
     /// CPU symmetry reduction over the scenario's `symmetric` groups (on by default; sound
     /// where the kernel's CPU-id order matters too, see `reduce.rs`).
@@ -65,10 +66,18 @@ pub struct CheckOptions {
     pub parallel: Option<usize>,
 }
 
+impl CheckOptions {
+    /// The state bound of a search (`depth_first`: fingerprints only).
+    pub fn bound(&self, depth_first: bool) -> u64 {
+        self.max_states
+            .unwrap_or_else(|| bound::default_max_states(depth_first, bound::available_memory()))
+    }
+}
+
 impl Default for CheckOptions {
     fn default() -> Self {
         CheckOptions {
-            max_states: DEFAULT_MAX_STATES,
+            max_states: None,
             por: true,
             symmetry: true,
             shortest: true,
@@ -153,6 +162,8 @@ pub fn check_scenario(
             transitions: run.transitions + plain.transitions,
             seconds: run.seconds + plain.seconds,
             ex: plain.ex,
+            bound: plain.bound,
+            depth_first: plain.depth_first,
             notes: vec![],
         };
         symmetric = false;
@@ -162,6 +173,8 @@ pub fn check_scenario(
         states,
         transitions,
         seconds,
+        bound,
+        depth_first,
         ..
     } = run;
     if opts.dfs && ex.verdict == Verdict::Violation {
@@ -171,7 +184,7 @@ pub fn check_scenario(
         );
     }
     if ex.verdict == Verdict::BoundReached {
-        // How far it got; the bound that would finish is not known in advance.
+        // How far it got, and what its discovery curve says about the rest.
         let reach = if opts.dfs {
             format!("paths {} deep", ex.depth)
         } else {
@@ -180,11 +193,12 @@ pub fn check_scenario(
                 ex.depth, ex.peak_frontier
             )
         };
-        notes.push(format!(
-            "stopped at the --max-states bound ({} states, {reach}) before exploring every interleaving: nothing is proved; try --max-states {}",
-            ex.states,
-            ex.states.saturating_mul(10)
-        ));
+        let outlook = if depth_first {
+            bound::Outlook::NoLevels
+        } else {
+            ex.levels.outlook()
+        };
+        notes.push(bound::bound_note(bound, ex.states, &reach, outlook));
     }
     let mut reductions = Vec::new();
     if opts.por {
@@ -216,6 +230,7 @@ pub fn check_scenario(
         }
         .into(),
         reductions,
+        max_states: bound,
         notes,
     })
 }
@@ -227,25 +242,30 @@ struct Run {
     states: u64,
     transitions: u64,
     seconds: f64,
+    /// The state bound of the search that gave `ex`, and whether it was depth-first.
+    bound: u64,
+    depth_first: bool,
     notes: Vec<String>,
 }
 
 /// Explore with `red`; when partial-order reduction found a violation, re-run without it up to
 /// that depth so the counterexample is a globally shortest one.
 fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) -> Run {
-    let limits = Limits {
-        max_states: opts.max_states,
+    let limits = |depth_first: bool| Limits {
+        max_states: opts.bound(depth_first),
         max_depth: None,
         por: opts.por,
     };
     let mut notes = Vec::new();
     let (mut states, mut transitions, mut seconds) = (0, 0, 0.0);
+    let mut bound = limits(opts.dfs).max_states;
+    let mut depth_first = opts.dfs;
     let breadth_first = |threads: Option<usize>| match threads {
-        Some(t) => parallel::explore_parallel(init, red, limits, t),
-        None => explore(init, red, limits),
+        Some(t) => parallel::explore_parallel(init, red, limits(false), t),
+        None => explore(init, red, limits(false)),
     };
     let mut ex = if opts.dfs {
-        let d = dfs::explore_dfs(init, red, limits, opts.parallel.unwrap_or(1));
+        let d = dfs::explore_dfs(init, red, limits(true), opts.parallel.unwrap_or(1));
         if let dfs::DfsEnd::LocalCycle(path) = d.end {
             // The static proviso does not hold: breadth-first search's does.
             notes.push(format!(
@@ -255,6 +275,8 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
             states += d.ex.states;
             transitions += d.ex.transitions;
             seconds += d.ex.seconds;
+            bound = limits(false).max_states;
+            depth_first = false;
             breadth_first(opts.parallel)
         } else {
             d.ex
@@ -271,9 +293,9 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
             init,
             red,
             Limits {
-                max_states: opts.max_states,
                 max_depth: Some(ex.path.len() as u32),
                 por: false,
+                ..limits(false)
             },
         );
         states += again.states;
@@ -288,12 +310,14 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
         states,
         transitions,
         seconds,
+        bound,
+        depth_first,
         notes,
     }
 }
 
 /// `shootdown check SCENARIO [--mutant NAME] [--memory-model sc|tso] [--max-states N]
-/// [--sample N --seed S --strategy random|pct] [--no-symmetry]`.
+/// [--sample N --seed S --strategy random|pct] [--no-symmetry] [--set KEY=VALUE]`.
 ///
 /// `strategy` is `auto` (the default when `sample` is None: `dfs`, then `parallel` if it
 /// found a violation), `dfs` (exhaustive, depth-first on every core, fingerprints only: the
@@ -301,20 +325,21 @@ fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) ->
 /// breadth-first on every core: shortest counterexamples), `bfs` (the same on one thread), `random`
 /// or `pct`. What the exhaustive ones find does not depend on the number of cores.
 /// `symmetry`: reduce by the scenario's declared `symmetric` groups (the exhaustive
-/// strategies).
+/// strategies). `sets`: `KEY=VALUE` overrides of the scenario's keys ([`scale`]).
 #[allow(clippy::too_many_arguments)]
 pub fn check(
     scenario_path: &Path,
     mutant: Option<&str>,
     memory_model: &str,
-    max_states: u64,
+    max_states: Option<u64>,
     sample: Option<u64>,
     seed: u64,
     strategy: &str,
     symmetry: bool,
+    sets: &[String],
 ) -> Result<CheckResult, CheckError> {
     let file = scenario_path.display().to_string();
-    let sc = Scenario::load(scenario_path)?;
+    let sc = Scenario::load_with(scenario_path, sets)?;
     let mem = scenario::parse_memory_model(memory_model).ok_or_else(|| {
         CheckError::new(
             &file,
@@ -350,10 +375,10 @@ pub fn check(
             ),
         ));
     }
-    if max_states == 0 {
+    if max_states == Some(0) {
         return Err(CheckError::new(&file, "max_states", "must be at least 1"));
     }
-    let mut notes = Vec::new();
+    let mut notes = sc.set_notes.clone();
     if let Some(d) = declared {
         let want = d.memory_model.as_deref().unwrap_or("sc");
         if want == "tso" && mem == MemoryModel::Sc {
@@ -397,7 +422,6 @@ fn check_dispatch(
     seed: u64,
     strategy: &str,
 ) -> Result<CheckResult, CheckError> {
-    let max_states = exhaustive.max_states;
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let dfs = CheckOptions {
         dfs: true,
@@ -424,6 +448,16 @@ fn check_dispatch(
                 // Stopped while looking for a shorter one: the depth-first one stands.
                 return Ok(first);
             }
+            if r.verdict == "bound-reached" {
+                // Breadth-first search needs more memory a state: within its own bound it
+                // did not get as deep as the violation. The depth-first one stands.
+                let mut first = first;
+                first.notes.push(format!(
+                    "breadth-first search for a shortest counterexample stopped at its bound ({} states): this is depth-first search's, which need not be the shortest",
+                    r.max_states
+                ));
+                return Ok(first);
+            }
             r.seconds += first.seconds;
             r.notes.insert(
                 0,
@@ -447,7 +481,8 @@ fn check_dispatch(
                 sample::Strategy::Random
             };
             let (init, setup) = sc.build_traced(mutant, mem)?;
-            let r = sample::sample(&init, strat, n, seed, max_states);
+            let bound = exhaustive.bound(true);
+            let r = sample::sample(&init, strat, n, seed, bound);
             Ok(CheckResult {
                 scenario: sc.name.clone(),
                 mutant: mutant.map(str::to_string),
@@ -475,6 +510,7 @@ fn check_dispatch(
                 setup: setup_steps(setup),
                 strategy: strategy.into(),
                 reductions: vec![],
+                max_states: bound,
                 notes: vec![],
             })
         }

@@ -21,6 +21,7 @@
 //! a fully expanded state. Counts may therefore differ a little from the sequential search's
 //! with POR (they are equal without it).
 
+use crate::bound::LevelSizes;
 use crate::explore::{
     copy_into, deadlock, path_to, Exploration, ExploreEnv, FpSet, Limits, ProgressLine, Reduction,
     Verdict,
@@ -210,6 +211,7 @@ where
         peak: 0,
         depth: 0,
         over: false,
+        levels: LevelSizes::default(),
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
@@ -231,6 +233,7 @@ where
             + x.parents.capacity() * std::mem::size_of::<(u32, M::Action)>(),
         images: x.images,
         approximate,
+        levels: x.levels,
     }
 }
 
@@ -264,6 +267,7 @@ struct Levels<'r, M: Model, R> {
     depth: u32,
     /// The state bound was exceeded (by one).
     over: bool,
+    levels: LevelSizes,
 }
 
 impl<M, R> Levels<'_, M, R>
@@ -274,6 +278,7 @@ where
 {
     fn run(&mut self, init: &M, pool: &rayon::ThreadPool) -> Ending<M::Action> {
         self.visited.insert(self.red.fingerprint(init));
+        self.levels.store(0);
         let mut first = Vec::new();
         init.enabled(&mut first);
         let Some(&dummy) = first.first() else {
@@ -287,7 +292,7 @@ where
             return (Verdict::Violation, Some(v), vec![], false);
         }
         let mut level: Level<M> = vec![(0, false, Box::new(init.clone()))];
-        let mut progress = ProgressLine::new();
+        let mut progress = ProgressLine::new(self.limits.max_states);
         while !level.is_empty() {
             progress.show(self.visited.len(), level.len(), self.depth);
             if crate::explore::cancel_requested() {
@@ -335,6 +340,7 @@ where
         let mut losers: Vec<Box<M>> = Vec::new();
         let mut ending = None;
         'merge: for x in expanded.iter_mut() {
+            self.levels.expand(self.depth);
             self.transitions += x.transitions;
             self.reduced += u64::from(x.reduced);
             match &mut x.result {
@@ -357,6 +363,7 @@ where
                         }
                         let id = self.parents.len() as u32;
                         self.parents.push((x.id, sx.action));
+                        self.levels.store(self.depth + 1);
                         let alt = x.alt || sx.image;
                         self.images += u64::from(alt);
                         let state = sx.state.expect("the first of its fingerprint in its piece");

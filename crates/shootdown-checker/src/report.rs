@@ -37,6 +37,9 @@ pub struct CheckResult {
     pub strategy: String,
     /// Reductions applied (`por`, `symmetry`).
     pub reductions: Vec<String>,
+    /// The state bound of the search that gave the verdict (`--max-states`, or the default
+    /// from the available memory: `bound.rs`).
+    pub max_states: u64,
     /// What the verdict does not say by itself (a TSO mutant run under SC, a bound reached).
     pub notes: Vec<String>,
 }

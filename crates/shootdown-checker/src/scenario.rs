@@ -526,6 +526,8 @@ pub struct Scenario {
     pub name: String,
     pub file: ScenarioFile,
     pub options: Options,
+    /// What `--set` changed beyond the keys named (a grown CPU count: [`crate::scale`]).
+    pub set_notes: Vec<String>,
 }
 
 /// Parse the memory-model name used on the command line and in scenario files.
@@ -592,9 +594,24 @@ pub fn catalog_bug(name: &str) -> Option<&'static str> {
 impl Scenario {
     /// Read and validate a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, CheckError> {
+        Scenario::load_with(path, &[])
+    }
+
+    /// Read a scenario file, apply `--set KEY=VALUE` overrides ([`crate::scale`]), validate.
+    pub fn load_with(path: &Path, sets: &[String]) -> Result<Scenario, CheckError> {
         let file_name = path.display().to_string();
         let err = |key: &str, reason: String| CheckError::new(&file_name, key, reason);
-        let src = std::fs::read_to_string(path).map_err(|e| err("-", e.to_string()))?;
+        let mut src = std::fs::read_to_string(path).map_err(|e| err("-", e.to_string()))?;
+        let mut set_notes = Vec::new();
+        if !sets.is_empty() {
+            let mut doc: toml::Table = toml::from_str(&src).map_err(|e| {
+                let (k, m) = toml_error_key(&e, &src);
+                err(&k, m)
+            })?;
+            set_notes = crate::scale::apply(&file_name, &mut doc, sets)?;
+            // Validated as if written so: errors name the key as for the file itself.
+            src = toml::to_string(&doc).map_err(|e| err("-", e.to_string()))?;
+        }
         let file: ScenarioFile = toml::from_str(&src).map_err(|e| {
             let (k, m) = toml_error_key(&e, &src);
             err(&k, m)
@@ -877,6 +894,7 @@ impl Scenario {
             name,
             file,
             options,
+            set_notes,
         })
     }
 

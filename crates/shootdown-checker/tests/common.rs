@@ -11,6 +11,16 @@ pub fn scenario(name: &str) -> PathBuf {
 }
 
 pub fn run(name: &str, mutant: Option<&str>, mm: &str) -> CheckResult {
-    check(&scenario(name), mutant, mm, 5_000_000, None, 0, "bfs", true)
-        .unwrap_or_else(|e| panic!("{e}"))
+    check(
+        &scenario(name),
+        mutant,
+        mm,
+        Some(5_000_000),
+        None,
+        0,
+        "bfs",
+        true,
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }

@@ -14,8 +14,18 @@ use shootdown_engine::{Env, Model, Outcome, Time, Violation};
 use shootdown_linux::{Action, MemoryModel};
 
 fn dfs(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::CheckResult {
-    check(&scenario(name), mutant, mm, 5_000_000, None, 0, "dfs", true)
-        .unwrap_or_else(|e| panic!("{e}"))
+    check(
+        &scenario(name),
+        mutant,
+        mm,
+        Some(5_000_000),
+        None,
+        0,
+        "dfs",
+        true,
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fixed protocols that verify breadth-first in under 150,000 states (`verify.rs`).
@@ -136,11 +146,12 @@ fn the_state_bound_stops_every_worker() {
             &scenario("flush_catchup"),
             None,
             "tso",
-            1000,
+            Some(1000),
             None,
             0,
             strategy,
             true,
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -158,11 +169,12 @@ fn the_default_strategy_verifies_depth_first_and_prints_a_shortest_counterexampl
         &scenario("flush_catchup"),
         None,
         "tso",
-        5_000_000,
+        Some(5_000_000),
         None,
         0,
         "auto",
         true,
+        &[],
     )
     .unwrap();
     let d = dfs("flush_catchup", None, "tso");
@@ -179,22 +191,24 @@ fn the_default_strategy_verifies_depth_first_and_prints_a_shortest_counterexampl
             &scenario(name),
             Some(mutant),
             mm,
-            5_000_000,
+            Some(5_000_000),
             None,
             0,
             "auto",
             true,
+            &[],
         )
         .unwrap();
         let b = check(
             &scenario(name),
             Some(mutant),
             mm,
-            5_000_000,
+            Some(5_000_000),
             None,
             0,
             "parallel",
             true,
+            &[],
         )
         .unwrap();
         assert_eq!(a.strategy, "parallel");

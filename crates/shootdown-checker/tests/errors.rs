@@ -43,7 +43,7 @@ fn the_good_file_loads() {
     let p = write("good", GOOD);
     let s = Scenario::load(&p).unwrap();
     assert_eq!(s.name, "good");
-    let r = check(&p, None, "sc", 100_000, None, 0, "bfs", true).unwrap();
+    let r = check(&p, None, "sc", Some(100_000), None, 0, "bfs", true, &[]).unwrap();
     assert_eq!(r.verdict, "verified");
 }
 
@@ -154,16 +154,27 @@ fn bad_kvm_settings_name_the_key_and_the_reason() {
 #[test]
 fn bad_arguments_name_the_key() {
     let p = write("args", GOOD);
-    let e = check(&p, Some("no_such_mutant"), "sc", 100, None, 0, "bfs", true).unwrap_err();
+    let e = check(
+        &p,
+        Some("no_such_mutant"),
+        "sc",
+        Some(100),
+        None,
+        0,
+        "bfs",
+        true,
+        &[],
+    )
+    .unwrap_err();
     assert_eq!(e.key, "mutant");
-    let e = check(&p, None, "pso", 100, None, 0, "bfs", true).unwrap_err();
+    let e = check(&p, None, "pso", Some(100), None, 0, "bfs", true, &[]).unwrap_err();
     assert_eq!(e.key, "memory_model");
-    let e = check(&p, None, "sc", 100, Some(10), 0, "dfs", true).unwrap_err();
+    let e = check(&p, None, "sc", Some(100), Some(10), 0, "dfs", true, &[]).unwrap_err();
     assert_eq!(e.key, "strategy");
-    let e = check(&p, None, "sc", 0, None, 0, "bfs", true).unwrap_err();
+    let e = check(&p, None, "sc", Some(0), None, 0, "bfs", true, &[]).unwrap_err();
     assert_eq!(e.key, "max_states");
     let missing = p.with_file_name("does-not-exist.toml");
-    let e = check(&missing, None, "sc", 100, None, 0, "bfs", true).unwrap_err();
+    let e = check(&missing, None, "sc", Some(100), None, 0, "bfs", true, &[]).unwrap_err();
     assert!(e
         .to_string()
         .starts_with(&format!("{}: ", missing.display())));
@@ -222,11 +233,12 @@ fn verdicts_are_honest_about_what_they_checked() {
         &sc,
         Some("pv_set_preempted_clobbers_flush"),
         "sc",
-        1000,
+        Some(1000),
         None,
         0,
         "bfs",
         true,
+        &[],
     )
     .unwrap_err();
     assert_eq!(e.key, "mutant");
@@ -240,11 +252,12 @@ fn verdicts_are_honest_about_what_they_checked() {
         &sc,
         Some("switch_mm_no_barrier"),
         "sc",
-        1_000_000,
+        Some(1_000_000),
         None,
         0,
         "bfs",
         true,
+        &[],
     )
     .unwrap();
     assert_eq!(r.verdict, "verified");
@@ -261,24 +274,37 @@ fn verdicts_are_honest_about_what_they_checked() {
         &sc,
         Some("switch_mm_no_barrier"),
         "tso",
-        1_000_000,
+        Some(1_000_000),
         None,
         0,
         "bfs",
         true,
+        &[],
     )
     .unwrap();
     assert!(r.notes.is_empty(), "{:?}", r.notes);
-    let r = check(&sc, None, "sc", 10, None, 0, "bfs", true).unwrap();
+    let r = check(&sc, None, "sc", Some(10), None, 0, "bfs", true, &[]).unwrap();
     assert_eq!(r.verdict, "bound-reached");
     // How far it got, and a bound to try.
     assert!(
-        r.notes[0].contains("--max-states bound (10 states, depth ")
-            && r.notes[0].ends_with("try --max-states 100"),
+        r.notes[0].contains("state bound (10 states; 10 stored, depth ")
+            && r.notes[0]
+                .ends_with("too few levels to estimate how many remain: try --max-states 100"),
         "{:?}",
         r.notes
     );
-    let r = check(&sc, None, "sc", 1_000_000, Some(5), 1, "random", true).unwrap();
+    let r = check(
+        &sc,
+        None,
+        "sc",
+        Some(1_000_000),
+        Some(5),
+        1,
+        "random",
+        true,
+        &[],
+    )
+    .unwrap();
     assert!(
         r.notes[0].starts_with("sampling never proves anything"),
         "{:?}",

@@ -297,7 +297,7 @@ fn symmetry_keeps_every_verdict_and_counterexample_length() {
                         CheckOptions {
                             por,
                             symmetry,
-                            max_states: 210_000,
+                            max_states: Some(210_000),
                             ..CheckOptions::default()
                         },
                     )

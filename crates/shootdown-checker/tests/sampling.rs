@@ -12,11 +12,12 @@ fn random_and_pct_find_the_partial_flush_mutant() {
             &p,
             Some("partial_flush_when_full_owed"),
             "sc",
-            1_000_000,
+            Some(1_000_000),
             Some(5000),
             7,
             strat,
             true,
+            &[],
         )
         .unwrap();
         assert_eq!(a.verdict, "violation", "{strat}");
@@ -32,11 +33,12 @@ fn random_and_pct_find_the_partial_flush_mutant() {
             &p,
             Some("partial_flush_when_full_owed"),
             "sc",
-            1_000_000,
+            Some(1_000_000),
             Some(5000),
             7,
             strat,
             true,
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -53,11 +55,12 @@ fn sampling_the_fixed_protocol_finds_nothing_and_proves_nothing() {
         &scenario("switch_mm_flush"),
         None,
         "tso",
-        1_000_000,
+        Some(1_000_000),
         Some(300),
         1,
         "pct",
         true,
+        &[],
     )
     .unwrap();
     assert_eq!(r.verdict, "bound-reached");
@@ -70,11 +73,12 @@ fn sampling_finds_tso_only_bug() {
         &scenario("switch_mm_flush"),
         Some("switch_mm_no_barrier"),
         "tso",
-        1_000_000,
+        Some(1_000_000),
         Some(20000),
         3,
         "random",
         true,
+        &[],
     )
     .unwrap();
     assert_eq!(r.verdict, "violation");

@@ -124,11 +124,12 @@ fn state_bound_reports_bound_reached() {
         &scenario("flush_catchup"),
         None,
         "sc",
-        1000,
+        Some(1000),
         None,
         0,
         "bfs",
         true,
+        &[],
     )
     .unwrap();
     assert_eq!(r.verdict, "bound-reached");
@@ -207,11 +208,12 @@ fn run_big(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::Che
         &scenario(name),
         mutant,
         mm,
-        50_000_000,
+        Some(50_000_000),
         None,
         0,
         "bfs",
         true,
+        &[],
     )
     .unwrap()
 }

@@ -174,18 +174,19 @@ fn bench_run(py: Python<'_>, path: PathBuf, sets: Vec<String>, quick: bool) -> P
 
 /// Explore (or sample) a checker scenario.
 #[pyfunction]
-#[pyo3(signature = (scenario, mutant, memory_model, max_states, sample, seed, strategy, symmetry=true))]
+#[pyo3(signature = (scenario, mutant, memory_model, max_states, sample, seed, strategy, symmetry=true, sets=Vec::new()))]
 #[allow(clippy::too_many_arguments)] // the signature is the Python API
 fn check(
     py: Python<'_>,
     scenario: PathBuf,
     mutant: Option<String>,
     memory_model: String,
-    max_states: u64,
+    max_states: Option<u64>,
     sample: Option<u64>,
     seed: u64,
     strategy: String,
     symmetry: bool,
+    sets: Vec<String>,
 ) -> PyResult<String> {
     // Ctrl-C (or SIGTERM) stops the search within a poll: the result is then verdict
     // "interrupted", with the states explored so far (the signal itself is consumed).
@@ -202,6 +203,7 @@ fn check(
                 seed,
                 &strategy,
                 symmetry,
+                &sets,
             )
         },
         shootdown_checker::request_cancel,
