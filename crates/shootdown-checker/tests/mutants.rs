@@ -245,7 +245,7 @@ const MUTANTS: &[Pinned] = &[
 /// findings): (scenario, memory model, invariant, counterexample steps, states).
 const FINDINGS: &[(&str, &str, &str, usize, u64)] = &[
     ("kvm_mmio_wrap", "sc", "INV-MMIO", 55, 9269),
-    // Seed 004's patch 9 as posted (kernel-model.md §5.2's suspected window), alone and with
+    // Seed 004's patch 9 as posted (docs/design/kernel-model.md §5.2's suspected window), alone and with
     // patch 10, under both memory models.
     ("kvm_mtrr_zap_list", "sc", "INV-MEMTYPE", 57, 11264),
     ("kvm_mtrr_zap_list", "tso", "INV-MEMTYPE", 59, 16602),

@@ -16,7 +16,7 @@ use std::hash::Hash;
 /// Index of an agent (a CPU, later a vCPU or host thread).
 pub type AgentId = usize;
 
-/// A broken invariant, named as in `design/kernel-model.md` / `bugs/CATALOG.md`
+/// A broken invariant, named as in `docs/design/kernel-model.md` / `docs/bugs/CATALOG.md`
 /// (e.g. `INV-STALE`, `INV-PTFREE`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Violation {

@@ -1,6 +1,6 @@
 //! Seed 003 from the model: v5.0's fast invalidate re-faults every vCPU's working set after a
 //! memslot deletion, v5.1's slot-only zap leaves it alone, and 4 KiB EPT leaves multiply the
-//! difference by hundreds (the held-out prediction of kvm-mmu-seeds.md §7.1).
+//! difference by hundreds (the held-out prediction of docs/design/kvm-mmu-seeds.md §7.1).
 use shootdown_experiments::{load, run_points};
 use std::path::Path;
 

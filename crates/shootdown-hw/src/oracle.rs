@@ -3,7 +3,7 @@
 //! *Epochs* order every PTE change and every flush start. When a flush of `mm` over a range
 //! **returns**, every translation of that range whose PTE version had already been superseded
 //! before the flush **began** becomes forbidden: a later use of it is a violation of
-//! `INV-STALE` (kernel-model.md N1; bugs/CATALOG.md). Uses during a flush are legal — that is
+//! `INV-STALE` (docs/design/kernel-model.md N1; docs/bugs/CATALOG.md). Uses during a flush are legal — that is
 //! what the flush is for. The oracle also checks `INV-ASID` (an entry tagged with a PCID that now
 //! belongs to another mm) and, in the walker, `INV-PTFREE`.
 //!

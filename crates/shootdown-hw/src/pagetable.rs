@@ -6,7 +6,7 @@
 //! no page-table page below it). A page-table page can be unlinked (PMD cleared) and later
 //! freed; a walk that reaches a freed page — through a stale PMD or a paging-structure-cache
 //! entry — is a use-after-free of the kind seed 002's lazy-TLB rework exposed
-//! (bugs/CATALOG.md N3), and that khugepaged's collapse can expose too.
+//! (docs/bugs/CATALOG.md N3), and that khugepaged's collapse can expose too.
 //!
 //! Every PTE carries a *version* (bumped by each change) and the epochs at which its recent
 //! versions were superseded, so the [`crate::oracle`] can tell whether a cached translation was

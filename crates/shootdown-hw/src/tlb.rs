@@ -1,6 +1,6 @@
 //! A per-CPU TLB tagged by PCID, of finite capacity, plus a paging-structure cache (PSC).
 //!
-//! Semantics follow the SDM as summarised in kernel-model.md §1.1:
+//! Semantics follow the SDM as summarised in docs/design/kernel-model.md §1.1:
 //! * `INVLPG va` drops the entry for `va` in the current PCID and any global entry for `va`,
 //!   and (conservatively, as the SDM allows) every PSC entry of the current PCID;
 //! * a CR3 write without NOFLUSH drops every non-global entry (and PSC entry) of the new PCID;

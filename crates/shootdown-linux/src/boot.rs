@@ -1,5 +1,5 @@
 //! What a booting guest does that seed 004 is about, as user operations of a guest task (the
-//! firmware and early kernel code on each vCPU, kvm-mmu-seeds.md §2.3–§2.4): writes of MTRR MSRs
+//! firmware and early kernel code on each vCPU, docs/design/kvm-mmu-seeds.md §2.3–§2.4): writes of MTRR MSRs
 //! (a WRMSR exit, or the VMM's `KVM_SET_MSRS` at reset), CR0.CD changes (a CR exit), and the
 //! guest-side synchronization that decides how concurrent the resulting zap requests are —
 //! spinlocks (SeaBIOS's `SMPLock`, Linux's `cache_disable_lock`) and rendezvous (OVMF's AP

@@ -37,7 +37,7 @@ macro_rules! locations {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Loc { $( $(#[doc = $doc])* $var($($t),*), )+ }
 
-        /// Cache-line identities: which variables share a line is the point (kernel-model.md
+        /// Cache-line identities: which variables share a line is the point (docs/design/kernel-model.md
         /// §1.2).
         #[allow(unused_variables)]
         pub(crate) fn line_of(m: &Machine, loc: Loc) -> LineId {
@@ -190,7 +190,7 @@ locations! {
         });
     }
     /// Guest memory: `struct kvm_steal_time.preempted` of a vCPU (`KVM_VCPU_PREEMPTED`,
-    /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (kernel-model.md §3.1).
+    /// `KVM_VCPU_FLUSH_TLB`), shared by the guest's PV flush and the host (docs/design/kernel-model.md §3.1).
     Preempted(c: u32) {
         line(m) = percpu_line(c as CpuId, PerCpuLine::StealTime);
         read(m) = m.host.as_ref().map_or(0, |h| h.steal_preempted[c as usize]) as u64;

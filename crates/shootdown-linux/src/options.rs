@@ -169,7 +169,7 @@ named_enum! {
 }
 
 named_enum! {
-    /// Lazy-TLB design (seed 002 and what followed; kernel-model.md §1.5–1.8).
+    /// Lazy-TLB design (seed 002 and what followed; docs/design/kernel-model.md §1.5–1.8).
     pub enum LazyTlb {
         /// v4.12 (V0): `cpu_tlbstate.state` OK/LAZY; lazy CPUs stay in `mm_cpumask`, the first
         /// flush IPI makes them `leave_mm()` to init_mm.
@@ -201,7 +201,7 @@ named_enum! {
 
 named_enum! {
     /// The fast path of each VMREAD/VMWRITE after the VMX instruction (seed 000's second cover
-    /// letter, kernel-model.md §6): how many instructions check for VMfail on success.
+    /// letter, docs/design/kernel-model.md §6): how many instructions check for VMfail on success.
     pub enum VmxInsnErrorCheck {
         /// v5.4+ (`asm goto`: one hinted `JNA`/`JA` to an out-of-line error path), or ≤v5.2 with
         /// a compiler that has flag outputs (`CC_SET` becomes one Jcc): 1 instruction.
@@ -230,7 +230,7 @@ impl VmxInsnErrorCheck {
 }
 
 named_enum! {
-    /// Which host `vcpu_put`s mark a vCPU preempted in its steal-time area (kernel-model.md
+    /// Which host `vcpu_put`s mark a vCPU preempted in its steal-time area (docs/design/kernel-model.md
     /// §3.3).
     pub enum SetPreempted {
         /// v4.16–v5.x: `kvm_arch_vcpu_put` calls `kvm_steal_time_set_preempted` on every put,
@@ -243,7 +243,7 @@ named_enum! {
 }
 
 named_enum! {
-    /// The KVM around the MMU (seed 003; kernel-model.md §4.3–§4.5): how memslot updates mark
+    /// The KVM around the MMU (seed 003; docs/design/kernel-model.md §4.3–§4.5): how memslot updates mark
     /// and publish the generation, what the MMIO cache and MMIO SPTEs accept, what a
     /// `KVM_REQ_TLB_FLUSH` flushes, and the form of each memslot zap strategy.
     pub enum KvmVersion {
@@ -268,7 +268,7 @@ named_enum! {
 
 named_enum! {
     /// What `kvm_arch_flush_shadow_memslot()` zaps when a memslot is deleted or moved
-    /// (kernel-model.md §4.5; the form of each follows `kvm`).
+    /// (docs/design/kernel-model.md §4.5; the form of each follows `kvm`).
     pub enum MemslotZap {
         /// `kvm_mmu_zap_all()`: every shadow page, with lock breaks (the v5.3-rc revert; can
         /// livelock against faulting vCPUs).
@@ -285,7 +285,7 @@ named_enum! {
 
 named_enum! {
     /// Which guest MTRR and CR0.CD changes make KVM zap SPTEs while it honours guest MTRRs (EPT
-    /// with non-coherent DMA; seed 004, kvm-mmu-seeds.md §2.2). The zap covers what the memory
+    /// with non-coherent DMA; seed 004, docs/design/kvm-mmu-seeds.md §2.2). The zap covers what the memory
     /// type of a leaf SPTE (`vmx_get_mt_mask`) may have depended on.
     pub enum MtrrZap {
         /// v6.5 (seed 004's Base1): `update_mtrr()` zaps on every MTRR MSR write (MTRRs
@@ -424,7 +424,7 @@ mutants! {
     /// flush was asked for and the invalid list is *not* empty (an inverted `list_empty()`):
     /// the prepared pages are neither flushed nor freed before `mmu_lock` is dropped.
     remote_flush_or_zap_inverted = "K10",
-    /// Seed 003 v1's "zap vs flush priority bug" (F1 in kvm-mmu-seeds.md §4; the v1 body was
+    /// Seed 003 v1's "zap vs flush priority bug" (F1 in docs/design/kvm-mmu-seeds.md §4; the v1 body was
     /// not retrieved, this is its likely shape): `kvm_mmu_remote_flush_or_zap()` honours a
     /// requested flush first and returns, leaving a non-empty invalid list uncommitted (the
     /// zapped pages leak).

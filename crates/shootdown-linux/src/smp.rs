@@ -1,5 +1,5 @@
 //! kernel/smp.c: `smp_call_function_many_cond()` and the CALL_FUNCTION handler
-//! `__flush_smp_call_function_queue()` (kernel-model.md §2). Only `flush_tlb_func` is ever
+//! `__flush_smp_call_function_queue()` (docs/design/kernel-model.md §2). Only `flush_tlb_func` is ever
 //! called through it in this model.
 //!
 //! Simplifications: the v5.x single-target fast path (`smp_call_function_single` with an

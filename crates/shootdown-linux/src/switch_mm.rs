@@ -1,4 +1,4 @@
-//! `switch_mm_irqs_off()` and `enter_lazy_tlb()` in each version of kernel-model.md §1.5–1.6.
+//! `switch_mm_irqs_off()` and `enter_lazy_tlb()` in each version of docs/design/kernel-model.md §1.5–1.6.
 //!
 //! The ordering every version must keep (and the mutants break): **set our bit in
 //! `mm_cpumask(next)` → read `next->context.tlb_gen` → CR3 write**, pairing with the flusher's

@@ -1,5 +1,5 @@
 //! arch/x86/mm/tlb.c: `flush_tlb_mm_range`, `flush_tlb_func`, `choose_new_asid`, and the local
-//! flush primitives. Variants follow kernel-model.md §1.3, §1.7–§1.9.
+//! flush primitives. Variants follow docs/design/kernel-model.md §1.3, §1.7–§1.9.
 
 use crate::counters::Counter;
 use crate::frame::{CallCond, Flow, Frame};

@@ -291,7 +291,7 @@ impl Machine {
     }
 
     /// The page walker caches a translation nobody asked for, through whatever CR3 is loaded —
-    /// including a lazy CPU's (kernel-model.md §1.1: fills are asynchronous and speculative).
+    /// including a lazy CPU's (docs/design/kernel-model.md §1.1: fills are asynchronous and speculative).
     pub(crate) fn speculative_fill<E: Env>(&mut self, cpu: CpuId, vpn: Vpn, env: &mut E) {
         let mm = self.cpus[cpu].cr3_mm;
         let pcid = self.fill_pcid(cpu);

@@ -1,4 +1,4 @@
-//! Unit tests of single mechanisms against the spec (kernel-model.md §1.4–§1.10, §2).
+//! Unit tests of single mechanisms against the spec (docs/design/kernel-model.md §1.4–§1.10, §2).
 
 use shootdown_engine::timed::{Limits, Stop, TimedDriver};
 use shootdown_engine::{Model, Time};
@@ -472,7 +472,7 @@ fn an_ipi_interrupts_long_user_work() {
     );
 }
 
-/// `flush_tlb_mm_range()` (kernel-model.md §1.7): a range of at most
+/// `flush_tlb_mm_range()` (docs/design/kernel-model.md §1.7): a range of at most
 /// `tlb_single_page_flush_ceiling` pages is flushed page by page (INVLPG each), a longer one
 /// with one full flush.
 #[test]
@@ -564,7 +564,7 @@ fn one_shootdown(smp_call: SmpCall) -> (Time, Counters) {
     (m.perf.marks[a as usize][0], m.counters().clone())
 }
 
-/// Seed 000's concurrent flush (kernel-model.md §2.3, `SCF_RUN_LOCAL`): the
+/// Seed 000's concurrent flush (docs/design/kernel-model.md §2.3, `SCF_RUN_LOCAL`): the
 /// initiator runs its local flush while the remote CPU handles the IPI, instead of flushing
 /// locally first and only then sending the IPI and waiting. Same work, less initiator time.
 #[test]
@@ -582,7 +582,7 @@ fn concurrent_flush_overlaps_the_local_flush_with_the_remote_one() {
     );
 }
 
-/// PTI without INVPCID (kernel-model.md §1.4): a flush of a user page INVLPGs the kernel PCID
+/// PTI without INVPCID (docs/design/kernel-model.md §1.4): a flush of a user page INVLPGs the kernel PCID
 /// and only marks the user PCID in `user_pcid_flush_mask`; the stale user-PCID entry survives
 /// until the return to user (`SWITCH_TO_USER_CR3`) flushes that PCID. With INVPCID the user
 /// entry goes at once and nothing is deferred.
@@ -688,7 +688,7 @@ fn flushes_after_switching_away(lazy_tlb: LazyTlb) -> (Counters, bool) {
     (m.counters().clone(), in_mask)
 }
 
-/// Mainline (v6.x, kernel-model.md §1.8): `switch_mm_irqs_off` leaves the CPU in the old mm's
+/// Mainline (v6.x, docs/design/kernel-model.md §1.8): `switch_mm_irqs_off` leaves the CPU in the old mm's
 /// `mm_cpumask`; the first flush after a second (`should_trim_cpumask`) IPIs it anyway and its
 /// `flush_tlb_func`, finding another mm loaded, clears the stale bit; later flushes skip it.
 /// v5.x (`is_lazy`) clears the bit at the switch, so no flush ever reaches it.

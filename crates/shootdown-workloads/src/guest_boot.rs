@@ -1,4 +1,4 @@
-//! A guest booting while KVM honours its memory types (seed 004, kvm-mmu-seeds.md §2.3–§2.5,
+//! A guest booting while KVM honours its memory types (seed 004, docs/design/kvm-mmu-seeds.md §2.3–§2.5,
 //! §7.2): every vCPU runs a script of the MTRR writes, CR0.CD changes, guest locks and EPT
 //! population its firmware and kernel make, and KVM zaps SPTEs for them. The scripts are data:
 //! an experiment's `[workload]` table describes the firmware and kernel (`docs/experiment-format.md`,

@@ -1,4 +1,4 @@
-//! mmtest with `rom.sh` (seed 003: `mmtest -c 8 -m 2000 -e ./rom.sh`, kvm-mmu-seeds.md §1).
+//! mmtest with `rom.sh` (seed 003: `mmtest -c 8 -m 2000 -e ./rom.sh`, docs/design/kvm-mmu-seeds.md §1).
 //! Eight guest threads each re-access their already populated 2000 MB while, in the same guest,
 //! `rom.sh` reads a PCI option ROM through sysfs. Each 4 KiB chunk of that read enables the ROM
 //! BAR and disables it again (`pci_map_rom` / `pci_unmap_rom`), and QEMU answers each toggle by
@@ -8,7 +8,7 @@
 //! Metric: mmtest's time, taken as the mean over threads of one timed pass, in milliseconds.
 //!
 //! What mmtest times, the EPT leaf size and how often `rom.sh` reads the ROM inside the timed
-//! window are not known (kvm-mmu-seeds.md §1.5, §6); each is a parameter, and
+//! window are not known (docs/design/kvm-mmu-seeds.md §1.5, §6); each is a parameter, and
 //! docs/reproduction.md shows what each choice predicts:
 //! * `ept_leaf = "2m"` (default): the host backs guest RAM with THP, so KVM maps it with 2 MiB
 //!   EPT leaves; `"4k"`: 4 KiB leaves (no THP), 512 times the re-faults.

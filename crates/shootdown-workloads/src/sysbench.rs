@@ -13,7 +13,7 @@
 //! `--file-fsync-mode` only matters in sync/async mode): `find_vma` under `mmap_sem` held for read,
 //! then `vfs_fsync_range(datasync=1)`, the same `ext4_sync_file()` as `fdatasync()`. On DAX that
 //! write-protects each dirty entry of that file (`dax_writeback_one` → `pfn_mkclean`/`dax_entry_mkclean`) and flushes it from every
-//! CPU running the mm with a one-entry `flush_tlb_mm_range` (kernel-model.md §8.3(a)). All
+//! CPU running the mm with a one-entry `flush_tlb_mm_range` (docs/design/kernel-model.md §8.3(a)). All
 //! threads share the process's mm. The files start mapped and clean (the steady state).
 //!
 //! `dax_pmd = false` (the default) maps the files with 4 KiB PTEs, one `dax_writeback_one` and one

@@ -1,4 +1,4 @@
-//! A VM-exit microbenchmark (seed 000's second cover letter, kernel-model.md §6): every vCPU
+//! A VM-exit microbenchmark (seed 000's second cover letter, docs/design/kernel-model.md §6): every vCPU
 //! runs a thread that executes CPUID in a loop — an exit KVM emulates — like kvm-unit-tests'
 //! `vmexit cpuid`. Each exit pays the VM exit + entry, the error checks after the
 //! `vmcs_accesses_per_exit` VMREAD/VMWRITEs of the exit path (option `vmx_insn_error_check`),

@@ -1,7 +1,7 @@
 //! virt/kvm/kvm_main.c: a vCPU thread's preempt notifiers (`kvm_sched_out` / `kvm_sched_in`),
 //! vCPU requests and kicks (`kvm_make_all_cpus_request`), `kvm_flush_remote_tlbs`, SRCU on
 //! `kvm->srcu`, memslot updates (`__kvm_set_memory_region`, `install_new_memslots`) and the MMU
-//! notifiers (kernel-model.md §4.2–§4.3; kvm-mmu-seeds.md §1.2).
+//! notifiers (docs/design/kernel-model.md §4.2–§4.3; docs/design/kvm-mmu-seeds.md §1.2).
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};

@@ -9,7 +9,7 @@
 //!
 //! The generation (`slots->generation`, the location `Loc::SlotsGen`) marks an update in
 //! progress and is what MMIO SPTEs and the per-vCPU MMIO cache are validated against
-//! (kernel-model.md §4.3–§4.4): v5.0 makes it odd (+1, then +3 when done), v5.1 and later set
+//! (docs/design/kernel-model.md §4.3–§4.4): v5.0 makes it odd (+1, then +3 when done), v5.1 and later set
 //! bit 63 (then `+ KVM_ADDRESS_SPACE_NUM` when done).
 
 use shootdown_hw::ept::Gfn;

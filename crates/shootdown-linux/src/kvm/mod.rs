@@ -7,7 +7,7 @@
 //! [`oracle`] the KVM invariants the oracle checks. The host that schedules the threads is
 //! [`crate::host`].
 //!
-//! **PV TLB flush** (seed 001; kernel-model.md §3.3–§3.5): `VcpuPut(v)` is H1+H2 (the host
+//! **PV TLB flush** (seed 001; docs/design/kernel-model.md §3.3–§3.5): `VcpuPut(v)` is H1+H2 (the host
 //! preempts the vCPU thread: VM exit, `kvm_sched_out` → `kvm_arch_vcpu_put` →
 //! `kvm_steal_time_set_preempted`); the thread then waits in `vcpu_run` ([`VcpuRun`], a frame on
 //! the vCPU's host stack) and its next `Step` is H3..H7 (`vcpu_load`, `record_steal_time`
@@ -17,13 +17,13 @@
 //! steal-time byte go straight to memory: VM exits and the host's locked operations around them
 //! order them; the guest side goes through the vCPU's store buffer like any guest access.
 //!
-//! **KVM MMU** (seed 003; kernel-model.md §4): a VM may have its second translation stage
+//! **KVM MMU** (seed 003; docs/design/kernel-model.md §4): a VM may have its second translation stage
 //! modelled ([`Kvm`]): memslots, an EPT of direct shadow pages under `mmu_lock`, and the
 //! `vcpu_enter_guest` handshake with `vcpu->mode` and requests. Its guest accesses then walk
 //! the EPT too; an EPT violation or misconfiguration exits to KVM, whose fault path runs as
 //! frames on the vCPU's host stack.
 //!
-//! **TDP MMU and guest memory types** (seed 004; kernel-model.md §4.6, §5): with `tdp_mmu` the
+//! **TDP MMU and guest memory types** (seed 004; docs/design/kernel-model.md §4.6, §5): with `tdp_mmu` the
 //! EPT is the TDP MMU's (`mmu::tdp_mmu`, `mmu_lock` a rwlock); [`mtrr`] is the guest's MTRRs and
 //! the memory types they give, [`mtrr_zap`] the zaps an MTRR write or a CR0.CD toggle asks for
 //! (and patch 9's serialized list), `vmx::vmx_get_mt_mask` the type baked into each leaf.

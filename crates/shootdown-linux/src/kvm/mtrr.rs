@@ -1,6 +1,6 @@
 //! arch/x86/kvm/mtrr.c: a vCPU's guest MTRRs, the memory type they give a guest frame, and which
 //! guest frames KVM zaps when they or CR0.CD change while KVM honours them (seed 004;
-//! kernel-model.md §5; kvm-mmu-seeds.md §2.2, §2.5, §2.6).
+//! docs/design/kernel-model.md §5; docs/design/kvm-mmu-seeds.md §2.2, §2.5, §2.6).
 //!
 //! While a VM has non-coherent DMA (an assigned device without snoop control) and EPT, KVM bakes
 //! the guest's memory type into each leaf SPTE it creates (`vmx_get_mt_mask`): UC+IPAT or WB+IPAT
@@ -499,7 +499,7 @@ pub fn split_in_slots<'a>(
 mod tests {
     use super::*;
 
-    /// OVMF's MTRRs after PlatformInitLib's MemDetect (kvm-mmu-seeds.md §2.5): default WB,
+    /// OVMF's MTRRs after PlatformInitLib's MemDetect (docs/design/kvm-mmu-seeds.md §2.5): default WB,
     /// fixed WB except 640 KiB–1 MiB UC, variable UC from 2 GiB to 4 GiB.
     fn ovmf() -> MtrrState {
         let mut s = MtrrState {

@@ -5,14 +5,14 @@
 //! `kvm_mtrr_zap_gfn_range()`, which queues the ranges on the VM's `mtrr_zap_list` and lets one
 //! vCPU (the winner of `mtrr_zapping`) drain it while the others spin until it is done.
 //!
-//! Which changes zap follows [`MtrrZap`] (kvm-mmu-seeds.md §2.2): v6.5 zaps on every MTRR write
+//! Which changes zap follows [`MtrrZap`] (docs/design/kvm-mmu-seeds.md §2.2): v6.5 zaps on every MTRR write
 //! (only `MTRRdefType` while MTRRs are disabled) and, with QEMU's `CD_NW_CLEARED` quirk, never
 //! on a CR0.CD toggle; Base2 (patch 6) skips MTRR writes under CR0.CD=1 and zaps on every
 //! toggle; patch 10 narrows a toggle's zap to the ranges whose type can change; patch 11 splits
 //! each range into its in-memslot pieces. The request is what seed 004 counts ("zap cnt") and
 //! times ("zap cycles": from the trigger to the return, waits included).
 //!
-//! Patch 9 is modelled as posted (v4 09/12, never merged), including the window kernel-model.md
+//! Patch 9 is modelled as posted (v4 09/12, never merged), including the window docs/design/kernel-model.md
 //! §5.2 suspects: the drainer finds the list empty and drops the list lock, a loser queues its
 //! range, fails the `cmpxchg` on `mtrr_zapping`, then sees the drainer's release of it and
 //! returns with its range still queued.

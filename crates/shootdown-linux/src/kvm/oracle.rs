@@ -1,5 +1,5 @@
-//! The invariants of KVM's translation coherence the oracle checks (kernel-model.md §4.4,
-//! §4.7; bugs/CATALOG.md), in both drivers, besides `INV-STALE` and `INV-PTFREE` for SPTEs,
+//! The invariants of KVM's translation coherence the oracle checks (docs/design/kernel-model.md §4.4,
+//! §4.7; docs/bugs/CATALOG.md), in both drivers, besides `INV-STALE` and `INV-PTFREE` for SPTEs,
 //! which the hardware access path checks like the guest's (`user.rs`, `shootdown_hw::oracle`):
 //!
 //! * `INV-FLUSH-OWED` — when `mmu_lock` is released (`spin_unlock`, a lock break), no vCPU can
@@ -9,7 +9,7 @@
 //!   from memslots older than those the vCPU's SRCU read section sees, where those map RAM;
 //! * `INV-SLOT` — when a memslot deletion returns, no SPTE maps a frame of the slot, no vCPU
 //!   can still use a translation of one, and no shadow page of the slot is left behind;
-//! * `INV-MEMTYPE` (kernel-model.md §5.4 T1, T2) — when a vCPU whose MTRR write or CR0.CD
+//! * `INV-MEMTYPE` (docs/design/kernel-model.md §5.4 T1, T2) — when a vCPU whose MTRR write or CR0.CD
 //!   toggle made a zap request enters the guest again, no TDP MMU leaf it created in the range
 //!   the change affects carries a memory type other than the one its state now gives every
 //!   frame the leaf maps; and when a non-coherent device's assignment (and its zap) returns, no
@@ -107,7 +107,7 @@ impl Machine {
         }
     }
 
-    /// Oracle, when a memslot deletion returns (kernel-model.md §4.7 K5): `INV-SLOT` if an
+    /// Oracle, when a memslot deletion returns (docs/design/kernel-model.md §4.7 K5): `INV-SLOT` if an
     /// SPTE still maps a frame of `slot`, a vCPU that will not reload or flush before entering
     /// still caches a translation of one, or a shadow page of the slot is neither live nor
     /// freed (zapped and leaked).

@@ -1,5 +1,5 @@
 //! arch/x86/kvm/vmx: what a VM exit and entry cost (with the VMX-instruction error checks of
-//! seed 000's second cover letter, kernel-model.md §6), and the guest TLB flush KVM does for a
+//! seed 000's second cover letter, docs/design/kernel-model.md §6), and the guest TLB flush KVM does for a
 //! vCPU (INVVPID).
 
 use crate::counters::Counter;

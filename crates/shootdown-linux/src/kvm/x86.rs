@@ -1,10 +1,10 @@
 //! arch/x86/kvm/x86.c: the vCPU thread's way back into the guest (`vcpu_run` →
 //! `vcpu_enter_guest`) and the host side of the paravirtual TLB flush — the steal-time byte
 //! that `kvm_arch_vcpu_put` marks (`kvm_steal_time_set_preempted`) and that `record_steal_time`
-//! consumes before entry (kernel-model.md §3.3–§3.5; CVE-2019-3016's two halves are mutants K1
+//! consumes before entry (docs/design/kernel-model.md §3.3–§3.5; CVE-2019-3016's two halves are mutants K1
 //! and K2).
 //!
-//! With a KVM MMU, `vcpu_run` is the whole loop of kernel-model.md §4.2: after an exit,
+//! With a KVM MMU, `vcpu_run` is the whole loop of docs/design/kernel-model.md §4.2: after an exit,
 //! `vcpu->mode = OUTSIDE_GUEST_MODE`, interrupts on (kicks are acknowledged), SRCU read lock,
 //! the exit handled (an EPT violation or misconfiguration through the MMU's fault paths, MMIO
 //! emulated); then the requests (`KVM_REQ_MMU_RELOAD` before `KVM_REQ_TLB_FLUSH`), a root

@@ -4,7 +4,7 @@
 //! covers, an MMIO SPTE and an entry in the per-vCPU MMIO cache); an EPT misconfiguration (an
 //! MMIO SPTE) goes to `handle_mmio_page_fault` (the MMIO cache, a lockless walk,
 //! `check_mmio_spte`) and falls back to `tdp_page_fault` when the SPTE is stale
-//! (kernel-model.md §4.4; kvm-mmu-seeds.md §1.2).
+//! (docs/design/kernel-model.md §4.4; docs/design/kvm-mmu-seeds.md §1.2).
 //!
 //! Simplifications: no `fast_page_fault`, no async page faults, gfn-to-pfn is one step (a
 //! memslot lookup; no GUP), no write tracking, the RO-slot write path (`KVM_PFN_ERR_RO_FAULT`)

@@ -1,5 +1,5 @@
 //! `kvm->mmu_lock` (a spinlock in v5.x) and the oracle's rule for releasing it
-//! (kernel-model.md §4.7 K1): a flush owed for SPTEs zapped under the lock is done before the
+//! (docs/design/kernel-model.md §4.7 K1): a flush owed for SPTEs zapped under the lock is done before the
 //! lock is dropped, by `spin_unlock` or by a lock break (`cond_resched_lock`). Otherwise another
 //! thread may find the SPTE already gone, conclude no flush is needed, and let the host free the
 //! page while a vCPU still caches it.

@@ -1,6 +1,6 @@
 //! arch/x86/kvm/mmu: the direct (EPT) MMU of a VM in its v5.x "legacy" form — shadow pages on
 //! `active_mmu_pages` with `mmu_valid_gen`, the page hash, rmaps, and their zapping — plus the
-//! fault paths that fill it (kernel-model.md §4; kvm-mmu-seeds.md §1.3).
+//! fault paths that fill it (docs/design/kernel-model.md §4; docs/design/kvm-mmu-seeds.md §1.3).
 //!
 //! * [`fault`] — `tdp_page_fault` (an EPT violation) and `handle_mmio_page_fault` (an EPT
 //!   misconfiguration), with MMIO SPTEs and the per-vCPU MMIO cache;

@@ -13,7 +13,7 @@
 //!
 //! So waiters are served in FIFO order and a waiting writer holds back newly arriving readers:
 //! the "queued fairness" that makes concurrent `kvm_zap_gfn_range()` callers hand the lock to
-//! each other one yield at a time (kvm-mmu-seeds.md §2.7). `rwlock_needbreak()` is
+//! each other one yield at a time (docs/design/kvm-mmu-seeds.md §2.7). `rwlock_needbreak()` is
 //! `queued_rwlock_is_contended()` (= `wait_lock` is held) with `CONFIG_PREEMPTION`, which seed
 //! 004's host has. Readers in interrupt context (which skip the queue) do not occur here.
 //!

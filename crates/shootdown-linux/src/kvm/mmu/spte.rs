@@ -1,5 +1,5 @@
 //! MMIO SPTEs and their generation (arch/x86/kvm/mmu.c `mark_mmio_spte`, `check_mmio_spte`,
-//! `kvm_mmu_invalidate_mmio_sptes`; kernel-model.md §4.4). An MMIO SPTE keeps the low
+//! `kvm_mmu_invalidate_mmio_sptes`; docs/design/kernel-model.md §4.4). An MMIO SPTE keeps the low
 //! `mmio_gen_bits` of the memslot generation it was created under; a later access accepts it
 //! only if the current generation matches — which a wrap of those bits defeats unless every
 //! MMIO SPTE is zapped first.

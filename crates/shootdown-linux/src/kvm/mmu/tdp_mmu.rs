@@ -1,5 +1,5 @@
 //! arch/x86/kvm/mmu/tdp_mmu.c (and `kvm_zap_gfn_range` of mmu.c) as of v6.5, the base of seed
-//! 004 (kvm-mmu-seeds.md §2.2, §2.6, §2.7; kernel-model.md §4.6):
+//! 004 (docs/design/kvm-mmu-seeds.md §2.2, §2.6, §2.7; docs/design/kernel-model.md §4.6):
 //!
 //! * roots: one per address space and role, shared by the vCPUs that use it
 //!   (`kvm_tdp_mmu_get_vcpu_root_hpa`), with a reference count; this VM has one role, so one

@@ -1,5 +1,5 @@
-//! What KVM zaps when a memslot goes away (`kvm_arch_flush_shadow_memslot`, kernel-model.md
-//! §4.5; kvm-mmu-seeds.md §1.3) and when the MMIO generation wraps
+//! What KVM zaps when a memslot goes away (`kvm_arch_flush_shadow_memslot`, docs/design/kernel-model.md
+//! §4.5; docs/design/kvm-mmu-seeds.md §1.3) and when the MMIO generation wraps
 //! (`kvm_mmu_invalidate_mmio_sptes`), each strategy in the form `kvm` selects:
 //!
 //! * `fast_invalidate` (`kvm_mmu_invalidate_zap_all_pages`, v5.0; `kvm_mmu_zap_all_fast`
