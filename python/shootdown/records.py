@@ -67,6 +67,9 @@ __all__ = [
     "change_pct",
     "noise_pct",
     "direction",
+    "in_band",
+    "BAND_PP",
+    "BAND_REL",
     "build_records",
     "empty_records",
     "concat_records",
@@ -80,6 +83,12 @@ COUNTER_PREFIX = "c."
 #: Smallest change (in %) that counts as a direction; also the noise assumed when a side's
 #: standard deviations are unknown.
 FLAT_THRESHOLD_PCT = 0.5
+
+#: A simulated change is *in band* when it lies within ``max(BAND_PP, BAND_REL × |published
+#: change|)`` percentage points of the published change: 2 pp for small changes, 25 % of the
+#: change for large ones.
+BAND_PP = 2.0
+BAND_REL = 0.25
 
 #: Fixed columns of a points frame (counter columns ``c.*`` sit between ``wall_s`` and
 #: ``violations``).
@@ -142,9 +151,12 @@ SUMMARY_COLUMNS: Tuple[str, ...] = (
 #: ``simulated`` mean · ``stdev`` sample stdev · ``published`` / ``published_stdev`` ·
 #: ``change_pct`` / ``published_change_pct`` vs the baseline variant · ``noise_pct`` /
 #: ``published_noise_pct`` the flat threshold used · ``direction`` / ``published_direction``
-#: "up" | "down" | "flat" | None · ``direction_ok`` bool | None · ``violations`` number of
-#: invariant violations seen in the simulated runs · ``fitted`` the profile's cost keys fitted
-#: on this published cell, comma-separated ("" for a prediction).
+#: "up" | "down" | "flat" | None · ``direction_ok`` bool | None · ``in_band`` bool | None: the
+#: simulated change within :func:`in_band`'s band of the published one (None where
+#: ``direction_ok`` is) · ``change_fitted`` bool | None: this cell or its row's baseline cell
+#: was fitted on, so the change is not a prediction (None for baselines) · ``violations`` number
+#: of invariant violations seen in the simulated runs · ``fitted`` the profile's cost keys
+#: fitted on this published cell, comma-separated ("" for a prediction).
 #:
 #: Provenance (:mod:`shootdown.provenance`; appended last so positional consumers keep
 #: working): ``experiment_path`` the experiment file read · ``sets`` the ``--set KEY=VALUE``
@@ -186,6 +198,8 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     "direction",
     "published_direction",
     "direction_ok",
+    "in_band",
+    "change_fitted",
     "violations",
     "fitted",
     "layout",
@@ -213,6 +227,8 @@ _OBJECT_RECORD_COLUMNS = (
     "direction",
     "published_direction",
     "direction_ok",
+    "in_band",
+    "change_fitted",
     "experiment_path",
     "quick",
     "inputs_sha256",
@@ -359,6 +375,15 @@ def direction(change: Any, noise: Any) -> Optional[str]:
     return "up" if c > 0 else "down"
 
 
+def in_band(change: Any, published_change: Any) -> Optional[bool]:
+    """Whether ``change`` lies within ``max(BAND_PP, BAND_REL × |published_change|)`` of
+    ``published_change`` (percentage points); ``None`` if either is unknown."""
+    c, p = _num(change), _num(published_change)
+    if math.isnan(c) or math.isnan(p):
+        return None
+    return abs(c - p) <= max(BAND_PP, BAND_REL * abs(p))
+
+
 def _stats(values: Iterable[float]) -> Tuple[int, float, float]:
     vals = [float(v) for v in values]
     n = len(vals)
@@ -498,6 +523,10 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
             sim_dir = direction(rec["change_pct"], noise)
             pub_dir = direction(rec["published_change_pct"], pub_noise)
         ok = None if (modified or sim_dir is None or pub_dir is None) else sim_dir == pub_dir
+        band = None if ok is None else in_band(rec["change_pct"], rec["published_change_pct"])
+        fitted_change = (
+            None if is_base or base is None else bool(rec.get("fitted") or base.get("fitted"))
+        )
         out.append(
             {
                 "seed": exp.get("seed"),
@@ -524,6 +553,8 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
                 "direction": sim_dir,
                 "published_direction": pub_dir,
                 "direction_ok": ok,
+                "in_band": band,
+                "change_fitted": fitted_change,
                 "violations": int(rec["violations"]),
                 "fitted": str(rec.get("fitted") or ""),
                 **{k: v for k, v in prov.items() if k != "profile"},

@@ -33,7 +33,15 @@ from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Unio
 import pandas as pd
 
 from .provenance import modifying_sets, split_sets
-from .records import POINT_PROVENANCE_COLUMNS, _num, is_missing, row_key, to_dicts
+from .records import (
+    BAND_PP,
+    BAND_REL,
+    POINT_PROVENANCE_COLUMNS,
+    _num,
+    is_missing,
+    row_key,
+    to_dicts,
+)
 from .schema import BenchResult, CheckResult, ScenarioInfo
 
 __all__ = [
@@ -163,6 +171,37 @@ def _fitted_note(recs: List[Dict[str, Any]]) -> List[str]:
     ]
 
 
+def _judgement_lines(recs: List[Dict[str, Any]]) -> List[str]:
+    """The summary under a table: of the *predicted* changes (neither cell fitted on), how many
+    have the published direction and how many lie in band (records.in_band); the changes whose
+    cells a profile cost was fitted on are listed apart, judged but not counted."""
+    judged = [r for r in recs if r.get("direction_ok") is not None]
+    predicted = [r for r in judged if not r.get("change_fitted")]
+    fitted = [r for r in judged if r.get("change_fitted")]
+    lines: List[str] = []
+    if predicted:
+        bad = sum(1 for r in predicted if not r["direction_ok"])
+        band = sum(1 for r in predicted if r.get("in_band"))
+        summary = (
+            f"predicted changes: directions {len(predicted) - bad} of {len(predicted)} match"
+            + (f", {bad} MISMATCH" if bad else "")
+            + f"; {band} of {len(predicted)} in band (within max({BAND_PP:g} pp,"
+            f" {BAND_REL:.0%}) of the published change)"
+        )
+        lines.append(summary)
+    if fitted:
+        each = ", ".join(
+            f"{r['row']} {r['label']} ({'✓' if r['direction_ok'] else '✗'}"
+            f"{', in band' if r.get('in_band') else ', out of band'})"
+            for r in fitted
+        )
+        lines.append(f"fitted changes, not counted: {each}")
+    seed = recs[0].get("seed")
+    if seed and any(not r["direction_ok"] or not r.get("in_band") for r in predicted):
+        lines.append(f"the changes that miss, and why: docs/reproduction.md, section 'Seed {seed}'")
+    return lines
+
+
 def _violations_note(recs: List[Dict[str, Any]]) -> List[str]:
     """The line counting the invariant violations of the simulated runs, if any."""
     violations = sum(int(r.get("violations") or 0) for r in recs)
@@ -233,7 +272,7 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
 
     lines = [title, ""] + _render(header, body)
     lines += _fitted_note(recs)
-    judged = [r["direction_ok"] for r in recs if r.get("direction_ok") is not None]
+    judged = [r for r in recs if r.get("direction_ok") is not None]
     if modified and has_pub:
         lines += [
             "",
@@ -241,12 +280,7 @@ def _format_experiment(recs: List[Dict[str, Any]]) -> str:
             "numbers of the unmodified one, not comparable with this run: no direction is judged",
         ]
     elif judged:
-        bad = sum(1 for ok in judged if not ok)
-        summary = f"directions: {len(judged) - bad} of {len(judged)} match"
-        lines += ["", summary + (f", {bad} MISMATCH" if bad else "")]
-        seed = recs[0].get("seed")
-        if bad and seed:
-            lines.append(f"why each mismatch: docs/reproduction.md, section 'Seed {seed}'")
+        lines += [""] + _judgement_lines(recs)
     lines += _violations_note(recs)
     return "\n".join(lines)
 
@@ -340,6 +374,7 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
     # Each variant against the one it builds on, per row: does the metric move as published?
     judged = bad_dirs = 0
     mismatches: List[str] = []
+    fitted_dirs: List[str] = []
     for row in rows:
         for name, label in variants:
             r = cell.get((row_key(row), name), {})
@@ -349,6 +384,13 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
                 continue
             sim_up = _num(r["simulated"]) > _num(q["simulated"])
             pub_up = _num(r["published"]) > _num(q["published"])
+            if r.get("fitted") or q.get("fitted"):
+                # A fitted cell's direction is not a prediction: listed apart, not counted.
+                fitted_dirs.append(
+                    f"{label} vs {q.get('label')} at {rk_name}={row}"
+                    f" ({'✓' if sim_up == pub_up else '✗'})"
+                )
+                continue
             judged += 1
             if sim_up != pub_up:
                 bad_dirs += 1
@@ -357,7 +399,11 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
         lines.append(
             f"{metric} vs the variant each builds on: {judged - bad_dirs} of {judged} directions"
             " match" + (f", {bad_dirs} MISMATCH ({'; '.join(mismatches)})" if bad_dirs else "")
+            + (" (predicted: neither cell fitted on)" if fitted_dirs else "")
         )
+    if fitted_dirs:
+        lines.append(f"fitted directions, not counted: {'; '.join(fitted_dirs)}")
+    if judged:
         seed = first.get("seed")
         if (bad_dirs or (predicted and len(predicted) > within2)) and seed:
             lines.append(

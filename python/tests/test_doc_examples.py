@@ -104,7 +104,7 @@ def _swept(out: str, workdir: Path) -> None:
 #: Every README command that runs (key: the command as written, placeholders kept).
 RUN: Dict[str, Run] = {
     # Quickstart: the prose's --quick form of the main job (the full one is skipped below).
-    "shootdown reproduce --quick": Run(expect=_prints(r"directions: \d+ of \d+")),
+    "shootdown reproduce --quick": Run(expect=_prints(r"directions \d+ of \d+")),
     "shootdown plot 002 --out seed002.svg": Run(
         add=("--quick",), expect=_wrote("seed002.svg", _svg_file), needs="matplotlib"
     ),
@@ -359,5 +359,5 @@ def test_module_docstring_quick_tour(tmp_path: Path, monkeypatch: pytest.MonkeyP
     namespace: Dict[str, object] = {}
     with contextlib.redirect_stdout(out):
         exec(compile(source, "shootdown.__doc__ (quick tour)", "exec"), namespace)
-    assert "directions:" in out.getvalue()
+    assert "predicted changes: directions " in out.getvalue()
     assert out.getvalue().splitlines()[-1] == "violation INV-PTFREE"

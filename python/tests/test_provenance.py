@@ -245,7 +245,7 @@ def test_selection_sets_still_compare(runner, fake_native, seed000) -> None:
     assert text.splitlines()[0] == "seed 000 · sysbench fileio rndwr (fake) · events/10s"
     assert "modified" not in text and "seed's pub" not in text
     assert table_rows(text)[0].rstrip().endswith("✗ MISMATCH")
-    assert "directions: 0 of 1 match, 1 MISMATCH" in text
+    assert "directions 0 of 1 match, 1 MISMATCH" in text
 
 
 def test_a_modified_run_without_published_numbers(fake_native, data_home) -> None:

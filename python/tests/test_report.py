@@ -51,8 +51,9 @@ def test_format_table_like_the_cover_letters(fake_native, data_home) -> None:
     assert rows[1].startswith("8 ") and rows[1].rstrip().endswith("✗ MISMATCH")  # up vs down
     assert "+5.2%" in rows[0] and "+2.5%" in rows[0] and "-4.1%" in rows[1]
     assert blocks[2] == (
-        "directions: 1 of 2 match, 1 MISMATCH\n"
-        "why each mismatch: docs/reproduction.md, section 'Seed 000'"
+        "predicted changes: directions 1 of 2 match, 1 MISMATCH; 0 of 2 in band (within"
+        " max(2 pp, 25%) of the published change)\n"
+        "the changes that miss, and why: docs/reproduction.md, section 'Seed 000'"
     )
     # seed 002: small published values keep one decimal like the cover letter
     assert blocks[3] == "seed 002 · MADV_DONTNEED + migrate (fake) · µs · quick"
@@ -85,6 +86,34 @@ def test_format_table_marks_fitted_cells(fake_native, seed000) -> None:
         "* fitted: profile test-profile fits user_touch_page on this cell; "
         "every other cell is a prediction"
     ) in text.split("\n\n")[2], text
+
+
+def test_a_fitted_change_is_listed_apart_and_not_counted(fake_native, seed000) -> None:
+    """A change whose cell (or whose row's baseline cell) a cost was fitted on is no
+    prediction: build_records flags it and the summary lists it apart."""
+    from shootdown.records import build_records, summarize
+
+    pts = shootdown.run(seed000, quick=True)
+    plan = pts.attrs["plan"]
+    summary = summarize(pts, plan)
+    base = summary.index[(summary["baseline"]) & (summary["row"] == 8)][0]
+    summary.loc[base, "fitted"] = "line_cross_socket"
+    recs = build_records(plan, summary)
+    flags = dict(zip(zip(recs["row"], recs["variant"]), recs["change_fitted"]))
+    assert flags[(8, "after")] is True and flags[(1, "after")] is False
+    assert flags[(8, "before")] is None  # a baseline has no change
+    text = report.format_table(recs)
+    summary_lines = text.split("\n\n")[3].splitlines()
+    assert summary_lines[0].startswith("predicted changes: directions 1 of 1 match; 0 of 1 in band")
+    assert summary_lines[1] == "fitted changes, not counted: 8 +patch-set (✗, out of band)"
+
+
+def test_in_band_is_two_points_or_a_quarter() -> None:
+    from shootdown.records import in_band
+
+    assert in_band(3.9, 2.0) and not in_band(4.1, 2.0)  # 2 pp for small changes
+    assert in_band(120.0, 100.0) and not in_band(130.0, 100.0)  # 25 % for large ones
+    assert in_band(float("nan"), 1.0) is None
 
 
 def test_format_table_reports_violations(fake_native, seed000) -> None:
