@@ -398,7 +398,8 @@ def _format_variants_as_rows(recs: List[Dict[str, Any]]) -> str:
     if judged:
         lines.append(
             f"{metric} vs the variant each builds on: {judged - bad_dirs} of {judged} directions"
-            " match" + (f", {bad_dirs} MISMATCH ({'; '.join(mismatches)})" if bad_dirs else "")
+            " match"
+            + (f", {bad_dirs} MISMATCH ({'; '.join(mismatches)})" if bad_dirs else "")
             + (" (predicted: neither cell fitted on)" if fitted_dirs else "")
         )
     if fitted_dirs:
