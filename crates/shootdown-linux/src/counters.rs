@@ -63,6 +63,12 @@ counters! {
     HostHousekeeping = "host.housekeeping",
     /// Host: halted vCPU threads woken by a kick.
     VcpuWakeups = "host.vcpu_wakeups",
+    /// KVM: PAUSE-loop exits (`handle_pause`).
+    PleExits = "kvm.pause_exits",
+    /// KVM: PLE exits whose `kvm_vcpu_on_spin` found no vCPU to boost.
+    PleNoCandidate = "kvm.ple_no_candidate",
+    /// KVM: directed yields from a PLE exit (`directed_yield_successful`, v5.13's stat).
+    DirectedYields = "kvm.directed_yield_successful",
     /// Host: IPIs that reached a vCPU whose thread was preempted (taken when it runs again).
     IpisToPreemptedVcpus = "host.ipis_to_preempted_vcpus",
     /// Host: total microseconds those IPIs waited for their vCPU to be loaded again.

@@ -105,14 +105,19 @@ fn flushers(m: &mut Machine, vm: usize, vcpus: usize) {
 }
 
 fn overcommitted(pv: bool) -> Machine {
+    overcommitted_with(pv, |_| {})
+}
+
+fn overcommitted_with(pv: bool, f: impl FnOnce(&mut HostConfig)) -> Machine {
     let topo = Topology::new(1, 4, 1).unwrap();
     let prof = Arc::new(CostProfile::uniform("t", 100.0, Features::modern()));
-    let cfg = HostConfig {
+    let mut cfg = HostConfig {
         vms: 2,
         vcpus_per_vm: 4,
         timeslice_us: 500,
         ..HostConfig::default()
     };
+    f(&mut cfg);
     // Seed 001's kernel (v4.16): a nested mmu_gather force-flushes only its range (mainline's
     // full flush with freed_tables would also IPI the lazy vCPUs).
     let opts = Options {
@@ -149,6 +154,42 @@ fn pv_tlb_flush_skips_preempted_vcpus_and_the_host_flushes_them() {
     // at the start of their sending step; +20 % since they land after the send completes.)
     let (ev, ep) = (v.get(Counter::Events), p.get(Counter::Events));
     assert!(10 * ep > 11 * ev, "vanilla {ev}, pv {ep}");
+}
+
+/// Pause-loop exiting (host/ple.rs): an initiator spinning in `csd_lock_wait` for a preempted
+/// target exits after its window, `kvm_vcpu_on_spin` boosts a preempted vCPU of its VM and the
+/// spinner gives its pCPU to the other VM's vCPU. Without PLE nothing exits and the spinners
+/// burn their slices; `yield_to_kernel_mode` changes which vCPUs are boosted.
+#[test]
+fn pause_loop_exits_yield_the_pcpu_of_a_spinning_initiator() {
+    let mut off = overcommitted_with(false, |c| c.ple_gap = 0);
+    let mut on = overcommitted_with(false, |_| {});
+    let mut any = overcommitted_with(false, |c| c.yield_to_kernel_mode = false);
+    for m in [&mut off, &mut on, &mut any] {
+        assert_eq!(run(m, 30), Stop::TimeLimit);
+    }
+    let (o, n, a) = (off.counters(), on.counters(), any.counters());
+    assert_eq!(o.get(Counter::PleExits), 0);
+    assert_eq!(o.get(Counter::DirectedYields), 0);
+    let exits = n.get(Counter::PleExits);
+    assert!(exits > 100, "{:?}", n.named());
+    // Every exit either boosted a vCPU or found none.
+    assert_eq!(
+        exits,
+        n.get(Counter::DirectedYields) + n.get(Counter::PleNoCandidate)
+    );
+    assert!(n.get(Counter::DirectedYields) > 0);
+    // A yield is a preemption of the spinner (its pCPU has another thread).
+    assert!(n.get(Counter::HostPreemptions) > o.get(Counter::HostPreemptions));
+    // Which preempted vCPUs are candidates changes what the yields do.
+    assert!(a.get(Counter::DirectedYields) > 0);
+    assert_ne!(
+        (a.get(Counter::DirectedYields), a.get(Counter::Events)),
+        (n.get(Counter::DirectedYields), n.get(Counter::Events))
+    );
+    // The spinners' slices go to useful work: more records.
+    let (eo, en) = (o.get(Counter::Events), n.get(Counter::Events));
+    assert!(en > eo, "without PLE {eo}, with {en}");
 }
 
 #[test]

@@ -101,6 +101,22 @@ host_settings! {
     housekeeping_run_us: u64 = 0, (0, MAX_US), "how long each housekeeping run takes, microseconds";
     /// VMREAD/VMWRITEs on the path of one VM exit + entry (each pays the error-check fast path).
     vmcs_accesses_per_exit: u64 = 20, (0, 10_000), "VMREAD/VMWRITEs per VM exit + entry (>= 0)";
+    /// Pause-loop exiting (`kvm_intel.ple_gap`, TSC ticks between the PAUSEs of one loop; KVM's
+    /// default since v2.6.32 is 128): 0 turns PLE off, as on a CPU without it.
+    ple_gap: u64 = 128, (0, 1 << 20), "kvm_intel.ple_gap: TSC ticks between PAUSEs of one loop (0 = no pause-loop exiting; KVM's default 128)";
+    /// `kvm_intel.ple_window`: the base window, TSC ticks a guest may PAUSE-loop before it exits.
+    ple_window: u64 = 4096, (1, 1 << 31), "kvm_intel.ple_window: base PAUSE-loop window, TSC ticks (4096)";
+    /// `kvm_intel.ple_window_grow`: a factor if below `ple_window`, else an increment (each exit).
+    ple_window_grow: u64 = 2, (0, 1 << 31), "kvm_intel.ple_window_grow: factor (< ple_window) or increment, each PLE exit (2)";
+    /// `kvm_intel.ple_window_shrink`: a divisor or decrement at sched-in; 0 resets to the base.
+    ple_window_shrink: u64 = 0, (0, 1 << 31), "kvm_intel.ple_window_shrink: divisor (< ple_window) or decrement at sched-in; 0 = reset (0)";
+    /// `kvm_intel.ple_window_max` (v4.15: INT_MAX / 2).
+    ple_window_max: u64 = 1_073_741_823, (1, u32::MAX as u64), "kvm_intel.ple_window_max, TSC ticks (v4.15: 1073741823)";
+    /// `kvm_vcpu_on_spin(vcpu, yield_to_kernel_mode)` from a PLE exit boosts only vCPUs
+    /// preempted in guest kernel mode (v4.14+, `kvm_arch_vcpu_in_kernel`).
+    yield_to_kernel_mode: bool = true, (0, 1), "true | false: directed yield only to vCPUs preempted in guest kernel mode (v4.14+)";
+    /// The TSC rate, MHz: PLE's windows are in TSC ticks.
+    tsc_mhz: u64 = 2600, (1, 100_000), "TSC frequency in MHz, for PLE's tick windows (2600)";
     }
     explorer {
         /// Explorer only: vCPUs the host may preempt (`VcpuPut`); empty = none.

@@ -12,6 +12,7 @@
 //! * [`sched`] — the host's scheduling policy for vCPU threads (timed driver only, like the
 //!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
 //!   blocking in HLT and kicks;
+//! * [`ple`] — pause-loop exiting and directed yield (timed driver only);
 //! * [`env`] — the timed driver's environment for guest steps on a host;
 //! * [`thread`] — host threads that are not vCPUs (the VMM's ioctl thread, an MMU-notifier
 //!   caller): agents with programs of their own; [`vmm`] runs their programs.
@@ -19,13 +20,14 @@
 //! This file also says where an agent runs: its pCPU ([`Machine::phys_cpu`]) and whether a vCPU
 //! is in the guest or in host code.
 //!
-//! Simplifications: no halt-polling, no pause-loop exiting / directed yield, no load balancing
+//! Simplifications: no halt-polling, no load balancing
 //! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one
 //! `vm_exit_entry` cost for every exit reason plus the emulation cost where it matters.
 
 pub mod actions;
 pub mod config;
 pub mod env;
+pub mod ple;
 pub mod sched;
 pub mod thread;
 pub mod vmm;
@@ -89,6 +91,14 @@ pub struct HostPerf {
     /// vCPU threads the host scheduler switched to during the current step, and when they run
     /// (handed to the driver after the step, past the guest wake-up filter).
     pub switched_in: Vec<(usize, Time)>,
+    /// Per vCPU: its PAUSE-loop window (`vmx->ple_window`, TSC ticks) and when the current
+    /// loop's window runs out (`Time::MAX`: not in a loop) ([`ple`]).
+    pub ple_window: Vec<u64>,
+    pub ple_due: Vec<Time>,
+    /// Per vCPU: preempted while its guest was in kernel mode (`arch.preempted_in_kernel`).
+    pub preempted_in_kernel: Vec<bool>,
+    /// Per VM: `kvm->last_boosted_vcpu`, as an index within the VM.
+    pub last_boosted: Vec<usize>,
 }
 
 shootdown_engine::clone_by_fields!(HostPerf {
@@ -97,6 +107,10 @@ shootdown_engine::clone_by_fields!(HostPerf {
     next_hk,
     resched_at,
     switched_in,
+    ple_window,
+    ple_due,
+    preempted_in_kernel,
+    last_boosted,
 });
 
 /// A deterministic phase in `[0, 1)` per pCPU, so that the pCPUs' time slices and housekeeping
@@ -165,6 +179,10 @@ impl Host {
             next_hk: vec![Time::MAX; n],
             resched_at: vec![None; n],
             switched_in: Vec::new(),
+            ple_window: vec![self.cfg.ple_window; self.vcpus.len()],
+            ple_due: vec![Time::MAX; self.vcpus.len()],
+            preempted_in_kernel: vec![false; self.vcpus.len()],
+            last_boosted: vec![0; self.cfg.vms],
         };
         for p in 0..n {
             hp.slice_end[p] = Time::from_ns_f64(slice.as_ns_f64() * (0.05 + 0.95 * phase(p, 1)));

@@ -41,7 +41,7 @@ impl Machine {
             _ => false,
         };
         let entering = matches!(a, Action::Step(_)) && self.in_host_code(v);
-        let (out, charged, wakes) = {
+        let (mut out, charged, wakes) = {
             let mut henv = HostEnv {
                 inner: &mut *env,
                 charged: Time::ZERO,
@@ -95,7 +95,18 @@ impl Machine {
         for (w, at) in std::mem::take(&mut self.perf.host.switched_in) {
             env.wake(w, at);
         }
-        if matches!(out.park, Park::Spin | Park::SpinOn(_)) && self.vcpu_in_guest(v) {
+        let spinning = |m: &Machine, out: &Outcome| {
+            matches!(out.park, Park::Spin | Park::SpinOn(_)) && m.vcpu_in_guest(v)
+        };
+        if self.ple_enabled() && guest {
+            if !spinning(self, &out) {
+                self.ple_loop_ended(v);
+            } else if let Some(park) = self.ple_on_spin(v, now + charged, env) {
+                // The PLE exit's directed yield gave this vCPU's pCPU away.
+                out.park = park;
+            }
+        }
+        if spinning(self, &out) {
             if let Some(t) = self.host_next_preempt(v) {
                 env.wake_by(v, t);
             }
@@ -150,6 +161,7 @@ impl Machine {
                 // `w` stays Runnable until its thread really runs (at `t`): a kick before
                 // that must not bring it in early.
                 h.pcpus[p].curr = Some(w);
+                self.ple_sched_in(w as usize);
                 let hp = &mut self.perf.host;
                 hp.slice_start[p] = t;
                 hp.slice_end[p] = t + slice;
@@ -193,6 +205,7 @@ impl Machine {
                 hp.slice_start[p] = t;
                 hp.slice_end[p] = t + slice;
                 hp.switched_in.push((w, t));
+                self.ple_sched_in(w);
             }
             Some(u) => {
                 h.vcpus[w].thread = ThreadState::Runnable;

@@ -126,6 +126,11 @@ impl Machine {
         if env.timed() {
             let p = h.vcpus[v].pcpu as usize;
             h.pcpus[p].rq.push_back(v as u32);
+            // `kvm_arch_vcpu_put` of a preempted vCPU records its guest's mode (directed
+            // yield's `kvm_arch_vcpu_in_kernel`).
+            let in_kernel = self.guest_in_kernel(v);
+            self.perf.host.preempted_in_kernel[v] = in_kernel;
+            let h = self.host_mut();
             h.pcpus[p].curr = None;
             self.perf.host.resched_at[p] = None;
             let t = env.now() + self.vm_exit_cost();

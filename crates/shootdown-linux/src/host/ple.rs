@@ -1,0 +1,204 @@
+//! Pause-loop exiting and directed yield on the host (timed driver only, like the rest of the
+//! host's scheduling policy: the explorer preempts vCPUs freely, which covers every yield).
+//!
+//! Models VMX's PAUSE-loop exit and what KVM does with it at v4.15 (docs/design/overcommit.md
+//! §2–§3):
+//!
+//! * **The exit** (`handle_pause`, arch/x86/kvm/vmx.c): a vCPU that busy-waits in guest kernel
+//!   code (the model's spinning steps: `csd_lock_wait`, a spinlock, the PV flush wait) for
+//!   longer than its window exits. `grow_ple_window` then multiplies the window by
+//!   `ple_window_grow` (or adds it, if it is not below `ple_window`) up to `ple_window_max`;
+//!   `shrink_ple_window` at the next sched-in resets it (`ple_window_shrink = 0`) or divides it.
+//! * **The yield** (`kvm_vcpu_on_spin`, virt/kvm/kvm_main.c): the VM's other vCPUs are scanned
+//!   from the one after `last_boosted_vcpu`, wrapping around once; the first whose thread was
+//!   preempted (runnable, not halted) — and, with `yield_to_kernel_mode`, preempted in guest
+//!   kernel mode — is boosted with `yield_to`. The scan does not know whom the spinner waits
+//!   for.
+//! * **`yield_to`** (kernel/sched/core.c, CFS's `yield_to_task_fair`): the target becomes its
+//!   run queue's next buddy and that pCPU is rescheduled (an IPI); the yielder becomes the skip
+//!   buddy of its own run queue and calls `schedule()`, so it gives up its pCPU if another
+//!   vCPU thread waits there, and keeps spinning otherwise.
+//!
+//! Simplified: CFS's fairness check on the buddy (honoured only within `wakeup_gran` of the
+//! leftmost entity) is taken as passed: the boosted thread runs next on its pCPU, after the
+//! wake-up granularity the running thread is owed, as a wake-up preemption does here
+//! (`host_kick`); `kvm_vcpu_eligible_for_directed_yield`'s alternation for vCPUs that were
+//! themselves spinning is left out (every candidate is eligible); the `-ESRCH` budget never
+//! matters, since a preempted candidate always shares its pCPU with a running thread. The exit
+//! is priced as one `vm_exit_entry`, the scan and the yield as a `vcpu_context_switch` when the
+//! yielder gives up its pCPU (which `host_switch` charges).
+//!
+//! Whether the CPU recognises the guest's loop at all depends on how far apart its PAUSEs are
+//! against `ple_gap` (Skylake-SP's PAUSE takes about 140 cycles, against the default gap of
+//! 128 ticks; nothing read says how the CPU counts it): assumed recognised when `ple_gap > 0`.
+
+use crate::counters::Counter;
+use crate::kvm::ThreadState;
+use crate::machine::Machine;
+use shootdown_engine::trace::TraceEvent;
+use shootdown_engine::{Env, Park, Time};
+use shootdown_hw::CpuId;
+
+impl Machine {
+    /// Pause-loop exiting is on for this host.
+    pub(crate) fn ple_enabled(&self) -> bool {
+        self.host.as_deref().is_some_and(|h| h.cfg.ple_gap > 0)
+    }
+
+    /// Is the guest on vCPU `v` in kernel mode (an interrupt handler, a task in the kernel, or
+    /// a kernel thread)? PLE exits only at CPL 0, and `kvm_arch_vcpu_in_kernel` is this.
+    pub(crate) fn guest_in_kernel(&self, v: CpuId) -> bool {
+        let c = &self.cpus[v];
+        let t = &self.tasks[c.curr as usize];
+        !c.irq_stack.is_empty() || !t.stack.is_empty() || t.mm.is_none()
+    }
+
+    /// The vCPU's window as a time, from its TSC ticks.
+    fn ple_window_time(&self, v: CpuId) -> Time {
+        let mhz = self.host_ref().cfg.tsc_mhz as f64;
+        Time::from_ns_f64(self.perf.host.ple_window[v] as f64 * 1000.0 / mhz)
+    }
+
+    /// A vCPU thread was scheduled in (`kvm_sched_in` → `vmx_sched_in` → `shrink_ple_window`).
+    pub(crate) fn ple_sched_in(&mut self, v: CpuId) {
+        if !self.ple_enabled() {
+            return;
+        }
+        let cfg = &self.host_ref().cfg;
+        let (base, shrink) = (cfg.ple_window, cfg.ple_window_shrink);
+        let w = &mut self.perf.host.ple_window[v];
+        *w = if shrink == 0 {
+            base
+        } else if shrink < base {
+            (*w / shrink).max(base)
+        } else {
+            w.saturating_sub(shrink).max(base)
+        };
+        self.perf.host.ple_due[v] = Time::MAX;
+    }
+
+    /// `grow_ple_window` on a PLE exit.
+    fn ple_grow(&mut self, v: CpuId) {
+        let cfg = &self.host_ref().cfg;
+        let (base, grow, max) = (cfg.ple_window, cfg.ple_window_grow, cfg.ple_window_max);
+        let w = &mut self.perf.host.ple_window[v];
+        *w = if grow == 0 {
+            base
+        } else if grow < base {
+            w.saturating_mul(grow)
+        } else {
+            w.saturating_add(grow)
+        }
+        .min(max);
+    }
+
+    /// After a guest step of vCPU `v` that ended spinning in guest mode at `end`: start its
+    /// PAUSE loop's window if it just began, or take the PLE exit if the window ran out. Returns
+    /// the park of a vCPU that gave up its pCPU (`Park::Halt`), else None; `wake_by` is set for
+    /// the window's end.
+    pub(crate) fn ple_on_spin<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) -> Option<Park> {
+        if !self.guest_in_kernel(v) {
+            // User-mode spins never exit: VMX ignores PAUSE loops at CPL > 0.
+            return None;
+        }
+        let due = self.perf.host.ple_due[v];
+        if due == Time::MAX {
+            let at = end + self.ple_window_time(v);
+            self.perf.host.ple_due[v] = at;
+            env.wake_by(v, at);
+            return None;
+        }
+        if end < due {
+            env.wake_by(v, due);
+            return None;
+        }
+        self.perf.host.ple_due[v] = Time::MAX;
+        self.handle_pause(v, end, env)
+    }
+
+    /// The guest on `v` stopped spinning: its next PAUSE loop starts a new window.
+    #[inline]
+    pub(crate) fn ple_loop_ended(&mut self, v: CpuId) {
+        if let Some(d) = self.perf.host.ple_due.get_mut(v) {
+            *d = Time::MAX;
+        }
+    }
+
+    /// `handle_pause`: grow the window, `kvm_vcpu_on_spin`, and give up the pCPU if the yield
+    /// found another thread waiting for it.
+    fn handle_pause<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) -> Option<Park> {
+        self.perf.counters.inc(Counter::PleExits);
+        self.ple_grow(v);
+        let t = end + self.vm_exit_cost();
+        let target = self.kvm_vcpu_on_spin(v);
+        if env.tracing() {
+            env.trace(TraceEvent::Instant {
+                agent: v,
+                name: "pause_loop_exit",
+                detail: Some(match target {
+                    Some(w) => format!("directed yield to vcpu{w}"),
+                    None => "no candidate".into(),
+                }),
+            });
+        }
+        let Some(w) = target else {
+            self.perf.counters.inc(Counter::PleNoCandidate);
+            let due = t + self.ple_window_time(v);
+            self.perf.host.ple_due[v] = due;
+            env.wake_by(v, due);
+            return None;
+        };
+        self.perf.counters.inc(Counter::DirectedYields);
+        self.say(|| format!("PLE exit: kvm_vcpu_on_spin yields to vcpu{w}"));
+        self.yield_to_boost(w, t, env);
+        // yield_task_fair + schedule(): the yielder runs on if it is alone on its pCPU.
+        let p = self.host_ref().vcpus[v].pcpu as usize;
+        if self.host_ref().pcpus[p].rq.is_empty() {
+            let due = t + self.ple_window_time(v);
+            self.perf.host.ple_due[v] = due;
+            env.wake_by(v, due);
+            return None;
+        }
+        Some(self.vcpu_put_step(v, env))
+    }
+
+    /// `kvm_vcpu_on_spin`'s scan: the first eligible preempted vCPU of `v`'s VM after the last
+    /// one boosted (wrapping around once), which becomes the last one boosted.
+    fn kvm_vcpu_on_spin(&mut self, v: CpuId) -> Option<CpuId> {
+        let h = self.host_ref();
+        let vm = h.vcpus[v].vm as usize;
+        let cpus = h.vm_cpus(vm);
+        let kernel_only = h.cfg.yield_to_kernel_mode;
+        let n = cpus.len();
+        let last = self.perf.host.last_boosted[vm];
+        let pick = (1..=n).map(|k| cpus.start + (last + k) % n).find(|&w| {
+            w != v
+                && h.vcpus[w].thread == ThreadState::Runnable
+                && (!kernel_only || self.perf.host.preempted_in_kernel[w])
+        })?;
+        self.perf.host.last_boosted[vm] = pick - cpus.start;
+        Some(pick)
+    }
+
+    /// `yield_to(target)` on the target's side: it becomes the next thread of its pCPU, which
+    /// is rescheduled (after the running thread's wake-up granularity, as a wake-up preemption).
+    fn yield_to_boost<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
+        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
+        let h = self.host_mut();
+        let q = h.vcpus[w].pcpu as usize;
+        let rq = &mut h.pcpus[q].rq;
+        if let Some(i) = rq.iter().position(|&x| x as usize == w) {
+            rq.remove(i);
+            rq.push_front(w as u32);
+        }
+        let Some(u) = h.pcpus[q].curr else { return };
+        let running = h.vcpus[u as usize].in_guest();
+        let hp = &mut self.perf.host;
+        let when = at.max(hp.slice_start[q] + gran);
+        let r = hp.resched_at[q].map_or(when, |r| r.min(when));
+        hp.resched_at[q] = Some(r);
+        if running {
+            env.wake(u as usize, r);
+        }
+    }
+}
