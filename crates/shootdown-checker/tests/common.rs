@@ -10,7 +10,13 @@ pub fn scenario(name: &str) -> PathBuf {
     scenarios().join(format!("{name}.toml"))
 }
 
+/// `check NAME` breadth-first (a shortest counterexample), bounded at 5 M states.
 pub fn run(name: &str, mutant: Option<&str>, mm: &str) -> CheckResult {
+    run_with(name, mutant, mm, "bfs")
+}
+
+/// `check NAME --strategy STRATEGY`, bounded at 5 M states.
+pub fn run_with(name: &str, mutant: Option<&str>, mm: &str, strategy: &str) -> CheckResult {
     check(
         &scenario(name),
         mutant,
@@ -18,7 +24,7 @@ pub fn run(name: &str, mutant: Option<&str>, mm: &str) -> CheckResult {
         Some(5_000_000),
         None,
         0,
-        "bfs",
+        strategy,
         true,
         &[],
     )

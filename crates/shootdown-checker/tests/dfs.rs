@@ -14,18 +14,7 @@ use shootdown_engine::{Env, Model, Outcome, Time, Violation};
 use shootdown_linux::{Action, MemoryModel};
 
 fn dfs(name: &str, mutant: Option<&str>, mm: &str) -> shootdown_checker::CheckResult {
-    check(
-        &scenario(name),
-        mutant,
-        mm,
-        Some(5_000_000),
-        None,
-        0,
-        "dfs",
-        true,
-        &[],
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+    run_with(name, mutant, mm, "dfs")
 }
 
 /// Fixed protocols that verify breadth-first in under 150,000 states (`verify.rs`).

@@ -11,25 +11,30 @@ fn scenario(name: &str) -> PathBuf {
         .join(format!("{name}.toml"))
 }
 
-fn sets(s: &[&str]) -> Vec<String> {
-    s.iter().map(|x| x.to_string()).collect()
-}
-
-#[test]
-fn a_grown_scenario_verifies_and_says_what_it_added() {
-    let sc = scenario("pv_tlb_flush");
-    let r = check(
-        &sc,
-        None,
+/// `check NAME [--mutant M] --strategy S --set …`, SC, memory-based bound.
+fn run(
+    name: &str,
+    mutant: Option<&str>,
+    strategy: &str,
+    sets: &[&str],
+) -> Result<shootdown_checker::CheckResult, shootdown_checker::CheckError> {
+    let sets: Vec<String> = sets.iter().map(|x| x.to_string()).collect();
+    check(
+        &scenario(name),
+        mutant,
         "sc",
         None,
         None,
         0,
-        "dfs",
+        strategy,
         true,
-        &sets(&["cpus=3"]),
+        &sets,
     )
-    .unwrap();
+}
+
+#[test]
+fn a_grown_scenario_verifies_and_says_what_it_added() {
+    let r = run("pv_tlb_flush", None, "dfs", &["cpus=3"]).unwrap();
     assert_eq!(r.verdict, "verified");
     assert_eq!((r.states, r.transitions), (36_948, 96_181));
     assert_eq!(
@@ -37,24 +42,18 @@ fn a_grown_scenario_verifies_and_says_what_it_added() {
         "--set cpus=3: cpu2 runs a copy of cpu1's tasks (reader)"
     );
     // The plain scenario is smaller: the copy really runs.
-    let plain = check(&sc, None, "sc", None, None, 0, "dfs", true, &[]).unwrap();
+    let plain = run("pv_tlb_flush", None, "dfs", &[]).unwrap();
     assert!(plain.states < r.states / 10, "{}", plain.states);
     assert!(plain.notes.is_empty(), "{:?}", plain.notes);
 }
 
 #[test]
 fn a_mutant_is_still_found_in_the_grown_scenario() {
-    let sc = scenario("pv_tlb_flush");
-    let r = check(
-        &sc,
+    let r = run(
+        "pv_tlb_flush",
         Some("pv_set_preempted_clobbers_flush"),
-        "sc",
-        None,
-        None,
-        0,
         "auto",
-        true,
-        &sets(&["cpus=3"]),
+        &["cpus=3"],
     )
     .unwrap();
     assert_eq!(r.verdict, "violation");
@@ -63,31 +62,20 @@ fn a_mutant_is_still_found_in_the_grown_scenario() {
 
 #[test]
 fn options_and_array_elements_can_be_set() {
-    let sc = scenario("smp_call_concurrent");
-    let r = check(
-        &sc,
+    let r = run(
+        "smp_call_concurrent",
         Some("inc_tlb_gen_after_ipis"),
-        "sc",
-        None,
-        None,
-        0,
         "auto",
-        true,
-        &sets(&["options.smp_call=remote_then_local"]),
+        &["options.smp_call=remote_then_local"],
     )
     .unwrap();
     // The mutant lives in the concurrent flush: the older form never runs it.
     assert_eq!(r.verdict, "verified");
-    let more = check(
-        &sc,
+    let more = run(
+        "smp_call_concurrent",
         None,
-        "sc",
-        None,
-        None,
-        0,
         "dfs",
-        true,
-        &sets(&["mms.0.map.0.npages=2"]),
+        &["mms.0.map.0.npages=2"],
     )
     .unwrap();
     assert_eq!(more.verdict, "verified");
@@ -95,7 +83,6 @@ fn options_and_array_elements_can_be_set() {
 
 #[test]
 fn bad_sets_are_one_line_errors_naming_the_key() {
-    let sc = scenario("smp_call_concurrent");
     for (set, key, why) in [
         (
             "cpus=2",
@@ -115,7 +102,7 @@ fn bad_sets_are_one_line_errors_naming_the_key() {
         ("cpus", "cpus", "--set expects KEY=VALUE"),
         ("nosuch=1", "nosuch", "unknown field"),
     ] {
-        let e = check(&sc, None, "sc", None, None, 0, "dfs", true, &sets(&[set])).unwrap_err();
+        let e = run("smp_call_concurrent", None, "dfs", &[set]).unwrap_err();
         let msg = e.to_string();
         assert_eq!(e.key, key, "{set}: {msg}");
         assert!(msg.contains(why), "{set}: {msg}");

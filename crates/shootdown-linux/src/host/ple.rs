@@ -183,7 +183,6 @@ impl Machine {
     /// `yield_to(target)` on the target's side: it becomes the next thread of its pCPU, which
     /// is rescheduled (after the running thread's wake-up granularity, as a wake-up preemption).
     fn yield_to_boost<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
-        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
         let h = self.host_mut();
         let q = h.vcpus[w].pcpu as usize;
         let rq = &mut h.pcpus[q].rq;
@@ -191,14 +190,6 @@ impl Machine {
             rq.remove(i);
             rq.push_front(w as u32);
         }
-        let Some(u) = h.pcpus[q].curr else { return };
-        let running = h.vcpus[u as usize].in_guest();
-        let hp = &mut self.perf.host;
-        let when = at.max(hp.slice_start[q] + gran);
-        let r = hp.resched_at[q].map_or(when, |r| r.min(when));
-        hp.resched_at[q] = Some(r);
-        if running {
-            env.wake(u as usize, r);
-        }
+        self.host_resched(q, at, env);
     }
 }

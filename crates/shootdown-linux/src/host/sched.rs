@@ -192,7 +192,6 @@ impl Machine {
         self.perf.counters.inc(Counter::VcpuWakeups);
         let wake_cost = self.perf.profile.costs.vcpu_wakeup;
         let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
-        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
         let preempt = self.host_ref().cfg.wakeup_preemption;
         let h = self.host_mut();
         let p = h.vcpus[w].pcpu as usize;
@@ -207,21 +206,31 @@ impl Machine {
                 hp.switched_in.push((w, t));
                 self.ple_sched_in(w);
             }
-            Some(u) => {
+            Some(_) => {
                 h.vcpus[w].thread = ThreadState::Runnable;
                 h.pcpus[p].rq.push_front(w as u32);
                 if preempt {
-                    let running = h.vcpus[u as usize].in_guest();
-                    let hp = &mut self.perf.host;
-                    let when = at.max(hp.slice_start[p] + gran);
-                    let r = hp.resched_at[p].map_or(when, |r| r.min(when));
-                    hp.resched_at[p] = Some(r);
-                    // A vCPU still switching in sees the request at its first guest step.
-                    if running {
-                        env.wake(u as usize, r);
-                    }
+                    self.host_resched(p, at, env);
                 }
             }
+        }
+    }
+
+    /// Reschedule pCPU `p` for the thread first in its queue (a wake-up preemption, or
+    /// `yield_to`'s `resched_curr`): the running vCPU keeps it for `wakeup_granularity_us` of
+    /// its slice, then is preempted.
+    pub(crate) fn host_resched<E: Env>(&mut self, p: usize, at: Time, env: &mut E) {
+        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
+        let h = self.host_ref();
+        let Some(u) = h.pcpus[p].curr else { return };
+        let running = h.vcpus[u as usize].in_guest();
+        let hp = &mut self.perf.host;
+        let when = at.max(hp.slice_start[p] + gran);
+        let r = hp.resched_at[p].map_or(when, |r| r.min(when));
+        hp.resched_at[p] = Some(r);
+        // A vCPU still switching in sees the request at its first guest step.
+        if running {
+            env.wake(u as usize, r);
         }
     }
 }
