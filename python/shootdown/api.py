@@ -302,9 +302,10 @@ def check(
         mutant: run a named mutant (a historical bug) instead of the fixed protocol.
         memory_model: ``"sc"`` or ``"tso"``.
         max_states: state bound of the search; None: a quarter of the memory available
-            when it starts, at ≈ 40 bytes a state depth-first and ≈ 173 breadth-first (so the
-            bound, and a verdict that reaches it, depends on the machine; give one for a
-            verdict that does not). The result's ``max_states`` says which bound was used.
+            when each search starts, at ≈ 40 bytes a state depth-first and ≈ 173
+            breadth-first (so the bound, and a verdict that reaches it, depends on the
+            machine; give one for a verdict that does not). The result's ``max_states`` says
+            which bound was used.
         sample: sample this many schedules instead of exploring all of them.
         seed: RNG seed of the sampling strategies.
         strategy: ``"auto"`` (``"dfs"``, then ``"parallel"`` for a shortest counterexample

@@ -7,10 +7,12 @@ skipped only when ``shootdown._native`` cannot be imported.
 from __future__ import annotations
 
 import importlib
+import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -23,6 +25,17 @@ except ImportError:  # running from a source tree without installing: use python
 from fake_native import FakeNative
 
 from shootdown import _bridge
+
+
+def popen_ctrl_c(args: List[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen`` whose child takes SIGINT as it would from a terminal's Ctrl-C, even
+    when this test run was started in the background: a shell starts background jobs with
+    SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt."""
+
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    return subprocess.Popen(args, preexec_fn=default_sigint, **kwargs)
 
 
 def native_importable() -> bool:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_native
+from conftest import popen_ctrl_c, requires_native
 
 from shootdown import calibrate, hostcases, twin
 from shootdown.hostcases import Case
@@ -210,7 +210,7 @@ def test_calibrate_into_a_missing_directory_fails_before_measuring(tmp_path: Pat
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="measures a Linux host")
 def test_ctrl_c_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "p.toml"
-    proc = subprocess.Popen(
+    proc = popen_ctrl_c(
         [sys.executable, "-m", "shootdown", "calibrate", "--out", str(out), "--target-ms", "2000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

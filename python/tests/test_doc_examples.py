@@ -133,6 +133,9 @@ RUN: Dict[str, Run] = {
     "shootdown check smp_call_concurrent --memory-model tso": Run(
         expect=_prints("verdict: verified")
     ),
+    "shootdown check pv_tlb_flush --set cpus=3": Run(
+        expect=_prints(r"note: --set cpus=3: cpu2 runs a copy of cpu1's tasks \(reader\)")
+    ),
     "shootdown bench experiments/seeds/seed000-sysbench-mitigations.toml"
     " --set experiment.rows=[48]": Run(expect=_prints(r"steps/s: [\d,]+")),
     "shootdown sweep seed000-sysbench-mitigations --quick"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_native
+from conftest import popen_ctrl_c, requires_native
 
 pytestmark = [
     requires_native,
@@ -25,7 +25,7 @@ LONG_CHECK = ["check", "flush_catchup_3cpu", "--memory-model", "tso", "--max-sta
 def _interrupt(args, sig, after_s, cwd=None):
     """Start ``shootdown ARGS``, send ``sig`` after ``after_s``, return (process, seconds from
     the signal to its exit, stderr)."""
-    proc = subprocess.Popen(
+    proc = popen_ctrl_c(
         [sys.executable, "-m", "shootdown", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,6 +1,6 @@
 //! The state bound: its default, and what to suggest when a search reaches it.
 //!
-//! **The default** is a share of the memory available when the check starts, divided by what a
+//! **The default** is a share of the memory available when each search starts, divided by what a
 //! stored state costs the strategy (measured, `docs/performance.md`): depth-first search keeps
 //! fingerprints only (≈ 40 B a state all included), breadth-first search keeps the index and a
 //! frontier of whole states (≈ 173 B a state on `pv_tlb_flush_4vcpu` under TSO). So a check
