@@ -184,7 +184,7 @@ pub fn check_scenario(
         );
     }
     if ex.verdict == Verdict::BoundReached {
-        // How far it got, and what its discovery curve says about the rest.
+        // How far it got, and what its level sizes say about the rest.
         let reach = if opts.dfs {
             format!("paths {} deep", ex.depth)
         } else {
@@ -251,8 +251,10 @@ struct Run {
 /// Explore with `red`; when partial-order reduction found a violation, re-run without it up to
 /// that depth so the counterexample is a globally shortest one.
 fn search(init: &Machine, red: &reduce::MachineReduction, opts: CheckOptions) -> Run {
+    // Each strategy's bound, read once: the bound reported is the one searched with.
+    let (dfs_bound, bfs_bound) = (opts.bound(true), opts.bound(false));
     let limits = |depth_first: bool| Limits {
-        max_states: opts.bound(depth_first),
+        max_states: if depth_first { dfs_bound } else { bfs_bound },
         max_depth: None,
         por: opts.por,
     };
