@@ -395,7 +395,16 @@ pub fn check(
         symmetry,
         ..CheckOptions::default()
     };
+    shootdown_linux::options::clear_mutant_ran();
     let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
+    if let Some(m) = mutant {
+        if r.verdict != "violation" && !shootdown_linux::options::mutant_ran() {
+            // Not "the bug is harmless": its code never ran here.
+            notes.push(format!(
+                "mutant {m} never ran: no explored step reached its code, so this verdict says nothing about the bug (does the scenario's configuration take the mutated path? see its options and setup)"
+            ));
+        }
+    }
     if r.verdict == "interrupted" {
         notes.push(format!(
             "interrupted after {} states in {:.1} s: nothing is proved",

@@ -166,7 +166,7 @@ impl Machine {
             leaf.writable = false;
             true
         });
-        if self.opts.mutants.zap_huge_pmd_not_gathered {
+        if self.opts.mutants.zap_huge_pmd_not_gathered() {
             0
         } else {
             cleared
@@ -218,7 +218,7 @@ impl Machine {
     /// non-hugetlb VMA, and `freed_tables` as the kernel version passes it.
     pub(crate) fn flush_tlb_range(&self, mm: MmId, start: Vpn, end: Vpn) -> Frame {
         let freed = self.opts.flush_tlb_range == FlushTlbRange::Mainline
-            && !self.opts.mutants.flush_tlb_range_without_freed_tables;
+            && !self.opts.mutants.flush_tlb_range_without_freed_tables();
         FlushMmRange::call(mm, start, end, freed)
     }
 }

@@ -126,7 +126,7 @@ impl Machine {
                 // mprotect's change_protection_range() flushes its range if it changed a PTE;
                 // madvise and munmap go through tlb_finish_mmu() and its nested check.
                 let nested = !matches!(kind, ZapKind::Mprotect { .. })
-                    && !self.opts.mutants.tlb_finish_mmu_ignores_nested
+                    && !self.opts.mutants.tlb_finish_mmu_ignores_nested()
                     && self.load(env, cpu, Loc::TlbFlushPending(mm)) > 1;
                 *pc = ZapPc::Done;
                 if nested && self.opts.mmu_gather == MmuGather::Mainline {
@@ -181,7 +181,7 @@ impl Machine {
         g: &mut Gather,
         env: &mut E,
     ) -> Option<Flow> {
-        if self.opts.mutants.no_flush_tlb_batched_pending {
+        if self.opts.mutants.no_flush_tlb_batched_pending() {
             return None;
         }
         let pending = match self.opts.batched_pending {
@@ -280,7 +280,7 @@ impl Machine {
                 }
                 let freed = !m.tables_to_free.is_empty();
                 g.freed_tables = freed;
-                if freed && self.opts.mutants.free_tables_before_flush {
+                if freed && self.opts.mutants.free_tables_before_flush() {
                     // N1: tlb_remove_table_one() after a failed batch allocation: a "sync"
                     // IPI that invalidates nothing, then the table is freed at once.
                     for t in std::mem::take(&mut self.mms[mm as usize].tables_to_free) {

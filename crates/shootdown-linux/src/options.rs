@@ -344,6 +344,22 @@ impl OptionValue for MmioGenBits {
     }
 }
 
+/// Set when the model's code asks an enabled mutant whether it is on, i.e. runs mutated code
+/// (any thread, any driver). The checker clears it before a check and reads it after, so that
+/// a mutant whose code no explored interleaving reaches is reported, not taken as harmless.
+/// One flag per process: two checks at once in one process would share it.
+static MUTANT_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether mutated code ran since [`clear_mutant_ran`].
+pub fn mutant_ran() -> bool {
+    MUTANT_RAN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Forget that mutated code ran (before a check).
+pub fn clear_mutant_ran() {
+    MUTANT_RAN.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The mutant table: each historical bug or seeded mistake is declared once, with its name,
 /// its catalog id (`""` for a seeded mistake) and what the broken code does.
 macro_rules! mutants {
@@ -357,6 +373,20 @@ macro_rules! mutants {
 
         /// The names mutants are selected by, with the catalog id each re-creates (or `""`).
         pub const MUTANT_NAMES: &[(&str, &str)] = &[ $( (stringify!($field), $bug), )+ ];
+
+        /// Whether each mutant is on, as the model's code asks it: a `true` answer means the
+        /// mutated code runs, which [`mutant_ran`] then reports.
+        impl Mutants {
+            $(
+                #[inline]
+                pub fn $field(&self) -> bool {
+                    if self.$field {
+                        MUTANT_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    self.$field
+                }
+            )+
+        }
 
         impl Mutants {
             /// Enable a mutant by name.

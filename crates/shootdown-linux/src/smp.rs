@@ -149,7 +149,7 @@ impl Machine {
             return false; // lazy: flushed at the next switch
         }
         let Some(mm) = info.mm else { return true };
-        if loaded == LOADED_MM_SWITCHING && !self.opts.mutants.should_flush_ignores_switching {
+        if loaded == LOADED_MM_SWITCHING && !self.opts.mutants.should_flush_ignores_switching() {
             return true;
         }
         loaded == mm as u64 || info.trim_cpumask

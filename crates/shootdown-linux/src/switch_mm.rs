@@ -181,7 +181,7 @@ impl Machine {
     /// mask, then compare `tlb_gen` to catch up on missed flushes.
     fn switch_mm_tlb_gen<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
         let next = s.next;
-        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask();
         use SwitchMmPc::*;
         match s.pc {
             Start => {
@@ -248,7 +248,7 @@ impl Machine {
     fn switch_mm_is_lazy<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
         let next = s.next;
         let mainline = self.opts.lazy_tlb == LazyTlb::Mainline;
-        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask;
+        let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask();
         use SwitchMmPc::*;
         match s.pc {
             Start => {
@@ -300,7 +300,7 @@ impl Machine {
                 if next != INIT_MM {
                     if !mainline || !self.bit(env, cpu, next) {
                         self.set_bit(env, cpu, next, true);
-                    } else if !self.opts.mutants.switch_mm_no_barrier {
+                    } else if !self.opts.mutants.switch_mm_no_barrier() {
                         self.say(|| format!("cpu{cpu} already in mm_cpumask(mm{next}): smp_mb()"));
                         self.fence(cpu);
                     } else {

@@ -360,7 +360,7 @@ impl Machine {
     /// Which remote CPUs the native flush path filters with (`native_flush_tlb_multi` /
     /// `native_flush_tlb_others`).
     pub(crate) fn flush_cond(&self, info: &FlushTlbInfo) -> CallCond {
-        let freed = info.freed_tables && !self.opts.mutants.lazy_ignores_freed_tables;
+        let freed = info.freed_tables && !self.opts.mutants.lazy_ignores_freed_tables();
         match self.opts.lazy_tlb {
             // v4.12 and Andy's rework: every CPU in the mask (lazy ones are not in it in V1).
             LazyTlb::Legacy | LazyTlb::TlbGen => CallCond::All,
@@ -385,7 +385,7 @@ impl Machine {
     ) -> Flow {
         use FlushMmRangePc::*;
         let concurrent = self.opts.smp_call == SmpCall::Concurrent;
-        let o1 = concurrent && self.opts.mutants.inc_tlb_gen_after_ipis;
+        let o1 = concurrent && self.opts.mutants.inc_tlb_gen_after_ipis();
         match s.pc {
             Start => {
                 let asked = range_text(s.info.start, s.info.end);
@@ -618,7 +618,7 @@ impl Machine {
             }
             Flush => {
                 let next_gen_ok = f.new_tlb_gen == s.local_gen + 1
-                    || self.opts.mutants.partial_flush_when_full_owed;
+                    || self.opts.mutants.partial_flush_when_full_owed();
                 let partial = f.end != TLB_FLUSH_ALL && next_gen_ok && f.new_tlb_gen == s.mm_gen;
                 self.do_flush(
                     cpu,
@@ -717,7 +717,7 @@ impl Machine {
         s.asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         s.local_gen = self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen;
         if lazy_tlb == LazyTlb::Mainline
-            && (f.new_tlb_gen != TLB_GENERATION_INVALID || self.opts.mutants.batch_flush_gen_zero)
+            && (f.new_tlb_gen != TLB_GENERATION_INVALID || self.opts.mutants.batch_flush_gen_zero())
             && f.new_tlb_gen <= s.local_gen
         {
             self.perf.counters.inc(Counter::FlushSkippedUpToDate);

@@ -630,7 +630,8 @@ impl Machine {
         let vm = self.vm_of(me);
         let version = self.opts.kvm;
         let a = s.as_id as usize;
-        let late_hook = version == KvmVersion::V5_0 || self.opts.mutants.memslots_updated_after_gen;
+        let late_hook =
+            version == KvmVersion::V5_0 || self.opts.mutants.memslots_updated_after_gen();
         match s.pc {
             MarkInProgress => {
                 let active = self.kvm(vm).address_spaces[a].active;

@@ -122,7 +122,7 @@ impl Machine {
     /// says it already did, so a `KVM_VCPU_FLUSH_TLB` the guest set since is kept. K1 mutant:
     /// write the byte anyway (a plain store of `KVM_VCPU_PREEMPTED`).
     pub(crate) fn kvm_steal_time_set_preempted<E: Env>(&mut self, v: CpuId, env: &mut E) {
-        let k1 = self.opts.mutants.pv_set_preempted_clobbers_flush;
+        let k1 = self.opts.mutants.pv_set_preempted_clobbers_flush();
         if self.host_ref().vcpus[v].st_preempted != 0 && !k1 {
             self.say(|| {
                 format!("kvm_steal_time_set_preempted(vcpu{v}): host copy says already preempted, nothing written")
@@ -151,7 +151,7 @@ impl Machine {
     /// the host copy (H4a); then `xchg(&copy.preempted, 0)` (H4b), the flush if the *copy* had
     /// the flag, the write-back of the copy (H4c) and entry.
     pub(crate) fn vcpu_run_step<E: Env>(&mut self, v: CpuId, s: &mut VcpuRun, env: &mut E) -> Flow {
-        let k2 = self.opts.mutants.pv_record_steal_time_nonatomic;
+        let k2 = self.opts.mutants.pv_record_steal_time_nonatomic();
         match (s.pc, k2) {
             (VcpuRunPc::Load, false) => {
                 let loc = Loc::Preempted(v as u32);
@@ -417,7 +417,7 @@ impl Machine {
     /// writes nothing.)
     pub(crate) fn vcpu_ioctl_would_change(&self, v: CpuId) -> bool {
         let h = self.host_ref();
-        let k1 = self.opts.mutants.pv_set_preempted_clobbers_flush;
+        let k1 = self.opts.mutants.pv_set_preempted_clobbers_flush();
         (h.vcpus[v].st_preempted == 0 || k1) && h.steal_preempted[v] as u64 != KVM_VCPU_PREEMPTED
     }
 }

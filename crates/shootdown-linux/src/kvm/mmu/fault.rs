@@ -141,7 +141,7 @@ impl Machine {
         let gen = self.load_memslots_gen(v, env);
         let in_progress = match self.opts.kvm {
             KvmVersion::V5_0 => false,
-            _ => gen & GEN_UPDATE_IN_PROGRESS != 0 && !self.opts.mutants.mmio_cache_in_progress,
+            _ => gen & GEN_UPDATE_IN_PROGRESS != 0 && !self.opts.mutants.mmio_cache_in_progress(),
         };
         if in_progress {
             self.say(|| "memslots in flux: MMIO info not cached".into());

@@ -275,7 +275,7 @@ impl Machine {
             Begin => {
                 // kvm_mmu_invalidate_begin(kvm, 0, -1ul): every fault that raced retries. (K14:
                 // no mark at all.)
-                if !self.opts.mutants.zap_gfn_range_no_invalidate {
+                if !self.opts.mutants.zap_gfn_range_no_invalidate() {
                     self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
                     self.kvm_mut(vm).mmu_invalidate_range = (0, u64::MAX);
                 }
@@ -309,7 +309,7 @@ impl Machine {
                         let a = s.as_id;
                         self.say(|| format!("walk root EPT page #{sp} (address space {a})"));
                         // K12: each root's walk starts with a flush flag of its own.
-                        if self.opts.mutants.tdp_zap_yield_drops_prior_flush {
+                        if self.opts.mutants.tdp_zap_yield_drops_prior_flush() {
                             s.prior_flush |= s.flush;
                             s.flush = false;
                         }
@@ -407,7 +407,7 @@ impl Machine {
             End => {
                 let vm32 = vm as u32;
                 self.rmw(env, me, Loc::MmuNotifierSeq(vm32), |c| c + 1);
-                if !self.opts.mutants.zap_gfn_range_no_invalidate {
+                if !self.opts.mutants.zap_gfn_range_no_invalidate() {
                     self.rmw(env, me, Loc::MmuNotifierCount(vm32), |c| c - 1);
                 }
                 self.mmu_write_unlock(me, env);

@@ -370,7 +370,7 @@ impl Machine {
         if self.mmu_lock_contended(me, env) {
             s.resume = ZapPc::ZapRmaps;
             let flush_on_yield = self.opts.kvm == KvmVersion::Mainline
-                && !self.opts.mutants.slot_zap_rmap_break_without_flush;
+                && !self.opts.mutants.slot_zap_rmap_break_without_flush();
             if flush_on_yield && s.flush {
                 // __walk_slot_rmaps(flush_on_yield = true): flush, then yield.
                 s.flush = false;
@@ -389,14 +389,14 @@ impl Machine {
     fn remote_flush_or_zap(&mut self, list: Vec<SpId>, flush: bool) -> Flow {
         let m = self.opts.mutants;
         let n = list.len();
-        if m.remote_flush_or_zap_flush_first {
+        if m.remote_flush_or_zap_flush_first() {
             if flush {
                 self.say(|| {
                     format!("kvm_mmu_remote_flush_or_zap(flush, {n} page(s)): flush first (v1), the list is dropped")
                 });
                 return Flow::Call(FlushRemoteTlbs::call());
             }
-        } else if m.remote_flush_or_zap_inverted {
+        } else if m.remote_flush_or_zap_inverted() {
             if !flush && !list.is_empty() {
                 self.say(|| {
                     format!(
@@ -413,7 +413,7 @@ impl Machine {
             self.say(|| format!("kvm_mmu_remote_flush_or_zap: commit {n} page(s)"));
             return Flow::Call(CommitZap::call(list));
         }
-        if flush || m.remote_flush_or_zap_inverted {
+        if flush || m.remote_flush_or_zap_inverted() {
             self.say(|| "kvm_mmu_remote_flush_or_zap: flush".into());
             return Flow::Call(FlushRemoteTlbs::call());
         }
