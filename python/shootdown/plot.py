@@ -39,7 +39,14 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 import pandas as pd
 
 from ._bridge import ConfigError
-from .records import RECORD_COLUMNS, concat_records, is_missing, row_key, to_dicts
+from .records import (
+    FLOAT_RECORD_COLUMNS,
+    RECORD_COLUMNS,
+    concat_records,
+    is_missing,
+    row_key,
+    to_dicts,
+)
 
 __all__ = [
     "KINDS",
@@ -104,20 +111,7 @@ _NEEDED = ("experiment", "row", "variant", "baseline", "n", "simulated", "stdev"
 # The JSON type of the typed columns of a records file (each may also be null).
 _NUMBER, _INTEGER, _BOOLEAN, _TEXT = "a number", "an integer", "true or false", "a string"
 _RECORD_TYPES: Dict[str, str] = {
-    **{
-        c: _NUMBER
-        for c in (
-            "simulated",
-            "stdev",
-            "published",
-            "published_stdev",
-            "change_pct",
-            "published_change_pct",
-            "noise_pct",
-            "published_noise_pct",
-            "published_n",
-        )
-    },
+    **{c: _NUMBER for c in (*FLOAT_RECORD_COLUMNS, "published_n")},
     **{c: _INTEGER for c in ("n", "violations", "repetitions", "rng_seed")},
     **{c: _BOOLEAN for c in ("baseline", "higher_is_better", "modified", "quick")},
     **{c: _TEXT for c in ("experiment", "variant", "label", "layout")},
@@ -997,27 +991,23 @@ def _draw_values_by_variant(ax: Any, panel: _Panel, narrow: bool) -> None:
     key = str(panel.first.get("row_key") or "row")
     one_row = len(series) == 1
     handles: List[Any] = []
-    for s in series:
-        what = "" if one_row else f"{s.row}: "
+
+    def points(dx: float, values: List[float], errs: List[float], **how: Any) -> None:
+        """One side's markers: a log axis drops values ≤ 0, a missing stdev draws no bar."""
         ax.errorbar(
-            [x + s.sim_dx for x in xs],
-            [v if not (log and v <= 0) else math.nan for v in s.sim],
-            yerr=[0.0 if math.isnan(e) else e for e in s.sd],
-            fmt="o",
-            color=s.color,
+            [x + dx for x in xs],
+            [v if not (log and v <= 0) else math.nan for v in values],
+            yerr=[0.0 if math.isnan(e) else e for e in errs],
+            **how,
             **style,
         )
+
+    for s in series:
+        what = "" if one_row else f"{s.row}: "
+        points(s.sim_dx, s.sim, s.sd, fmt="o", color=s.color)
         handles.append(_marker(s.color, f"{what}simulated, n = {s.n}"))
         if s.has_pub:
-            ax.errorbar(
-                [x + s.pub_dx for x in xs],
-                [v if not (log and v <= 0) else math.nan for v in s.pub],
-                yerr=[0.0 if math.isnan(e) else e for e in s.pub_sd],
-                fmt="D",
-                color=s.color,
-                markerfacecolor="white",
-                **style,
-            )
+            points(s.pub_dx, s.pub, s.pub_sd, fmt="D", color=s.color, markerfacecolor="white")
             note = "" if any(not math.isnan(e) for e in s.pub_sd) else " (no stdev given)"
             handles.append(_marker(s.color, f"{what}published{note}", "D"))
     foot = blended_transform_factory(ax.transData, ax.transAxes)

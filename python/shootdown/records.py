@@ -59,6 +59,7 @@ __all__ = [
     "POINT_PROVENANCE_COLUMNS",
     "SUMMARY_COLUMNS",
     "RECORD_COLUMNS",
+    "FLOAT_RECORD_COLUMNS",
     "row_key",
     "is_missing",
     "points_frame",
@@ -210,7 +211,8 @@ RECORD_COLUMNS: Tuple[str, ...] = (
     *(c for c in PROVENANCE_COLUMNS if c != "profile"),
 )
 
-_FLOAT_RECORD_COLUMNS = (
+#: The records' float columns (NaN when missing).
+FLOAT_RECORD_COLUMNS: Tuple[str, ...] = (
     "simulated",
     "stdev",
     "published",
@@ -569,7 +571,7 @@ def build_records(plan: Plan, summary: pd.DataFrame) -> pd.DataFrame:
 
 def _records_frame(rows: List[Dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
-    for col in _FLOAT_RECORD_COLUMNS:
+    for col in FLOAT_RECORD_COLUMNS:
         frame[col] = frame[col].astype(float)
     for col in _OBJECT_RECORD_COLUMNS:
         frame[col] = pd.Series([r[col] for r in rows], dtype=object, index=frame.index)

@@ -100,22 +100,27 @@ def run_script(tmp_path):
     return run
 
 
-def expected_calls() -> List[str]:
-    return [f"cargo test -p {c} --quiet" for c in crates()] + [
+#: The suites after each crate's own: (the command the script runs, the suite's name).
+AFTER_CRATES = [
+    (
         "cargo test -p shootdown-engine --features phase-timing --quiet",
+        "cargo shootdown-engine[phase-timing]",
+    ),
+    (
         "cargo test -p shootdown-experiments --features phase-timing --test phase_timing --quiet",
-        "python3 -m pip install --quiet .[test]",
-        "python3 -m pytest -q python/tests",
-    ]
+        "cargo shootdown-experiments[phase-timing]",
+    ),
+    ("python3 -m pip install --quiet .[test]", "pip install"),
+    ("python3 -m pytest -q python/tests", "pytest"),
+]
+
+
+def expected_calls() -> List[str]:
+    return [f"cargo test -p {c} --quiet" for c in crates()] + [cmd for cmd, _ in AFTER_CRATES]
 
 
 def suite_names() -> List[str]:
-    return [f"cargo {c}" for c in crates()] + [
-        "cargo shootdown-engine[phase-timing]",
-        "cargo shootdown-experiments[phase-timing]",
-        "pip install",
-        "pytest",
-    ]
+    return [f"cargo {c}" for c in crates()] + [name for _, name in AFTER_CRATES]
 
 
 def test_the_script_parses() -> None:
