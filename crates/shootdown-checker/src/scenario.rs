@@ -384,6 +384,14 @@ pub enum OpSpec {
     Compute {
         ns: u64,
     },
+    /// Anonymous faults charged in bulk, through the per-CPU page lists with `page_lists`.
+    AnonFaults {
+        npages: u32,
+    },
+    /// Frees of pages charged in bulk (`lru_add_drain`, `release_pages`, the per-CPU list).
+    FreePages {
+        npages: u32,
+    },
     Mmap {
         start: u64,
         npages: u64,
@@ -466,6 +474,8 @@ impl OpSpec {
                 npages,
             },
             OpSpec::Compute { ns } => UserOp::Compute { ns },
+            OpSpec::AnonFaults { npages } => UserOp::AnonFaults { npages },
+            OpSpec::FreePages { npages } => UserOp::FreePages { npages },
             OpSpec::Mmap { start, npages } => UserOp::Mmap { start, npages },
             OpSpec::Munmap { start, npages } => UserOp::Munmap { start, npages },
             OpSpec::MadviseDontneed { start, npages } => UserOp::MadviseDontneed { start, npages },
@@ -691,7 +701,9 @@ impl Scenario {
                         Some(format!("loop target {to} is past the end of the program"))
                     }
                     OpSpec::TouchRandomBlock { npages: 0, .. }
-                    | OpSpec::TouchRange { npages: 0, .. } => Some("npages must be >= 1".into()),
+                    | OpSpec::TouchRange { npages: 0, .. }
+                    | OpSpec::AnonFaults { npages: 0 }
+                    | OpSpec::FreePages { npages: 0 } => Some("npages must be >= 1".into()),
                     OpSpec::Fdatasync { file } if *file as usize >= dax_files => Some(format!(
                         "fdatasync of file {file}, but the mms map {dax_files} DAX file(s) (mms.dax)"
                     )),

@@ -26,6 +26,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("khugepaged_collapse", "tso", 96, 179),
     ("thp_zap", "sc", 10211, 19760),
     ("thp_zap", "tso", 16831, 39577),
+    // A flush IPI waiting out an lru_lock section (interrupts off).
+    ("lru_lock_flush", "sc", 2034, 4155),
+    ("lru_lock_flush", "tso", 3762, 9526),
     // Symmetry reduction (cpu0 and cpu1 interchangeable): 106,935 / 149,511 states without.
     ("symmetric_flushers", "sc", 53458, 114077),
     ("symmetric_flushers", "tso", 74456, 177278),

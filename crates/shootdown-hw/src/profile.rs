@@ -123,6 +123,12 @@ cost_keys! {
     pgtable_free,
     /// One iteration of a busy-wait loop (cpu_relax) when nothing changes.
     spin_poll,
+    /// Per page under `lru_lock`: putting it on or taking it off the LRU list (flags, list
+    /// links, LRU sizes), beyond the lock's and the list's line transfers.
+    lru_page,
+    /// Per page under `zone->lock`: moving it between the per-CPU list and the buddy
+    /// allocator's free areas.
+    buddy_page,
     /// KVM: one VM exit plus the common exit-handling path plus VM entry (VMX round trip), excluding the emulation of the exit reason and the VMX-instruction error checks.
     vm_exit_entry,
     /// KVM: one extra instruction on the fast path of a VMREAD/VMWRITE error check (SETcc, CMP, JMP...): see the `vmx_insn_error_check` option.

@@ -199,6 +199,7 @@ impl Machine {
                 | Frame::TdpMmuPageFault(_)
                 | Frame::MtrrZapRequest(_)
                 | Frame::NoncoherentDmaStart(_) => {}
+                Frame::BulkPages(_) | Frame::PageListLocked(_) => {}
             }
             f
         };
@@ -245,6 +246,14 @@ impl Machine {
                 .iter()
                 .map(|&(t, w)| (pt(t), w))
                 .collect();
+        }
+        for (c, pl) in self.page_lists.iter().enumerate() {
+            m.page_lists[pc(c)] = *pl;
+        }
+        for (i, l) in m.kernel_locks.iter_mut().enumerate() {
+            // Kernel locks are held and queued for by CPUs (host agents never take them).
+            l.val = holder(Loc::KernelLock(i as u32), l.val);
+            l.queue.iter_mut().for_each(|c| *c = pc(*c as usize) as u32);
         }
         for (i, f) in m.dax_files.iter_mut().enumerate() {
             f.xa_lock = holder(Loc::XaLock(i as u32), f.xa_lock);

@@ -48,6 +48,20 @@ counters! {
     ContextSwitches = "context_switches",
     Migrations = "migrations",
     MmapSemContended = "mmap_sem_contended",
+    /// Guest mm: `lru_lock` sections run (`page_lists.rs`).
+    LruLock = "lru_lock",
+    /// Guest mm: `zone->lock` sections run.
+    ZoneLock = "zone_lock",
+    /// Guest mm: `lru_lock` sections that found the lock taken.
+    LruLockContended = "lru_lock_contended",
+    /// Guest mm: `zone->lock` sections that found the lock taken.
+    ZoneLockContended = "zone_lock_contended",
+    /// Guest: PV spinlock waiters that halted in `pv_wait` (`spinlock.rs`).
+    PvWait = "pv_wait",
+    /// Guest: `pv_kick`s of a halted waiter by an unlocker (`KVM_HC_KICK_CPU`).
+    PvKick = "pv_kick",
+    /// Guest: PV spinlocks taken by a newcomer while waiters queued (`pv_lock_stealing`).
+    PvLockStealing = "pv_lock_stealing",
     /// KVM: VM exits (ICR writes, interrupt injection and EOI without APICv, HLT, CPUID,
     /// host preemptions).
     KvmExits = "kvm.exits",

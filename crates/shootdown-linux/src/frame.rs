@@ -19,6 +19,7 @@ use crate::kvm::mmu::tdp_mmu::{TdpMmuPageFault, ZapGfnRange};
 use crate::kvm::mmu::zap::ZapMemslot;
 use crate::kvm::mtrr_zap::{MtrrZapRequest, NoncoherentDmaStart};
 use crate::kvm::VcpuRun;
+use crate::page_lists::{BulkPages, PageListLocked};
 use crate::paravirt::PvFlushTlbMulti;
 use crate::perf::{FrameHint, Peer, PeerHint};
 use crate::sched::{RwSemDown, Schedule};
@@ -39,6 +40,8 @@ pub enum Flow {
     /// Busy-wait: nothing changed; retry when the location with this wake key changes
     /// (see `mem::spin_key`).
     Spin(u64),
+    /// Halt until woken (a PV spinlock waiter in `pv_wait`, timed driver only).
+    Halt,
 }
 
 /// Which CPUs a cross call runs `func` on (the `cond_func` of `on_each_cpu_cond_mask`).
@@ -88,6 +91,10 @@ pub enum Frame {
     TdpMmuPageFault(Box<TdpMmuPageFault>),
     MtrrZapRequest(Box<MtrrZapRequest>),
     NoncoherentDmaStart(NoncoherentDmaStart),
+    /// Guest mm: faults and frees charged in bulk, and their page-list sections
+    /// (`page_lists.rs`).
+    BulkPages(BulkPages),
+    PageListLocked(PageListLocked),
 }
 
 shootdown_engine::clone_by_variants!(Frame {
@@ -117,6 +124,8 @@ shootdown_engine::clone_by_variants!(Frame {
     TdpMmuPageFault,
     MtrrZapRequest,
     NoncoherentDmaStart,
+    BulkPages,
+    PageListLocked,
 });
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -160,7 +169,9 @@ impl Frame {
             | Frame::MmioPageFault(_)
             | Frame::MmuLoad(_)
             | Frame::MmuUnload(_)
-            | Frame::NoncoherentDmaStart(_) => (0, 0),
+            | Frame::NoncoherentDmaStart(_)
+            | Frame::BulkPages(_)
+            | Frame::PageListLocked(_) => (0, 0),
         };
         let (element, peer) = match self {
             Frame::SmpCallMany(s) => s.next_target().map(|t| (at(t), Peer::Target(*t))),
@@ -184,7 +195,8 @@ impl Frame {
             Frame::FlushFunc(_)
             | Frame::SwitchMm(_)
             | Frame::Schedule(_)
-            | Frame::CallFunctionIrq(_) => true,
+            | Frame::CallFunctionIrq(_)
+            | Frame::PageListLocked(_) => true,
             Frame::Syscall(s) => s.irqs_off(),
             _ => false,
         }
@@ -227,6 +239,8 @@ impl Frame {
             Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
             Frame::NoncoherentDmaStart(_) => "kvm_arch_register_noncoherent_dma",
             Frame::Syscall(s) => s.name(),
+            Frame::BulkPages(b) => b.name(),
+            Frame::PageListLocked(s) => s.section.name(),
         }
     }
 
@@ -259,6 +273,8 @@ impl Frame {
             Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
             Frame::NoncoherentDmaStart(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),
+            Frame::BulkPages(s) => format!("{:?}", s.pc),
+            Frame::PageListLocked(s) => format!("{:?}", s.pc),
         }
     }
 }

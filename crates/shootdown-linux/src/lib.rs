@@ -8,7 +8,9 @@
 //!
 //! One file per concept, like the kernel: [`tlb`] is arch/x86/mm/tlb.c, [`smp`] is kernel/smp.c,
 //! [`switch_mm`] the switch and lazy-TLB paths, [`sched`] the scheduler, [`syscalls`] mm/ and the
-//! fault path, [`user`] user mode and the hardware access path. Each kernel function is a
+//! fault path, [`user`] user mode and the hardware access path, [`spinlock`] the kernel's
+//! spinlocks (native, test-and-set and paravirtual) and [`page_lists`] the per-CPU page lists
+//! with `zone->lock` and `lru_lock` behind them. Each kernel function is a
 //! [`frame::Frame`] executed one atomic step at a time, so the timed driver and the explorer run
 //! the same code. Versions (before/after/mainline) and historical bugs are [`options::Options`].
 //!
@@ -34,6 +36,7 @@ pub mod machine;
 pub mod mem;
 mod mmu_gather;
 pub mod options;
+pub mod page_lists;
 pub mod paravirt;
 pub mod perf;
 pub mod prefetch;
@@ -41,6 +44,7 @@ pub mod sched;
 pub mod setup;
 pub mod smp;
 pub mod smt;
+pub mod spinlock;
 pub mod stack;
 pub mod state;
 pub mod switch_mm;
@@ -52,5 +56,5 @@ pub use counters::{Counter, Counters, COUNTER_NAMES};
 pub use host::HostConfig;
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
-pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall};
+pub use options::{Idle, LazyTlb, Mutants, OptValue, Options, SmpCall, SpinlockKind};
 pub use state::{DaxFile, FileioGen, MmId, TaskId, UserOp, INIT_MM};

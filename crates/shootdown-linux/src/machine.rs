@@ -83,6 +83,11 @@ pub struct Machine {
     /// Guest memory words boot scripts lock and meet on (`boot.rs`), and the guest page of each.
     pub guest_words: Vec<u64>,
     pub guest_word_pages: Vec<Option<u64>>,
+    /// Guest (or native) kernel spinlocks (`spinlock.rs`): each kernel's `lru_lock` and
+    /// `zone->lock` (`page_lists.rs`).
+    pub kernel_locks: Vec<crate::spinlock::QueuedSpinlock>,
+    /// Per CPU: its page allocator and LRU lists (`page_lists.rs`).
+    pub page_lists: Vec<crate::page_lists::PageLists>,
     pub perf: Unhashed<Perf>,
 }
 
@@ -103,6 +108,8 @@ shootdown_engine::state_fields!(Machine {
     host,
     guest_words,
     guest_word_pages,
+    kernel_locks,
+    page_lists,
     perf,
 } fixed {
     opts,

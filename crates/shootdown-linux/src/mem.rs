@@ -254,6 +254,14 @@ locations! {
         read(m) = m.kvm(vm as usize).mmu_rwlock.wait_lock.val;
         write(m, x) = m.kvm_mut(vm as usize).mmu_rwlock.wait_lock.val = x;
     }
+    /// A guest (or native) kernel spinlock's word (`Machine::kernel_locks`, `spinlock.rs`):
+    /// the holder CPU + 1, or 0.
+    KernelLock(id: u32) {
+        line(m) = (22u64 << 56) | (id as u64) << 1;
+        read(m) = m.kernel_locks[id as usize].val;
+        write(m, x) = m.kernel_locks[id as usize].val = x;
+        holder = true;
+    }
     /// Guest memory: a word a boot script locks or meets on (`Machine::guest_words`).
     GuestWord(id: u32) {
         line(m) = (21u64 << 56) | id as u64;
@@ -427,7 +435,7 @@ impl Machine {
 
     /// What an access to `line` by `cpu` costs now (timed driver only), updating the line's
     /// whereabouts. Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
-    fn line_cost<E: Env>(&mut self, env: &E, cpu: CpuId, line: LineId, write: bool) -> Time {
+    pub(crate) fn line_cost<E: Env>(&mut self, env: &E, cpu: CpuId, line: LineId, write: bool) -> Time {
         let cpu = self.phys_cpu(cpu);
         let at = env.now() + env.elapsed();
         let perf = &mut *self.perf;

@@ -190,6 +190,18 @@ named_enum! {
 }
 
 named_enum! {
+    /// How a guest kernel's `spin_lock` waits (`spinlock.rs`; v4.15's `kvm_spinlock_init`).
+    pub enum SpinlockKind {
+        /// Native queued spinlock (FIFO, waiters spin).
+        Queued = "queued",
+        /// `virt_spin_lock()`: unfair test-and-set (a guest without PV spinlocks).
+        Tas = "tas",
+        /// Paravirtual queued spinlock: spin, then halt in `pv_wait`; kicked by the unlocker.
+        Pv = "pv",
+    }
+}
+
+named_enum! {
     /// What the idle loop does (kernel command line `idle=`).
     pub enum Idle {
         /// HLT/MWAIT: an IPI wakes the CPU, paying `idle_wakeup`.
@@ -592,6 +604,15 @@ options! {
     idle: Idle = Idle::Halt, accepts = names(Idle::NAMES);
     /// Scheduler time slice (µs) before a task with others waiting is preempted.
     sched_timeslice_us: AtLeastOne = AtLeastOne(3000), accepts = "microseconds (integer >= 1)";
+    /// Guest kernel: how `spin_lock` waits (`queued` native qspinlock, `tas` =
+    /// `virt_spin_lock` without PV spinlocks, `pv` = PV qspinlock with `pv_wait`/`pv_kick`).
+    spinlock: SpinlockKind = SpinlockKind::Queued,
+        accepts = format!("{} (how a kernel spin_lock waits; pv halts only with a [host])", names(SpinlockKind::NAMES));
+    /// mm: model the per-CPU page lists and the locks behind them (`page_lists.rs`): the
+    /// page allocator's per-CPU lists refilled and drained under `zone->lock`, and the LRU
+    /// pagevecs added and released under `lru_lock`. Only workloads whose page faults and frees
+    /// are charged in bulk (ebizzy) go through them.
+    page_lists: bool = false, accepts = "true | false (zone->lock and lru_lock behind the per-CPU page lists)";
     /// Guest (seed 001): `kvm_flush_tlb_others`/`kvm_flush_tlb_multi` skip vCPUs whose
     /// steal-time byte says preempted, setting `KVM_VCPU_FLUSH_TLB` for the host instead of an
     /// IPI. Only meaningful on a machine with a host (vCPUs).

@@ -184,6 +184,10 @@ pub struct CpuPerf {
     pub busy: Busy,
     /// Whether its timeline has opened the running task's slices yet.
     pub trace_started: bool,
+    /// A PV spinlock waiter halted in `pv_wait`, until the unlocker's kick (`spinlock.rs`).
+    pub pv_waiting: bool,
+    /// When this PV spinlock waiter began its current spin, and whether as the queue head.
+    pub pv_since: Option<(Time, bool)>,
 }
 
 /// The other CPU whose state a frame's next step reads ([`FrameHint`]), in one word.

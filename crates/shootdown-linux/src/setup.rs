@@ -63,6 +63,8 @@ impl Machine {
             host: None,
             guest_words: Vec::new(),
             guest_word_pages: Vec::new(),
+            kernel_locks: Vec::new(),
+            page_lists: vec![Default::default(); n],
             perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
             topo,
         };
@@ -91,6 +93,7 @@ impl Machine {
                 halted: false,
             }));
         }
+        m.add_kernel_page_locks(1);
         m
     }
 
@@ -106,7 +109,10 @@ impl Machine {
         let pcpus = topo.nr_cpus();
         let n = cfg.vms * cfg.vcpus_per_vm;
         let mut m = Machine::with_cpus(topo, n, profile, opts, memory_model);
+        let vms = cfg.vms;
         m.host = Some(Box::new(Host::new(cfg, pcpus)));
+        // One guest kernel per VM, each with its own page lists' locks.
+        m.add_kernel_page_locks(vms - 1);
         // With the host's scheduling timers.
         m.perf = Unhashed(m.blank_perf());
         m

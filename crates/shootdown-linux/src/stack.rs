@@ -202,6 +202,10 @@ impl Machine {
                 self.charge(env, |c| c.spin_poll);
                 Park::SpinOn(key)
             }
+            Flow::Halt => {
+                self.push_frame(cpu, at, f);
+                Park::Halt
+            }
         }
     }
 
@@ -233,6 +237,8 @@ impl Machine {
             Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
             Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
+            Frame::BulkPages(s) => self.bulk_pages_step(cpu, s, env),
+            Frame::PageListLocked(s) => self.page_list_locked_step(cpu, s, env),
         }
     }
 
@@ -270,6 +276,7 @@ impl Machine {
                     && self.mmu_rwlock_waits(cpu, s.lock, false)
             }
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_waits(cpu, s),
+            Frame::PageListLocked(s) => self.page_list_locked_spins(cpu, s),
             _ => false,
         }
     }
@@ -387,6 +394,7 @@ impl Machine {
                 self.charge(env, |c| c.spin_poll);
                 Park::SpinOn(key)
             }
+            Flow::Halt => unreachable!("host code does not halt in pv_wait"),
         }
     }
 

@@ -390,6 +390,18 @@ pub enum UserOp {
     Compute {
         ns: u64,
     },
+    /// `npages` anonymous page faults whose translations are not modelled one by one: their
+    /// cost, and (option `page_lists`) their allocations from the per-CPU list and their
+    /// `lru_cache_add`s (`page_lists.rs`).
+    AnonFaults {
+        npages: u32,
+    },
+    /// The freeing half of a zap's `tlb_finish_mmu` for `npages` pages charged in bulk (after
+    /// their PTEs were cleared and the TLBs flushed): `lru_add_drain`, `release_pages`, and
+    /// the per-CPU list.
+    FreePages {
+        npages: u32,
+    },
     Mmap {
         start: Vpn,
         npages: u64,

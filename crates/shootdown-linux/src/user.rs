@@ -409,6 +409,14 @@ impl Machine {
                 self.charge_interruptible(env, cpu, |_| Time::from_ns(ns));
                 self.tasks[t].pc += 1;
             }
+            UserOp::AnonFaults { npages } => {
+                self.tasks[t].pc += 1;
+                self.call(cpu, env, crate::page_lists::BulkPages::faults(npages));
+            }
+            UserOp::FreePages { npages } => {
+                self.tasks[t].pc += 1;
+                self.call(cpu, env, crate::page_lists::BulkPages::frees(npages));
+            }
             UserOp::Mmap { .. } => {
                 self.enter_syscall(cpu, t, Syscall::Mmap { pc: MmapPc::Start }, env)
             }

@@ -11,8 +11,12 @@
 //! 512 KiB; glibc of the time trimming on every free of a chunk above the threshold):
 //! * `tracked_pages` pages of the chunk are really touched (page fault, TLB fill, each use
 //!   checked by the coherence oracle);
-//! * the rest of the chunk is one coarse step: its page faults (entry/exit, allocation, zeroing,
-//!   PTE), the copy of the whole chunk, the search (`search_ns`) and the zap of its PTEs at free;
+//! * the rest of the chunk is charged in bulk: its page faults (`UserOp::AnonFaults`: entry/exit,
+//!   allocation, zeroing, PTE, in kernel mode; with the `page_lists` option through the per-CPU
+//!   page list and the LRU pagevec, under `zone->lock` and `lru_lock` when they fill or empty,
+//!   `page_lists.rs`), the copy of the whole chunk and the search (`search_ns`) as user
+//!   computation, the zap of its PTEs, and after the flush its frees (`UserOp::FreePages`:
+//!   `release_pages` under `lru_lock`, the per-CPU list);
 //! * `madvise(MADV_DONTNEED)` over the whole chunk: more pages than the flush ceiling, so a full
 //!   flush of the mm, IPIs to every other vCPU running it (or, with PV TLB flush, the
 //!   `KVM_VCPU_FLUSH_TLB` flag for preempted ones);
@@ -73,11 +77,10 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
     }
     let c = m.perf.profile.costs.clone();
     let rest = chunk_pages - tracked;
-    let fault = c.page_fault_entry_exit.0 + c.page_alloc.0 + c.page_zero.0 + c.pte_update.0;
-    let coarse_ps = rest * fault
-        + chunk_pages * c.user_touch_page.0
-        + rest * (c.pte_update.0 + c.page_free.0)
-        + search_ns * 1000;
+    // The copy, the search, and the PTE clears of the untracked pages (their faults and their
+    // frees are the program's AnonFaults and FreePages).
+    let coarse_ps = chunk_pages * c.user_touch_page.0 + rest * c.pte_update.0 + search_ns * 1000;
+    let fault_ps = c.page_fault_entry_exit.0 + c.page_alloc.0 + c.page_zero.0 + c.pte_update.0;
     // Each thread's heap: 2 MiB-aligned, disjoint.
     let stride = chunk_pages.div_ceil(512) * 512 + 512;
     for vm in 0..vms {
@@ -88,8 +91,9 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             // Threads start out of step (thread creation, first allocations): a deterministic
             // stagger over one record's work, so they do not all flush in lock-step.
             let golden = ((i as u64 * 0x9e37_79b9) % 1_000_003) as f64 / 1_000_003.0;
+            let record_ps = coarse_ps + rest * (fault_ps + c.page_free.0);
             let mut prog = vec![UserOp::Compute {
-                ns: (golden * coarse_ps as f64 / 1000.0) as u64,
+                ns: (golden * record_ps as f64 / 1000.0) as u64,
             }];
             if munmap {
                 prog.push(UserOp::Mmap {
@@ -101,6 +105,9 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
                 start,
                 npages: tracked,
                 write: true,
+            });
+            prog.push(UserOp::AnonFaults {
+                npages: rest as u32,
             });
             prog.extend(compute_slices(coarse_ps / 1000, slice_ns));
             prog.push(if munmap {
@@ -114,7 +121,13 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
                     npages: chunk_pages,
                 }
             });
-            prog.extend([UserOp::Event, UserOp::Loop { to: 1, times: None }]);
+            prog.extend([
+                UserOp::FreePages {
+                    npages: rest as u32,
+                },
+                UserOp::Event,
+                UserOp::Loop { to: 1, times: None },
+            ]);
             m.add_task(&format!("ebizzy/vm{vm}/{i}"), mm, cpu, prog);
         }
     }

@@ -51,7 +51,10 @@ impl Machine {
             (out, henv.charged, henv.wakes)
         };
         let idle_poll = self.opts.idle == Idle::Poll;
-        if guest
+        if guest && out.park == Park::Halt && self.perf.cpu[v].pv_waiting {
+            // pv_wait: `kvm_wait`'s HLT (interrupts off): the thread blocks until a kick.
+            self.host_block(v, now + charged, env);
+        } else if guest
             && out.park == Park::Halt
             && self.vcpu_in_guest(v)
             && !(self.cpus[v].ipi_pending && self.irqs_enabled(v))

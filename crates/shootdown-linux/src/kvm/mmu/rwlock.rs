@@ -23,6 +23,7 @@
 
 use crate::frame::Flow;
 use crate::kvm::mmu::lock::QueuedSpinlock;
+use crate::spinlock::{LockRef, Queued};
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use shootdown_engine::Env;
@@ -61,28 +62,11 @@ pub enum RwlockWait {
 impl Machine {
     /// `queued_spin_lock(&lock->wait_lock)` by `me`: `true` once held.
     fn wait_lock_acquire<E: Env>(&mut self, me: usize, env: &mut E) -> bool {
-        let vm = self.vm_of(me);
-        let loc = Loc::MmuWaitLock(vm as u32);
-        let owner = me as u64 + 1;
-        let queue = &self.kvm(vm).mmu_rwlock.wait_lock.queue;
-        if !queue.contains(&(me as u32)) {
-            let empty = queue.is_empty();
-            let old = self.rmw(env, me, loc, |v| if v == 0 && empty { owner } else { v });
-            if old == 0 && empty {
-                return true;
-            }
-            self.kvm_mut(vm).mmu_rwlock.wait_lock.queue.push(me as u32);
-            return false;
-        }
-        if queue[0] != me as u32 || self.load(env, me, loc) != 0 {
-            return false;
-        }
-        let old = self.rmw(env, me, loc, |v| if v == 0 { owner } else { v });
-        if old != 0 {
-            return false;
-        }
-        self.kvm_mut(vm).mmu_rwlock.wait_lock.queue.remove(0);
-        true
+        let vm = self.vm_of(me) as u32;
+        matches!(
+            self.queued_spin_lock(me, LockRef::MmuWaitLock(vm), env),
+            Queued::Fast | Queued::Head
+        )
     }
 
     fn wait_lock_release<E: Env>(&mut self, me: usize, env: &mut E) {
@@ -231,11 +215,7 @@ impl Machine {
         let see = |loc: Loc| self.value_seen_by(me, loc);
         match w {
             RwlockWait::Fast => false,
-            RwlockWait::Queued => {
-                let q = &self.kvm(vm).mmu_rwlock.wait_lock.queue;
-                q.contains(&(me as u32))
-                    && (q[0] != me as u32 || see(Loc::MmuWaitLock(vm as u32)) != 0)
-            }
+            RwlockWait::Queued => self.queued_spin_lock_waits(me, LockRef::MmuWaitLock(vm as u32)),
             RwlockWait::Draining => {
                 let c = see(Loc::MmuRwlock(vm as u32));
                 if write {
