@@ -67,6 +67,10 @@ counters! {
     KvmExits = "kvm.exits",
     /// KVM: HLT exits that blocked the vCPU thread.
     KvmHaltExits = "kvm.halt_exits",
+    /// KVM: halts whose thread polled first (`halt_attempted_poll`).
+    HaltAttemptedPoll = "kvm.halt_attempted_poll",
+    /// KVM: polls a kick ended (`halt_successful_poll`): no wake-up, no context switch.
+    HaltSuccessfulPoll = "kvm.halt_successful_poll",
     /// KVM: guest TLB flushes done by the host before entry (`kvm_vcpu_flush_tlb` for PV flush).
     KvmTlbFlush = "kvm.tlb_flush",
     /// Guest: vCPUs a PV flush skipped because they were preempted (`KVM_VCPU_FLUSH_TLB` set).

@@ -298,6 +298,11 @@ impl Machine {
         let current = vc.thread != crate::kvm::ThreadState::Blocked
             && h.pcpus[vc.pcpu as usize].curr == Some(v as u32);
         if !current {
+            let p = vc.pcpu as usize;
+            if self.halt_polling(v) && env.now() >= self.perf.host.poll_until[v] {
+                // The halt-poll ran out: the thread sleeps (`halt_poll.rs`).
+                self.halt_poll_give_up(v, p, env.now(), env);
+            }
             return Outcome {
                 park: Park::Halt,
                 kind: StepKind::Local,

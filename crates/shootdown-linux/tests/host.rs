@@ -246,6 +246,79 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
     assert!(c.get(Counter::VcpuWakeups) > 0);
 }
 
+/// The writer/reader pair of `halted_vcpu_blocks_and_an_ipi_kicks_it_awake` on a host with
+/// `halt_poll_ns = max` (0 = none).
+fn mmap_sem_pair(max: u64, vms: usize) -> Machine {
+    let mut m = host(vms, 2, 2, |c| c.halt_poll_ns = max);
+    for vm in 0..vms {
+        let mm = m.add_mm(&format!("vm{vm}"));
+        let writer = vec![
+            UserOp::Mmap {
+                start: 0x10,
+                npages: 1,
+            },
+            UserOp::Event,
+            UserOp::Loop {
+                to: 0,
+                times: Some(200),
+            },
+            UserOp::Exit,
+        ];
+        let reader = vec![
+            UserOp::Touch {
+                vpn: 0x10,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x10,
+                npages: 1,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(300),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("writer", mm, 2 * vm, writer);
+        m.add_task("reader", mm, 2 * vm + 1, reader);
+    }
+    m
+}
+
+#[test]
+fn halt_polling_catches_a_kick_without_a_wakeup_only_on_a_pcpu_of_its_own() {
+    let mut none = mmap_sem_pair(0, 1);
+    let mut polls = mmap_sem_pair(200_000, 1);
+    for m in [&mut none, &mut polls] {
+        assert_eq!(run(m, 100), Stop::Finished);
+    }
+    let (a, b) = (none.counters(), polls.counters());
+    assert_eq!(a.get(Counter::HaltAttemptedPoll), 0);
+    // The first halt grows the poll time from 0 to 10 us; after that each halt polls, and the
+    // writer's reschedule IPI ends most polls.
+    let (tried, caught) = (
+        b.get(Counter::HaltAttemptedPoll),
+        b.get(Counter::HaltSuccessfulPoll),
+    );
+    assert!(tried > 0 && caught > 0 && caught <= tried, "{tried} {caught}");
+    assert!(b.get(Counter::KvmHaltExits) > tried);
+    // A caught kick needs no wake-up of a sleeping thread.
+    assert!(b.get(Counter::VcpuWakeups) < a.get(Counter::VcpuWakeups));
+    // Two VMs on the same two pCPUs: a halting vCPU polls only when the other VM's thread on
+    // its pCPU is blocked too (`single_task_running()`); a kick that wakes that one ends the
+    // poll. Far fewer polls catch their kick.
+    let mut shared = mmap_sem_pair(200_000, 2);
+    run(&mut shared, 100);
+    let c = shared.counters();
+    let (halts, tried2, caught2) = (
+        c.get(Counter::KvmHaltExits),
+        c.get(Counter::HaltAttemptedPoll),
+        c.get(Counter::HaltSuccessfulPoll),
+    );
+    assert!(tried2 < halts, "{tried2} of {halts}");
+    assert!(caught2 * 4 < caught, "{caught2} vs {caught} alone");
+}
+
 #[test]
 fn idle_poll_vcpus_never_halt_and_ipis_wait_for_preempted_ones() {
     // pthread_mmap in small (seed 002): two threads on two vCPUs map, touch and unmap their

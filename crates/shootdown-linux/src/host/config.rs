@@ -115,6 +115,14 @@ host_settings! {
     /// `kvm_vcpu_on_spin(vcpu, yield_to_kernel_mode)` from a PLE exit boosts only vCPUs
     /// preempted in guest kernel mode (v4.14+, `kvm_arch_vcpu_in_kernel`).
     yield_to_kernel_mode: bool = true, (0, 1), "true | false: directed yield only to vCPUs preempted in guest kernel mode (v4.14+)";
+    /// `kvm.halt_poll_ns`: the most a halted vCPU's thread polls for a wake-up before it
+    /// sleeps (`kvm_vcpu_block`), while nothing else waits for its pCPU. KVM's x86 default is
+    /// 200000 (`KVM_HALT_POLL_NS_DEFAULT`); 0 here unless an experiment sets it.
+    halt_poll_ns: u64 = 0, (0, 1_000_000_000), "kvm.halt_poll_ns: longest halt-poll, ns (0 = none; KVM's x86 default 200000)";
+    /// `kvm.halt_poll_ns_grow`: the per-vCPU poll time's factor when it grows (first step 10 us).
+    halt_poll_ns_grow: u64 = 2, (0, 1 << 20), "kvm.halt_poll_ns_grow: factor of each grow, from 10 us (2)";
+    /// `kvm.halt_poll_ns_shrink`: its divisor when it shrinks (0 = back to 0; v4.15's default).
+    halt_poll_ns_shrink: u64 = 0, (0, 1 << 20), "kvm.halt_poll_ns_shrink: divisor of each shrink (0 = reset to 0)";
     /// The TSC rate, MHz: PLE's windows are in TSC ticks.
     tsc_mhz: u64 = 2600, (1, 100_000), "TSC frequency in MHz, for PLE's tick windows (2600)";
     }

@@ -13,6 +13,7 @@
 //!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
 //!   blocking in HLT and kicks;
 //! * [`ple`] — pause-loop exiting and directed yield (timed driver only);
+//! * [`halt_poll`] — halt-polling of a blocked vCPU's thread (timed driver only);
 //! * [`env`] — the timed driver's environment for guest steps on a host;
 //! * [`thread`] — host threads that are not vCPUs (the VMM's ioctl thread, an MMU-notifier
 //!   caller): agents with programs of their own; [`vmm`] runs their programs.
@@ -20,13 +21,14 @@
 //! This file also says where an agent runs: its pCPU ([`Machine::phys_cpu`]) and whether a vCPU
 //! is in the guest or in host code.
 //!
-//! Simplifications: no halt-polling, no load balancing
+//! Simplifications: no load balancing
 //! or migration of vCPU threads, no steal-time accounting (only the `preempted` byte), one
 //! `vm_exit_entry` cost for every exit reason plus the emulation cost where it matters.
 
 pub mod actions;
 pub mod config;
 pub mod env;
+pub mod halt_poll;
 pub mod ple;
 pub mod sched;
 pub mod thread;
@@ -99,6 +101,12 @@ pub struct HostPerf {
     pub preempted_in_kernel: Vec<bool>,
     /// Per VM: `kvm->last_boosted_vcpu`, as an index within the VM.
     pub last_boosted: Vec<usize>,
+    /// Per vCPU: `vcpu->halt_poll_ns` ([`halt_poll`]).
+    pub halt_poll: Vec<u64>,
+    /// Per vCPU: when its current halt began, and until when its thread polls (`Time::MAX`:
+    /// not polling).
+    pub halt_start: Vec<Time>,
+    pub poll_until: Vec<Time>,
 }
 
 shootdown_engine::clone_by_fields!(HostPerf {
@@ -111,6 +119,9 @@ shootdown_engine::clone_by_fields!(HostPerf {
     ple_due,
     preempted_in_kernel,
     last_boosted,
+    halt_poll,
+    halt_start,
+    poll_until,
 });
 
 /// A deterministic phase in `[0, 1)` per pCPU, so that the pCPUs' time slices and housekeeping
@@ -183,6 +194,9 @@ impl Host {
             ple_due: vec![Time::MAX; self.vcpus.len()],
             preempted_in_kernel: vec![false; self.vcpus.len()],
             last_boosted: vec![0; self.cfg.vms],
+            halt_poll: vec![0; self.vcpus.len()],
+            halt_start: vec![Time::ZERO; self.vcpus.len()],
+            poll_until: vec![Time::MAX; self.vcpus.len()],
         };
         for p in 0..n {
             hp.slice_end[p] = Time::from_ns_f64(slice.as_ns_f64() * (0.05 + 0.95 * phase(p, 1)));

@@ -179,10 +179,15 @@ impl Machine {
     /// `kvm_vcpu_block` (marked preempted with `set_preempted = every_put`, as v4.16's
     /// `kvm_arch_vcpu_put` did) and the pCPU runs another vCPU thread.
     pub(crate) fn host_block<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) {
-        self.kvm_vcpu_block(v, env);
         let t = end + self.vm_exit_cost();
+        let p = self.host_ref().vcpus[v].pcpu as usize;
+        let polls = self.halt_poll_start(v, p, t, env);
+        self.kvm_vcpu_block_put(v, !polls, env);
+        if polls {
+            // The thread polls on its pCPU (`halt_poll.rs`).
+            return;
+        }
         let h = self.host_mut();
-        let p = h.vcpus[v].pcpu as usize;
         h.pcpus[p].curr = None;
         self.perf.host.resched_at[p] = None;
         self.host_switch(p, t, env);
@@ -192,12 +197,20 @@ impl Machine {
     /// On an idle pCPU it runs at once; otherwise it queues first in line and, with wake-up
     /// preemption, takes the pCPU after `wakeup_granularity_us` of the running vCPU's slice.
     pub(crate) fn host_kick<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
+        if self.halt_polling(w) {
+            self.halt_poll_success(w, at, env);
+            return;
+        }
+        self.halt_poll_woken(w, at);
         self.perf.counters.inc(Counter::VcpuWakeups);
         let wake_cost = self.perf.profile.costs.vcpu_wakeup;
         let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
         let preempt = self.host_ref().cfg.wakeup_preemption;
+        let p = self.host_ref().vcpus[w].pcpu as usize;
+        let polling = self.host_ref().pcpus[p]
+            .curr
+            .filter(|&u| self.halt_polling(u as usize));
         let h = self.host_mut();
-        let p = h.vcpus[w].pcpu as usize;
         match h.pcpus[p].curr {
             None => {
                 h.pcpus[p].curr = Some(w as u32);
@@ -208,6 +221,12 @@ impl Machine {
                 hp.slice_end[p] = t + slice;
                 hp.switched_in.push((w, t));
                 self.ple_sched_in(w);
+            }
+            Some(u) if polling == Some(u) => {
+                // `single_task_running()` fails: the polling thread sleeps, this one runs.
+                h.vcpus[w].thread = ThreadState::Runnable;
+                h.pcpus[p].rq.push_front(w as u32);
+                self.halt_poll_give_up(u as usize, p, at, env);
             }
             Some(_) => {
                 h.vcpus[w].thread = ThreadState::Runnable;
@@ -226,6 +245,11 @@ impl Machine {
         let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
         let h = self.host_ref();
         let Some(u) = h.pcpus[p].curr else { return };
+        if self.halt_polling(u as usize) {
+            // A thread waits: `single_task_running()` ends the poll.
+            self.halt_poll_give_up(u as usize, p, at, env);
+            return;
+        }
         let running = h.vcpus[u as usize].in_guest();
         let hp = &mut self.perf.host;
         let when = at.max(hp.slice_start[p] + gran);

@@ -144,6 +144,13 @@ impl Machine {
     /// `kvm_arch_vcpu_put` did), outside guest mode and outside SRCU, until a kick wakes it; it
     /// will come back through `vcpu_run`.
     pub(crate) fn kvm_vcpu_block<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        self.kvm_vcpu_block_put(v, true, env);
+    }
+
+    /// [`Machine::kvm_vcpu_block`], with the `vcpu_put` (and its steal-time mark) only if
+    /// `put`: a thread that halt-polls first is put only if it then sleeps
+    /// ([`Machine::halt_poll_give_up`]).
+    pub(crate) fn kvm_vcpu_block_put<E: Env>(&mut self, v: CpuId, put: bool, env: &mut E) {
         self.perf.counters.inc(Counter::KvmHaltExits);
         self.vm_exit(env);
         if self.has_kvm_mmu(v) {
@@ -151,7 +158,7 @@ impl Machine {
             self.fence(v);
             self.ack_kicks(v, env);
         }
-        if self.opts.set_preempted == crate::options::SetPreempted::EveryPut {
+        if put && self.opts.set_preempted == crate::options::SetPreempted::EveryPut {
             self.kvm_steal_time_set_preempted(v, env);
         }
         self.say(|| "HLT: VM exit, kvm_vcpu_block".into());
