@@ -121,6 +121,9 @@ impl Machine {
                 });
             }
         }
+        if self.opts.pv_sched_yield && self.host.is_some() {
+            self.pv_sched_yield(src, targets, env);
+        }
     }
 
     /// Wake a sleeping/halted CPU because work was queued for it (`resched_curr` /

@@ -56,6 +56,10 @@ counters! {
     LruLockContended = "lru_lock_contended",
     /// Guest mm: `zone->lock` sections that found the lock taken.
     ZoneLockContended = "zone_lock_contended",
+    /// Guest: `KVM_HC_SCHED_YIELD` hypercalls after a call-function IPI (`pv_sched_yield`).
+    PvSchedYield = "kvm.pv_sched_yield",
+    /// Host: of those, the ones whose target was ready and got the yield (`kvm_vcpu_yield_to`).
+    PvSchedYieldTo = "kvm.pv_sched_yield_to",
     /// Guest: PV spinlock waiters that halted in `pv_wait` (`spinlock.rs`).
     PvWait = "pv_wait",
     /// Guest: `pv_kick`s of a halted waiter by an unlocker (`KVM_HC_KICK_CPU`).

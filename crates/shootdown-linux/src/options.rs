@@ -620,6 +620,9 @@ options! {
     /// Guest: PV send-IPI (one hypercall for a whole destination set instead of one exiting
     /// ICR write per target). Off in the 4.15 baseline.
     pv_send_ipi: bool = false, accepts = "true | false (guest PV send-IPI hypercall; needs a [host])";
+    /// Guest (v5.3+): PV sched yield — after a call-function IPI, yield the pCPU to the first
+    /// target the host marked preempted (`KVM_HC_SCHED_YIELD`). Off in the 4.15 baseline.
+    pv_sched_yield: bool = false, accepts = "true | false (guest PV sched yield after call-function IPIs, v5.3+; needs a [host])";
     /// Host: APICv posted interrupts (an IPI to a running vCPU needs no exit to inject, EOI is
     /// virtualized). Off in the 4.15 baseline of seed 001.
     posted_interrupts: bool = false,

@@ -1,4 +1,5 @@
-//! arch/x86/kernel/kvm.c (guest side of seed 001): the paravirtual TLB flush.
+//! arch/x86/kernel/kvm.c (guest side of seed 001): the paravirtual TLB flush, and the PV sched
+//! yield after a call-function IPI (v5.3+, [`Machine::pv_sched_yield`]).
 //!
 //! `kvm_flush_tlb_others()` (v4.16) / `kvm_flush_tlb_multi()` (now) replaces the native
 //! cross call of a flush: for each remote vCPU of the mask it reads that vCPU's steal-time
@@ -138,6 +139,31 @@ impl Machine {
                 self.say(|| "return".into());
                 Flow::Return
             }
+        }
+    }
+}
+
+impl Machine {
+    /// `kvm_smp_send_call_func_ipi` (v5.3+, `KVM_FEATURE_PV_SCHED_YIELD`, option
+    /// `pv_sched_yield`): after sending a call-function IPI, the sender looks for the first
+    /// target the host marked preempted (`vcpu_is_preempted`: its steal-time byte) and, if one
+    /// is, yields its pCPU to it with the `KVM_HC_SCHED_YIELD` hypercall, so that the IPI it
+    /// will wait for gets handled sooner. The host side is `kvm_sched_yield`
+    /// (`host/ple.rs`), timed driver only; under the explorer the hypercall is just an exit.
+    pub(crate) fn pv_sched_yield<E: Env>(&mut self, src: CpuId, targets: &[CpuId], env: &mut E) {
+        let mut target = None;
+        for &t in targets {
+            if self.load(env, src, Loc::Preempted(t as u32)) & KVM_VCPU_PREEMPTED != 0 {
+                target = Some(t);
+                break;
+            }
+        }
+        let Some(t) = target else { return };
+        self.perf.counters.inc(Counter::PvSchedYield);
+        self.say(|| format!("kvm_smp_send_call_func_ipi: vcpu{t} preempted, KVM_HC_SCHED_YIELD"));
+        self.vm_exit(env);
+        if env.timed() {
+            self.kvm_sched_yield(src, t, env);
         }
     }
 }

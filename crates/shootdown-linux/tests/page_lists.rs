@@ -39,15 +39,20 @@ fn native(cpus: usize, spinlock: SpinlockKind) -> Machine {
 }
 
 fn overcommitted(spinlock: SpinlockKind) -> Machine {
+    overcommitted_with(spinlock, |_| {})
+}
+
+fn overcommitted_with(spinlock: SpinlockKind, f: impl FnOnce(&mut HostConfig)) -> Machine {
     // Two VMs of 4 vCPUs on 4 pCPUs, 500 us slices: every vCPU is preempted half the time.
     let topo = Topology::new(1, 4, 1).unwrap();
     let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    let cfg = HostConfig {
+    let mut cfg = HostConfig {
         vms: 2,
         vcpus_per_vm: 4,
         timeslice_us: 500,
         ..HostConfig::default()
     };
+    f(&mut cfg);
     cfg.validate(4).unwrap();
     let mut m = Machine::with_host(topo, prof, opts(spinlock), MemoryModel::Sc, cfg);
     for vm in 0..2 {
@@ -118,8 +123,12 @@ fn pv_waiters_halt_are_kicked_and_outrun_queued_ones_under_overcommit() {
         assert_eq!(m.counters().get(Counter::PvWait), 0);
     }
     // A native queued lock in an overcommitted guest waits for preempted waiters in turn
-    // (lock-waiter preemption); the PV lock lets a running newcomer steal it instead.
+    // (lock-waiter preemption) — here PLE's directed yields rescue it; the PV lock lets a
+    // running newcomer steal it instead, and its waiters halt rather than spin.
     let ev = |m: &Machine| m.counters().get(Counter::Events);
-    assert!(ev(&queued) * 3 < ev(&pv) * 2, "queued {} vs pv {}", ev(&queued), ev(&pv));
+    assert!(ev(&queued) < ev(&pv), "queued {} vs pv {}", ev(&queued), ev(&pv));
+    let mut no_ple = overcommitted_with(SpinlockKind::Queued, |c| c.ple_gap = 0);
+    run(&mut no_ple, 20);
+    assert!(ev(&no_ple) < ev(&queued), "queued without PLE {} vs with {}", ev(&no_ple), ev(&queued));
     assert!(ev(&tas) > 0);
 }

@@ -19,10 +19,10 @@
 //!   buddy of its own run queue and calls `schedule()`, so it gives up its pCPU if another
 //!   vCPU thread waits there, and keeps spinning otherwise.
 //!
-//! Simplified: CFS's fairness check on the buddy (honoured only within `wakeup_gran` of the
-//! leftmost entity) is taken as passed: the boosted thread runs next on its pCPU, after the
-//! wake-up granularity the running thread is owed, as a wake-up preemption does here
-//! (`host_kick`); `kvm_vcpu_eligible_for_directed_yield`'s alternation for vCPUs that were
+//! Simplified: CFS's fairness check on the buddy (`pick_next_entity` honours it only within
+//! `wakeup_gran` of the leftmost entity) is taken as passed — a preempted vCPU's thread is
+//! behind in vruntime — so the boosted thread runs on its pCPU as soon as the reschedule IPI
+//! lands (one `ipi_latency_same_socket`); `kvm_vcpu_eligible_for_directed_yield`'s alternation for vCPUs that were
 //! themselves spinning is left out (every candidate is eligible); the `-ESRCH` budget never
 //! matters, since a preempted candidate always shares its pCPU with a running thread. The exit
 //! is priced as one `vm_exit_entry`, the scan and the yield as a `vcpu_context_switch` when the
@@ -180,8 +180,10 @@ impl Machine {
         Some(pick)
     }
 
-    /// `yield_to(target)` on the target's side: it becomes the next thread of its pCPU, which
-    /// is rescheduled (after the running thread's wake-up granularity, as a wake-up preemption).
+    /// `yield_to(target)` on the target's side: it becomes the next buddy of its pCPU's run
+    /// queue, and that pCPU is rescheduled at once (`resched_curr(p_rq)`, an IPI away when it
+    /// is another pCPU; "pick_next_entity takes care of fairness", and a preempted vCPU's
+    /// thread, behind in vruntime, passes it).
     fn yield_to_boost<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
         let h = self.host_mut();
         let q = h.vcpus[w].pcpu as usize;
@@ -190,6 +192,26 @@ impl Machine {
             rq.remove(i);
             rq.push_front(w as u32);
         }
-        self.host_resched(q, at, env);
+        let lat = self.perf.profile.costs.ipi_latency_same_socket;
+        self.host_resched_curr(q, at + lat, env);
+    }
+
+    /// `kvm_sched_yield` (arch/x86/kvm/x86.c, v5.3): the hypercall of vCPU `v` naming vCPU `t`.
+    /// If `t`'s thread is ready (preempted: runnable, not blocked), `kvm_vcpu_yield_to` boosts it
+    /// as a directed yield does, and `v` gives up its pCPU at once if another thread waits
+    /// there; otherwise nothing happens.
+    pub(crate) fn kvm_sched_yield<E: Env>(&mut self, v: CpuId, t: CpuId, env: &mut E) {
+        if self.host_ref().vcpus[t].thread != ThreadState::Runnable {
+            return;
+        }
+        self.perf.counters.inc(Counter::PvSchedYieldTo);
+        let at = env.now() + env.elapsed();
+        self.yield_to_boost(t, at, env);
+        let p = self.host_ref().vcpus[v].pcpu as usize;
+        if !self.host_ref().pcpus[p].rq.is_empty() {
+            // yield_task_fair + schedule(): preempted at the end of this step.
+            let r = &mut self.perf.host.resched_at[p];
+            *r = Some(r.map_or(at, |r| r.min(at)));
+        }
     }
 }

@@ -243,16 +243,22 @@ impl Machine {
     /// its slice, then is preempted.
     pub(crate) fn host_resched<E: Env>(&mut self, p: usize, at: Time, env: &mut E) {
         let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
+        let when = at.max(self.perf.host.slice_start[p] + gran);
+        self.host_resched_curr(p, when, env);
+    }
+
+    /// `resched_curr()` of pCPU `p` taking effect at `when`: its running thread is preempted
+    /// for the one first in its queue (a polling one stops polling).
+    pub(crate) fn host_resched_curr<E: Env>(&mut self, p: usize, when: Time, env: &mut E) {
         let h = self.host_ref();
         let Some(u) = h.pcpus[p].curr else { return };
         if self.halt_polling(u as usize) {
             // A thread waits: `single_task_running()` ends the poll.
-            self.halt_poll_give_up(u as usize, p, at, env);
+            self.halt_poll_give_up(u as usize, p, when, env);
             return;
         }
         let running = h.vcpus[u as usize].in_guest();
         let hp = &mut self.perf.host;
-        let when = at.max(hp.slice_start[p] + gran);
         let r = hp.resched_at[p].map_or(when, |r| r.min(when));
         hp.resched_at[p] = Some(r);
         // A vCPU still switching in sees the request at its first guest step.
