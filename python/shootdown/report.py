@@ -521,7 +521,9 @@ def format_check(result: CheckResult) -> str:
         head += f" ({result['invariant']})"
     what = [f"scenario {result['scenario']}"]
     if result.get("mutant"):
-        what.append(f"mutant {result['mutant']}")
+        bug = result.get("bug")
+        label = f" [{bug_label(bug['id'], bug.get('fix'), bug.get('cves'))}]" if bug else ""
+        what.append(f"mutant {result['mutant']}{label}")
     what.append(f"memory model {result['memory_model']}")
     lines = [
         head,
@@ -551,6 +553,14 @@ def format_check(result: CheckResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bug_label(bug: str, fix: Optional[str], cves: Optional[Sequence[str]]) -> str:
+    """``K1 · CVE-2019-3016 · fix 8c6de56a42e0``: a catalogued bug as listings name it."""
+    parts = [bug, *(cves or [])]
+    if fix:
+        parts.append(f"fix {fix}")
+    return " · ".join(parts)
+
+
 def format_check_list(scenarios: Sequence[ScenarioInfo]) -> str:
     """Text listing of scenarios and their mutants."""
     if not scenarios:
@@ -561,7 +571,7 @@ def format_check_list(scenarios: Sequence[ScenarioInfo]) -> str:
         mutants = sc.get("mutants") or []
         width = max((len(m["name"]) for m in mutants), default=0)
         for m in mutants:
-            bug = f"[{m['bug']}] " if m.get("bug") else ""
+            bug = f"[{bug_label(m['bug'], m.get('fix'), m.get('cves'))}] " if m.get("bug") else ""
             expect = (
                 f" (expect {m['expect']} under {m.get('memory_model') or 'sc'})"
                 if m.get("expect")

@@ -17,6 +17,7 @@ __all__ = [
     "Plan",
     "PointResult",
     "CheckStep",
+    "BugInfo",
     "CheckResult",
     "MutantInfo",
     "ScenarioInfo",
@@ -102,9 +103,17 @@ class CheckStep(TypedDict):
     text: str
 
 
+class BugInfo(TypedDict):
+    id: str  # the catalog id (docs/bugs/CATALOG.md): "K1", "N3", "A2", ...
+    title: str
+    fix: Optional[str]  # the fixing commit
+    cves: List[str]
+
+
 class CheckResult(TypedDict):
     scenario: str
     mutant: Optional[str]
+    bug: Optional[BugInfo]  # the catalogued bug the mutant re-creates, if any
     memory_model: str
     verdict: str  # "violation" | "verified" | "bound-reached" | "interrupted"
     invariant: Optional[str]
@@ -121,7 +130,9 @@ class CheckResult(TypedDict):
 
 class MutantInfo(TypedDict):
     name: str
-    bug: Optional[str]
+    bug: Optional[str]  # catalog id
+    fix: Optional[str]  # the catalogued bug's fixing commit
+    cves: List[str]
     description: str
     expect: Optional[str]
     memory_model: str

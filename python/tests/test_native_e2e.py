@@ -239,3 +239,23 @@ def test_sweep_cache_recomputes_exactly_what_an_edit_affects(
     assert cached() == expect(True, True, (120, 360))  # the original --set: from the cache
     assert cached(quick=False) == expect(False, False, (120, 360))
     assert cached(quick=True) == expect(True, True, (120, 360))
+
+
+def test_check_list_names_each_catalogued_bug_with_its_fix(runner, real_native) -> None:
+    # Every mutant that re-creates a catalogued bug names the bug's fixing commit (and CVEs)
+    # from docs/bugs/CATALOG.md, in JSON and in text; a real bug's mutant has an id.
+    result = runner.invoke(app, ["check", "--list", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    mutants = [m for sc in json.loads(result.output) for m in sc["mutants"]]
+    catalogued = [m for m in mutants if m["bug"]]
+    assert len({m["bug"] for m in catalogued}) >= 15
+    for m in catalogued:
+        assert m["fix"], m
+    k1 = next(m for m in mutants if m["name"] == "pv_set_preempted_clobbers_flush")
+    assert (k1["bug"], k1["cves"], k1["fix"]) == ("K1", ["CVE-2019-3016"], "8c6de56a42e0")
+    for m in mutants:
+        text = m["description"]
+        if "CVE-" in text or "fixed by" in text or text.startswith("before "):
+            assert m["bug"], f"{m['name']} describes a real bug but names no catalog id"
+    text = runner.invoke(app, ["check", "--list"]).output
+    assert "[A1 · CVE-2025-22045 · fix 3ef938c35035]" in text

@@ -212,6 +212,24 @@ def test_format_check_list_and_bench() -> None:
                 "mutants": [
                     {
                         "name": "m",
+                        "bug": "K1",
+                        "fix": "8c6de56a42e0",
+                        "cves": ["CVE-2019-3016"],
+                        "description": "x",
+                    }
+                ],
+            }
+        ]
+    )
+    assert text == "s  d\n  - m  [K1 · CVE-2019-3016 · fix 8c6de56a42e0] x\n"
+    text = report.format_check_list(
+        [
+            {
+                "scenario": "s",
+                "description": "d",
+                "mutants": [
+                    {
+                        "name": "m",
                         "bug": None,
                         "description": "x",
                         "expect": "INV-STALE",

@@ -19,6 +19,7 @@
 //! See `docs/checker.md`.
 
 pub mod bound;
+pub mod catalog;
 pub mod describe;
 pub mod dfs;
 pub mod error;
@@ -210,6 +211,7 @@ pub fn check_scenario(
     Ok(CheckResult {
         scenario: sc.name.clone(),
         mutant: mutant.map(str::to_string),
+        bug: report::mutant_bug(mutant),
         memory_model: mm_name(mem).into(),
         verdict: ex.verdict.as_str().into(),
         invariant: ex.violation.as_ref().map(|v| v.invariant.to_string()),
@@ -497,6 +499,7 @@ fn check_dispatch(
             Ok(CheckResult {
                 scenario: sc.name.clone(),
                 mutant: mutant.map(str::to_string),
+                bug: report::mutant_bug(mutant),
                 memory_model: mm_name(mem).into(),
                 verdict: if r.violation.is_some() {
                     "violation".into()

@@ -19,6 +19,8 @@ pub struct Step {
 pub struct CheckResult {
     pub scenario: String,
     pub mutant: Option<String>,
+    /// The catalogued bug the mutant re-creates (id, title, fix, CVEs), if any.
+    pub bug: Option<crate::catalog::BugInfo>,
     pub memory_model: String,
     /// `violation` | `verified` | `bound-reached`.
     pub verdict: String,
@@ -54,7 +56,10 @@ impl CheckResult {
         s.push('\n');
         let mut what = vec![format!("scenario {}", self.scenario)];
         if let Some(m) = &self.mutant {
-            what.push(format!("mutant {m}"));
+            match &self.bug {
+                Some(b) => what.push(format!("mutant {m} [{}]", b.label())),
+                None => what.push(format!("mutant {m}")),
+            }
         }
         what.push(format!("memory model {}", self.memory_model));
         what.push(format!("strategy {}", self.strategy));
@@ -105,6 +110,9 @@ pub struct MutantInfo {
     pub name: String,
     /// Catalog id (`N3`) or null.
     pub bug: Option<String>,
+    /// The catalogued bug's fixing commit and CVEs (`docs/bugs/CATALOG.md`).
+    pub fix: Option<String>,
+    pub cves: Vec<String>,
     pub description: String,
     /// The invariant the mutant must violate.
     pub expect: Option<String>,
@@ -136,12 +144,17 @@ impl ScenarioInfo {
                 .file
                 .mutants
                 .iter()
-                .map(|m| MutantInfo {
-                    name: m.name.clone(),
-                    bug: catalog_bug(&m.name).map(str::to_string),
-                    description: m.description.trim().to_string(),
-                    expect: m.expect.clone(),
-                    memory_model: m.memory_model.clone().unwrap_or_else(|| "sc".into()),
+                .map(|m| {
+                    let entry = catalog_bug(&m.name).and_then(crate::catalog::lookup);
+                    MutantInfo {
+                        name: m.name.clone(),
+                        bug: catalog_bug(&m.name).map(str::to_string),
+                        fix: entry.and_then(|b| b.fix.clone()),
+                        cves: entry.map(|b| b.cves.clone()).unwrap_or_default(),
+                        description: m.description.trim().to_string(),
+                        expect: m.expect.clone(),
+                        memory_model: m.memory_model.clone().unwrap_or_else(|| "sc".into()),
+                    }
                 })
                 .collect(),
             finding: s.file.finding.as_ref().map(|f| FindingInfo {
@@ -150,6 +163,11 @@ impl ScenarioInfo {
             }),
         }
     }
+}
+
+/// The catalog entry of the bug mutant `name` re-creates (none for a seeded mistake).
+pub fn mutant_bug(name: Option<&str>) -> Option<crate::catalog::BugInfo> {
+    crate::catalog::lookup(catalog_bug(name?)?).cloned()
 }
 
 /// Every `*.toml` scenario of `dir`, sorted by file name.
@@ -184,8 +202,12 @@ pub fn list_text(items: &[ScenarioInfo]) -> String {
         for m in &sc.mutants {
             let bug = m
                 .bug
-                .as_ref()
-                .map(|b| format!("[{b}] "))
+                .as_deref()
+                .map(|b| {
+                    let label =
+                        crate::catalog::lookup(b).map_or_else(|| b.to_string(), |e| e.label());
+                    format!("[{label}] ")
+                })
                 .unwrap_or_default();
             let expect = m
                 .expect

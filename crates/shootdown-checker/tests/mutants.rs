@@ -35,7 +35,7 @@ const MUTANTS: &[Pinned] = &[
     (
         "khugepaged_collapse",
         "flush_tlb_range_without_freed_tables",
-        None,
+        Some("A1"),
         "sc",
         "INV-PTFREE",
         18,
@@ -53,7 +53,7 @@ const MUTANTS: &[Pinned] = &[
     (
         "madvise_nested",
         "tlb_finish_mmu_ignores_nested",
-        None,
+        Some("A2"),
         "sc",
         "INV-SYSRET",
         12,
@@ -62,7 +62,7 @@ const MUTANTS: &[Pinned] = &[
     (
         "reclaim_madvise",
         "no_flush_tlb_batched_pending",
-        None,
+        Some("A3"),
         "sc",
         "INV-SYSRET",
         8,
@@ -362,7 +362,7 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
         assert!(names.contains(n), "mutant {n} has no pinned scenario");
     }
     for bug in [
-        "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14",
+        "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14", "A1", "A2", "A3",
     ] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }

@@ -477,20 +477,20 @@ mutants! {
     /// MMU notifier) then finds them gone, flushes nothing and lets the host free the pages
     /// while a vCPU still caches them. (`kvm = "v5_1"` has this behaviour too.)
     slot_zap_rmap_break_without_flush = "",
-    /// Before 99baac21e458 (v4.13): `tlb_finish_mmu()` has no `mm_tlb_flush_nested()` check. A
+    /// A2: before 99baac21e458 (v4.13): `tlb_finish_mmu()` has no `mm_tlb_flush_nested()` check. A
     /// `madvise(MADV_DONTNEED)` that finds the PTEs already cleared by a concurrent one gathers
     /// nothing, flushes nothing and returns while the other's flush is still on its way.
-    tlb_finish_mmu_ignores_nested = "",
-    /// Before 3ea277194daa (v4.13): no `flush_tlb_batched_pending()`. A call that finds PTEs
+    tlb_finish_mmu_ignores_nested = "A2",
+    /// A3: before 3ea277194daa (v4.13): no `flush_tlb_batched_pending()`. A call that finds PTEs
     /// reclaim cleared with its flush deferred (`TTU_BATCH_FLUSH`) changes nothing, flushes
     /// nothing and returns before reclaim's batched flush.
-    no_flush_tlb_batched_pending = "",
-    /// Before v6.15 (3ef938c35035, "x86/mm: Fix flush_tlb_range() when used for zapping normal
+    no_flush_tlb_batched_pending = "A3",
+    /// A1: before v6.15 (3ef938c35035, "x86/mm: Fix flush_tlb_range() when used for zapping normal
     /// PMDs", CVE-2025-22045): x86's `flush_tlb_range()` passes `freed_tables = false` (as
     /// `flush_tlb_range = "v6_14"`), so
     /// khugepaged's `pmdp_collapse_flush()` skips lazy CPUs and then frees the page table
     /// their paging-structure caches may still point to.
-    flush_tlb_range_without_freed_tables = "",
+    flush_tlb_range_without_freed_tables = "A1",
     /// K12 (1af4a96025b3, fixed by a835429cda91 in v5.12): the TDP MMU's GFN-range zap walks
     /// each root with a flush flag of its own, and a yield flushes only that root's: SPTEs
     /// zapped in an earlier root stay unflushed while `mmu_lock` is dropped.
