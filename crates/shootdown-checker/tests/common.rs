@@ -30,3 +30,52 @@ pub fn run_with(name: &str, mutant: Option<&str>, mm: &str, strategy: &str) -> C
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// A row of docs/checker.md's "Results" table.
+#[derive(Debug)]
+pub struct DocRow {
+    pub scenario: String,
+    /// None for a fixed protocol (`— (fixed)`) or a finding (`— (as written)`).
+    pub mutant: Option<String>,
+    /// A finding: the protocol as written violates an invariant (`— (as written)`).
+    pub finding: bool,
+    pub memory_models: Vec<String>,
+    pub steps: Option<usize>,
+    pub states: Option<u64>,
+    /// False when its count is marked as measured once, not pinned (`†`).
+    pub pinned: bool,
+}
+
+/// The rows of docs/checker.md's "Results" table.
+pub fn docs_results_rows() -> Vec<DocRow> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/checker.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    let head = "| scenario | mutant | bug | memory model | verdict | invariant | steps | states | seconds |";
+    let start = doc.find(head).expect("the Results table");
+    let rows: Vec<DocRow> = doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let c: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let num = |s: &str| {
+                s.trim_end_matches('†')
+                    .replace(',', "")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            };
+            DocRow {
+                scenario: c[0].split(' ').next().unwrap().to_string(),
+                mutant: (!c[1].starts_with('—')).then(|| c[1].to_string()),
+                finding: c[1].contains("as written"),
+                memory_models: c[3].split(" / ").map(str::to_string).collect(),
+                steps: num(c[6]).map(|n| n as usize),
+                states: num(c[7]),
+                pinned: !c[7].ends_with('†'),
+            }
+        })
+        .collect();
+    assert!(rows.len() > 40, "{} rows", rows.len());
+    rows
+}

@@ -502,3 +502,36 @@ fn counterexamples_print_the_setup_steps_they_start_from() {
         }
     }
 }
+
+#[test]
+fn docs_results_table_shows_the_pinned_counterexamples() {
+    // docs/checker.md's "Results" table: each mutant (and finding) row shows the steps and
+    // states pinned here, or marks its count as measured once, not pinned (†).
+    let mut bad = Vec::new();
+    for row in docs_results_rows() {
+        for mm in &row.memory_models {
+            let pin = match (&row.mutant, row.finding) {
+                (Some(m), _) => MUTANTS
+                    .iter()
+                    .find(|p| p.0 == row.scenario && p.1 == m && p.3 == mm)
+                    .map(|p| (p.5, p.6)),
+                (None, true) => FINDINGS
+                    .iter()
+                    .find(|p| p.0 == row.scenario && p.1 == mm)
+                    .map(|p| (p.3, p.4)),
+                (None, false) => continue,
+            };
+            match (pin, row.steps, row.states) {
+                (Some((s, n)), Some(ds), Some(dn)) if (s, n) == (ds, dn) && row.pinned => {}
+                (None, _, _) if !row.pinned => {}
+                (p, ds, dn) => bad.push(format!(
+                    "{} {:?} ({mm}): docs {ds:?} steps / {dn:?} states{}, pinned {p:?}",
+                    row.scenario,
+                    row.mutant,
+                    if row.pinned { "" } else { "†" }
+                )),
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
