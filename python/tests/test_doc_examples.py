@@ -125,7 +125,7 @@ RUN: Dict[str, Run] = {
     "shootdown profile experiments/seeds/seed000-sysbench-mitigations.toml --row 4": Run(
         expect=_prints("smp_call_function_many_cond", "flush_tlb_func")
     ),
-    "shootdown check --list": Run(expect=_prints(r"lazy_munmap", r"\[N3\] ")),
+    "shootdown check --list": Run(expect=_prints(r"lazy_munmap", r"\[N3 · fix b956575bed91\] ")),
     "shootdown check lazy_munmap --mutant lazy_ignores_freed_tables": Run(
         status=1, expect=_prints(r"verdict: violation \(INV-PTFREE\)")
     ),

@@ -98,7 +98,7 @@ pub fn replay(init: &Machine, path: &[Action], violation: Option<&Violation>) ->
         let out = m.apply(a, &mut NullEnv);
         if i + 1 == path.len() {
             if let Some(v) = out.violation.as_ref().or(violation) {
-                text = format!("{text}  ⇒ {v}");
+                text = format!("{text}  ⇒ {}", m.name_mms(&v.to_string()));
             }
         }
         steps.push(Step {
@@ -215,7 +215,7 @@ pub fn check_scenario(
         memory_model: mm_name(mem).into(),
         verdict: ex.verdict.as_str().into(),
         invariant: ex.violation.as_ref().map(|v| v.invariant.to_string()),
-        detail: ex.violation.as_ref().map(|v| v.detail.clone()),
+        detail: ex.violation.as_ref().map(|v| init.name_mms(&v.detail)),
         states,
         transitions,
         seconds,

@@ -47,6 +47,35 @@ fn frame_context(m: &Machine, cpu: usize) -> String {
     }
 }
 
+impl Machine {
+    /// `text` with each mm the model names by index (`mm3`, as step texts write it: cheap on
+    /// the hot path) replaced by that mm's own name (`init_mm`, or the scenario's), for readers.
+    pub fn name_mms(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let b = text.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let boundary = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+            if boundary && b[i..].starts_with(b"mm") {
+                let digits = b[i + 2..].iter().take_while(|c| c.is_ascii_digit()).count();
+                let end = i + 2 + digits;
+                let word_end = end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
+                if digits > 0 && word_end {
+                    if let Some(mm) = text[i + 2..end].parse::<usize>().ok().and_then(|n| self.mms.get(n)) {
+                        out.push_str(&mm.name);
+                        i = end;
+                        continue;
+                    }
+                }
+            }
+            let ch = text[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+        out
+    }
+}
+
 pub fn describe(m: &Machine, a: Action) -> String {
     match a {
         Action::Interrupt(_) => {
@@ -95,27 +124,15 @@ pub fn describe(m: &Machine, a: Action) -> String {
             };
         }
         Action::VcpuPut(_) | Action::VcpuIoctl(_) | Action::HostIrq(_) => {
-            let mut copy = m.clone();
-            copy.perf.labels_on = true;
-            copy.perf.labels.clear();
-            copy.apply(a, &mut NullEnv);
-            return format!("host: {}", copy.perf.labels.join("; "));
+            return format!("host: {}", step_text(m, a));
         }
         Action::Step(_) => {}
     }
     let Action::Step(c) = a else { unreachable!() };
     let ctx = frame_context(m, c as usize);
-    let mut copy = m.clone();
-    copy.perf.labels_on = true;
-    copy.perf.labels.clear();
-    copy.perf.summary = None;
-    copy.apply(a, &mut NullEnv);
-    if !copy.perf.labels.is_empty() {
-        format!("{ctx}: {}", copy.perf.labels.join("; "))
-    } else if let Some(s) = copy.perf.summary.take() {
-        format!("{ctx}: {s}")
-    } else {
-        ctx
+    match step_text(m, a) {
+        text if text.is_empty() => ctx,
+        text => format!("{ctx}: {text}"),
     }
 }
 
@@ -130,9 +147,9 @@ impl Machine {
         }
     }
 
-    /// What the current step does, in kernel terms, when nothing it calls says more (kept only
-    /// while replaying a counterexample). A later summary of the same step replaces an earlier
-    /// one.
+    /// What the current step does, in kernel terms (kept only while replaying a
+    /// counterexample); printed before what the functions it calls say. A later summary of the
+    /// same step replaces an earlier one.
     #[inline]
     pub(crate) fn summary(&mut self, f: impl FnOnce() -> String) {
         if self.perf.labels_on {
@@ -141,17 +158,39 @@ impl Machine {
     }
 }
 
-/// What a step says of itself (its labels, else its summary): apply it to a copy of `m` with
-/// labels on.
+/// What a step says of itself: its summary, then what the functions it ran said (its labels),
+/// each once; apply it to a copy of `m` with labels on.
 fn step_text(m: &Machine, a: Action) -> String {
     let mut copy = m.clone();
     copy.perf.labels_on = true;
     copy.perf.labels.clear();
     copy.perf.summary = None;
     copy.apply(a, &mut NullEnv);
-    if copy.perf.labels.is_empty() {
-        copy.perf.summary.take().unwrap_or_default()
-    } else {
-        copy.perf.labels.join("; ")
+    joined(copy.perf.summary.take(), std::mem::take(&mut copy.perf.labels))
+}
+
+/// A step's summary, then its labels, each once, joined by `; `.
+fn joined(summary: Option<String>, labels: Vec<String>) -> String {
+    let mut parts: Vec<String> = summary.into_iter().collect();
+    for l in labels {
+        if !parts.contains(&l) {
+            parts.push(l);
+        }
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_summary_and_the_labels_are_both_kept() {
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            super::joined(Some(s("inc_mm_tlb_gen(mm1) = 2")), vec![s("trim"), s("trim")]),
+            "inc_mm_tlb_gen(mm1) = 2; trim"
+        );
+        assert_eq!(super::joined(None, vec![s("a"), s("b")]), "a; b");
+        assert_eq!(super::joined(Some(s("exit")), vec![s("exit")]), "exit");
+        assert_eq!(super::joined(None, vec![]), "");
     }
 }

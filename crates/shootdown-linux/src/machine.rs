@@ -203,7 +203,7 @@ impl Model for Machine {
     }
 
     fn describe(&self, a: Action) -> String {
-        crate::describe::describe(self, a)
+        self.name_mms(&crate::describe::describe(self, a))
     }
 
     fn agent_name(&self, agent: usize) -> String {

@@ -40,6 +40,11 @@ impl Machine {
         self.cpus[cpu].curr == self.cpus[cpu].idle_task
     }
 
+    /// The kernel function `Step(cpu)` runs next (`None`: the task's user or idle code).
+    pub fn top_frame_name(&self, cpu: CpuId) -> Option<&'static str> {
+        self.top_frame(cpu).map(Frame::name)
+    }
+
     /// The frame `Step(cpu)` runs next: the top of its interrupt stack, else of its current
     /// task's kernel stack (`None`: the task's user or idle code).
     pub(crate) fn top_frame(&self, cpu: CpuId) -> Option<&Frame> {

@@ -366,7 +366,9 @@ impl Machine {
             .get(task.pc as usize)
             .copied()
             .unwrap_or(UserOp::Exit);
-        self.summary(|| user_op_text(&op));
+        if let Some(text) = self.perf.labels_on.then(|| user_op_text(&op)).flatten() {
+            self.summary(|| text);
+        }
         match op {
             UserOp::Touch { vpn, write } => {
                 self.user_touch(cpu, vpn, write, true, env);
@@ -712,9 +714,22 @@ impl Machine {
     }
 }
 
-/// How a counterexample names a user operation.
-fn user_op_text(op: &UserOp) -> String {
-    match *op {
+/// How a counterexample names a user operation (None where its own step says what it did: an
+/// access, `exit`, `pause`).
+fn user_op_text(op: &UserOp) -> Option<String> {
+    Some(match *op {
+        UserOp::Touch { .. }
+        | UserOp::TouchRange { .. }
+        | UserOp::TouchRegions { .. }
+        | UserOp::TouchRandomBlock { .. }
+        | UserOp::Exit
+        | UserOp::Pause => return None,
+        UserOp::Compute { ns } => format!("compute {ns} ns"),
+        UserOp::Event => "count an event".into(),
+        UserOp::Mark => "mark the time".into(),
+        UserOp::Loop { to, .. } => format!("loop to operation {to}"),
+        UserOp::AnonFaults { npages } => format!("{npages} anonymous page fault(s), charged in bulk"),
+        UserOp::FreePages { npages } => format!("free {npages} page(s) charged in bulk"),
         UserOp::MadviseDontneed { start, npages } => {
             format!("madvise({start:#x}, {npages} page(s), MADV_DONTNEED)")
         }
@@ -738,5 +753,5 @@ fn user_op_text(op: &UserOp) -> String {
             )
         }
         other => format!("{other:?}"),
-    }
+    })
 }
