@@ -325,8 +325,9 @@ def check(
             last role's tasks, and a note says which; docs/checker.md).
 
     Returns:
-        ``{"scenario", "mutant", "memory_model", "verdict" ("violation" | "verified" |
-        "bound-reached" | "interrupted": Ctrl-C stopped it and nothing is proved),
+        ``{"scenario", "mutant", "bug", "memory_model", "verdict" ("violation" | "verified" |
+        "bound-reached" | "interrupted": Ctrl-C stopped it and nothing is proved | "unreached":
+        no explored step ran the mutant's code, so nothing is proved about it),
         "invariant", "states", "transitions", "seconds", "states_per_s", "peak_rss_mb" (the
         process's peak resident memory after the search, MB: on Linux and macOS; it includes
         whatever the process did before), "counterexample": [{"step", "actor", "text"},

@@ -48,12 +48,14 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_BOUND",
     "EXIT_INTERRUPTED",
+    "EXIT_UNREACHED",
 ]
 
 EXIT_OK = 0
 EXIT_VIOLATION = 1
 EXIT_USAGE = 2
 EXIT_BOUND = 3
+EXIT_UNREACHED = 4
 EXIT_INTERRUPTED = 130
 
 _PROG = "shootdown"
@@ -454,7 +456,7 @@ def check(
     ),
     fmt: TextFormat = typer.Option(TextFormat.text, "--format", "-f", help="Output format."),
 ) -> None:
-    """Model-check a scenario (exit 0 verified, 1 violation, 3 bound reached)."""
+    """Model-check a scenario (exit 0 verified, 1 violation, 3 bound reached, 4 unreached)."""
     if list_:
         listing = api.check_list()
         text = (
@@ -492,6 +494,8 @@ def check(
         raise typer.Exit(EXIT_VIOLATION)
     if verdict == "bound-reached":
         raise typer.Exit(EXIT_BOUND)
+    if verdict == "unreached":
+        raise typer.Exit(EXIT_UNREACHED)
 
 
 @app.command()

@@ -115,7 +115,9 @@ class CheckResult(TypedDict):
     mutant: Optional[str]
     bug: Optional[BugInfo]  # the catalogued bug the mutant re-creates, if any
     memory_model: str
-    verdict: str  # "violation" | "verified" | "bound-reached" | "interrupted"
+    # "violation" | "verified" | "bound-reached" | "interrupted" | "unreached" (the mutant's code
+    # never ran: nothing is proved about it)
+    verdict: str
     invariant: Optional[str]
     states: int
     transitions: int

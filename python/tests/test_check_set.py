@@ -36,3 +36,18 @@ def test_bad_set_is_one_line() -> None:
     err = done.stderr.strip()
     assert err.endswith("tasks.7.cpu: 'tasks' is an array of 3: index it with 0 to 2"), err
     assert len(err.splitlines()) == 1
+
+
+@requires_native
+def test_a_mutant_the_configuration_never_runs_is_unreached() -> None:
+    # inc_tlb_gen_after_ipis lives in the concurrent flush; the older form never runs it.
+    done = _check(
+        "smp_call_concurrent",
+        "--mutant",
+        "inc_tlb_gen_after_ipis",
+        "--set",
+        "options.smp_call=remote_then_local",
+    )
+    assert done.returncode == 4, done.stderr
+    assert done.stdout.startswith("verdict: unreached\n"), done.stdout
+    assert "note: mutant inc_tlb_gen_after_ipis never ran: " in done.stdout

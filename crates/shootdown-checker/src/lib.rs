@@ -401,7 +401,11 @@ pub fn check(
     let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
     if let Some(m) = mutant {
         if r.verdict != "violation" && !shootdown_linux::options::mutant_ran() {
-            // Not "the bug is harmless": its code never ran here.
+            // Not "the bug is harmless": its code never ran here. A finished search says so in
+            // its verdict; a bounded or interrupted one keeps its own and gets the note.
+            if r.verdict == "verified" {
+                r.verdict = "unreached".into();
+            }
             notes.push(format!(
                 "mutant {m} never ran: no explored step reached its code, so this verdict says nothing about the bug (does the scenario's configuration take the mutated path? see its options and setup)"
             ));

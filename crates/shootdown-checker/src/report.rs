@@ -22,7 +22,8 @@ pub struct CheckResult {
     /// The catalogued bug the mutant re-creates (id, title, fix, CVEs), if any.
     pub bug: Option<crate::catalog::BugInfo>,
     pub memory_model: String,
-    /// `violation` | `verified` | `bound-reached`.
+    /// `violation` | `verified` | `bound-reached` | `interrupted` | `unreached` (a mutant whose
+    /// code no explored step ran: the search proves nothing about it).
     pub verdict: String,
     /// The invariant violated (`INV-STALE`, `INV-PTFREE`, `INV-ASID`, `INV-CTX`, `X4-DEADLOCK`).
     pub invariant: Option<String>,
