@@ -59,9 +59,14 @@ impl Machine {
             if boundary && b[i..].starts_with(b"mm") {
                 let digits = b[i + 2..].iter().take_while(|c| c.is_ascii_digit()).count();
                 let end = i + 2 + digits;
-                let word_end = end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
+                let word_end =
+                    end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
                 if digits > 0 && word_end {
-                    if let Some(mm) = text[i + 2..end].parse::<usize>().ok().and_then(|n| self.mms.get(n)) {
+                    if let Some(mm) = text[i + 2..end]
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|n| self.mms.get(n))
+                    {
                         out.push_str(&mm.name);
                         i = end;
                         continue;
@@ -166,7 +171,10 @@ fn step_text(m: &Machine, a: Action) -> String {
     copy.perf.labels.clear();
     copy.perf.summary = None;
     copy.apply(a, &mut NullEnv);
-    joined(copy.perf.summary.take(), std::mem::take(&mut copy.perf.labels))
+    joined(
+        copy.perf.summary.take(),
+        std::mem::take(&mut copy.perf.labels),
+    )
 }
 
 /// A step's summary, then its labels, each once, joined by `; `.
@@ -186,7 +194,10 @@ mod tests {
     fn a_summary_and_the_labels_are_both_kept() {
         let s = |x: &str| x.to_string();
         assert_eq!(
-            super::joined(Some(s("inc_mm_tlb_gen(mm1) = 2")), vec![s("trim"), s("trim")]),
+            super::joined(
+                Some(s("inc_mm_tlb_gen(mm1) = 2")),
+                vec![s("trim"), s("trim")]
+            ),
             "inc_mm_tlb_gen(mm1) = 2; trim"
         );
         assert_eq!(super::joined(None, vec![s("a"), s("b")]), "a; b");

@@ -435,7 +435,13 @@ impl Machine {
 
     /// What an access to `line` by `cpu` costs now (timed driver only), updating the line's
     /// whereabouts. Caches belong to physical CPUs: a vCPU touches lines from the pCPU it runs on.
-    pub(crate) fn line_cost<E: Env>(&mut self, env: &E, cpu: CpuId, line: LineId, write: bool) -> Time {
+    pub(crate) fn line_cost<E: Env>(
+        &mut self,
+        env: &E,
+        cpu: CpuId,
+        line: LineId,
+        write: bool,
+    ) -> Time {
         let cpu = self.phys_cpu(cpu);
         let at = env.now() + env.elapsed();
         let perf = &mut *self.perf;

@@ -91,6 +91,15 @@ impl Section {
         matches!(self, Section::PagevecLruAdd | Section::ReleasePages)
     }
 
+    /// Its lock's counters: sections run, and sections that found the lock taken.
+    fn counters(self) -> (Counter, Counter) {
+        if self.lru() {
+            (Counter::LruLock, Counter::LruLockContended)
+        } else {
+            (Counter::ZoneLock, Counter::ZoneLockContended)
+        }
+    }
+
     /// List neighbours written that belong to other CPUs' runs of pages.
     fn neighbour_misses(self, pages: u32) -> u64 {
         match self {
@@ -205,7 +214,12 @@ impl Machine {
     }
 
     /// One step of [`BulkPages`].
-    pub(crate) fn bulk_pages_step<E: Env>(&mut self, cpu: CpuId, b: &mut BulkPages, env: &mut E) -> Flow {
+    pub(crate) fn bulk_pages_step<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        b: &mut BulkPages,
+        env: &mut E,
+    ) -> Flow {
         let lists = self.opts.page_lists;
         match b.pc {
             BulkPagesPc::Fault => {
@@ -222,7 +236,8 @@ impl Machine {
                     n = n.min(pl.pcp).min(PAGEVEC_SIZE - pl.pvec);
                 }
                 self.charge(env, |c| {
-                    let one = c.page_fault_entry_exit.0 + c.page_alloc.0 + c.page_zero.0 + c.pte_update.0;
+                    let one =
+                        c.page_fault_entry_exit.0 + c.page_alloc.0 + c.page_zero.0 + c.pte_update.0;
                     Time(one * n as u64)
                 });
                 self.perf.counters.add(Counter::PageFaults, n as u64);
@@ -244,7 +259,11 @@ impl Machine {
                     return Flow::Return;
                 }
                 // The next batch of the gather: its first is the on-stack bundle.
-                let cap = if b.batches == 0 { MMU_GATHER_BUNDLE } else { MAX_GATHER_BATCH };
+                let cap = if b.batches == 0 {
+                    MMU_GATHER_BUNDLE
+                } else {
+                    MAX_GATHER_BATCH
+                };
                 b.batches += 1;
                 b.gather = b.left.min(cap);
                 b.left -= b.gather;
@@ -257,7 +276,11 @@ impl Machine {
                 Flow::Next
             }
             BulkPagesPc::Release => {
-                let k = if lists { b.gather.min(SWAP_CLUSTER_MAX) } else { b.gather };
+                let k = if lists {
+                    b.gather.min(SWAP_CLUSTER_MAX)
+                } else {
+                    b.gather
+                };
                 b.gather -= k;
                 b.unref += k;
                 if b.gather == 0 {
@@ -296,23 +319,16 @@ impl Machine {
         let id = self.section_lock(cpu, s.section);
         match s.pc {
             PageListLockedPc::Lock => {
+                let (taken, contended) = s.section.counters();
                 if let Some(wait) = self.kernel_spin_lock(cpu, id, env) {
                     if !s.contended {
                         s.contended = true;
-                        self.perf.counters.inc(if s.section.lru() {
-                            Counter::LruLockContended
-                        } else {
-                            Counter::ZoneLockContended
-                        });
+                        self.perf.counters.inc(contended);
                         self.say(|| format!("{}: lock held, wait", s.section.name()));
                     }
                     return wait;
                 }
-                self.perf.counters.inc(if s.section.lru() {
-                    Counter::LruLock
-                } else {
-                    Counter::ZoneLock
-                });
+                self.perf.counters.inc(taken);
                 self.say(|| format!("{}: lock taken", s.section.name()));
                 s.pc = PageListLockedPc::Hold;
                 Flow::Next
@@ -331,7 +347,11 @@ impl Machine {
                 };
                 let pages = s.pages as u64;
                 self.charge(env, |c| {
-                    let per = if s.section.lru() { c.lru_page } else { c.buddy_page };
+                    let per = if s.section.lru() {
+                        c.lru_page
+                    } else {
+                        c.buddy_page
+                    };
                     Time(moved.0 * (1 + misses) + per.0 * pages)
                 });
                 let pl = &mut self.page_lists[cpu];
@@ -354,7 +374,8 @@ impl Machine {
 
     /// Would this section's next step only wait for its lock?
     pub(crate) fn page_list_locked_spins(&self, cpu: CpuId, s: &PageListLocked) -> bool {
-        s.pc == PageListLockedPc::Lock && self.kernel_lock_waits(cpu, self.section_lock(cpu, s.section))
+        s.pc == PageListLockedPc::Lock
+            && self.kernel_lock_waits(cpu, self.section_lock(cpu, s.section))
     }
 
     /// The data a kernel lock protects, as one cache line beside the lock's.

@@ -113,7 +113,12 @@ impl Machine {
     /// `queued_spin_lock(lock)` by agent `me`. Call again after each wake-up: the first call
     /// takes a free lock or joins the queue, later ones take the lock once `me` heads the queue
     /// and the holder released it.
-    pub(crate) fn queued_spin_lock<E: Env>(&mut self, me: usize, r: LockRef, env: &mut E) -> Queued {
+    pub(crate) fn queued_spin_lock<E: Env>(
+        &mut self,
+        me: usize,
+        r: LockRef,
+        env: &mut E,
+    ) -> Queued {
         let loc = r.loc();
         let owner = me as u64 + 1;
         let queue = &self.qlock(r).queue;
@@ -178,19 +183,20 @@ impl Machine {
     /// `spin_lock()` of guest kernel lock `id` by CPU `me`, in the form the options select
     /// ([`SpinlockKind`]): `None` once held, else how to wait (`Flow::Spin` on the lock word,
     /// or `Flow::Halt` for a PV waiter in `pv_wait`). Call again after each wake-up.
-    pub(crate) fn kernel_spin_lock<E: Env>(&mut self, me: usize, id: u32, env: &mut E) -> Option<Flow> {
+    pub(crate) fn kernel_spin_lock<E: Env>(
+        &mut self,
+        me: usize,
+        id: u32,
+        env: &mut E,
+    ) -> Option<Flow> {
         let loc = Loc::KernelLock(id);
-        let owner = me as u64 + 1;
         match self.opts.spinlock {
-            SpinlockKind::Tas => {
-                // virt_spin_lock(): `while (atomic_read(&lock->val)) cpu_relax();` then
-                // `cmpxchg(&lock->val, 0, _Q_LOCKED_VAL)`, retried on failure.
-                if self.load(env, me, loc) != 0 {
-                    return Some(Flow::Spin(spin_key(loc)));
-                }
-                let old = self.rmw(env, me, loc, |v| if v == 0 { owner } else { v });
-                (old != 0).then_some(Flow::Spin(spin_key(loc)))
-            }
+            // virt_spin_lock(): `while (atomic_read(&lock->val)) cpu_relax();` then
+            // `cmpxchg(&lock->val, 0, _Q_LOCKED_VAL)`, retried on failure.
+            SpinlockKind::Tas => self
+                .spin_trylock(env, me, loc)
+                .is_none()
+                .then_some(Flow::Spin(spin_key(loc))),
             SpinlockKind::Queued => match self.queued_spin_lock(me, LockRef::Kernel(id), env) {
                 Queued::Fast | Queued::Head => None,
                 Queued::Joined | Queued::Wait => Some(Flow::Spin(spin_key(loc))),
@@ -214,7 +220,6 @@ impl Machine {
     fn pv_queued_spin_lock<E: Env>(&mut self, me: usize, id: u32, env: &mut E) -> Option<Flow> {
         let loc = Loc::KernelLock(id);
         let spin = Some(Flow::Spin(spin_key(loc)));
-        let owner = me as u64 + 1;
         let pos = self.kernel_locks[id as usize]
             .queue
             .iter()
@@ -228,15 +233,14 @@ impl Machine {
             None => {
                 let l = &self.kernel_locks[id as usize];
                 let (empty, pending) = (l.queue.is_empty(), l.pending);
-                if !pending && self.load(env, me, loc) == 0 {
-                    let old = self.rmw(env, me, loc, |v| if v == 0 { owner } else { v });
-                    if old == 0 {
-                        if !empty {
-                            self.perf.counters.inc(crate::counters::Counter::PvLockStealing);
-                        }
-                        self.perf.cpu[me].pv_since = None;
-                        return None;
+                if !pending && self.spin_trylock(env, me, loc).is_some() {
+                    if !empty {
+                        self.perf
+                            .counters
+                            .inc(crate::counters::Counter::PvLockStealing);
                     }
+                    self.perf.cpu[me].pv_since = None;
+                    return None;
                 }
                 if empty || pending {
                     // `xchg_tail`: into the MCS queue.
@@ -249,16 +253,13 @@ impl Machine {
                 if !self.kernel_locks[id as usize].pending {
                     self.set_pending(me, id, true, env);
                 }
-                if self.load(env, me, loc) == 0 {
-                    // `trylock_clear_pending`.
-                    let old = self.rmw(env, me, loc, |v| if v == 0 { owner } else { v });
-                    if old == 0 {
-                        let l = &mut self.kernel_locks[id as usize];
-                        l.queue.remove(0);
-                        l.pending = false;
-                        self.perf.cpu[me].pv_since = None;
-                        return None;
-                    }
+                // `trylock_clear_pending`.
+                if self.spin_trylock(env, me, loc).is_some() {
+                    let l = &mut self.kernel_locks[id as usize];
+                    l.queue.remove(0);
+                    l.pending = false;
+                    self.perf.cpu[me].pv_since = None;
+                    return None;
                 }
                 self.pv_wait_or_spin(me, id, None, env)
             }
@@ -281,7 +282,13 @@ impl Machine {
     /// A queued PV waiter (`prev` = its predecessor, `None` for the head) keeps spinning, or
     /// (timed driver, with a host) halts in `pv_wait`. Its count of iterations restarts when it
     /// becomes the head (`pv_wait_head_or_lock` has its own loop).
-    fn pv_wait_or_spin<E: Env>(&mut self, me: usize, id: u32, prev: Option<usize>, env: &mut E) -> Option<Flow> {
+    fn pv_wait_or_spin<E: Env>(
+        &mut self,
+        me: usize,
+        id: u32,
+        prev: Option<usize>,
+        env: &mut E,
+    ) -> Option<Flow> {
         let spin = Some(Flow::Spin(spin_key(Loc::KernelLock(id))));
         if !env.timed() || self.host.is_none() {
             return spin;

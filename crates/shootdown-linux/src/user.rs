@@ -728,7 +728,9 @@ fn user_op_text(op: &UserOp) -> Option<String> {
         UserOp::Event => "count an event".into(),
         UserOp::Mark => "mark the time".into(),
         UserOp::Loop { to, .. } => format!("loop to operation {to}"),
-        UserOp::AnonFaults { npages } => format!("{npages} anonymous page fault(s), charged in bulk"),
+        UserOp::AnonFaults { npages } => {
+            format!("{npages} anonymous page fault(s), charged in bulk")
+        }
         UserOp::FreePages { npages } => format!("free {npages} page(s) charged in bulk"),
         UserOp::MadviseDontneed { start, npages } => {
             format!("madvise({start:#x}, {npages} page(s), MADV_DONTNEED)")

@@ -211,7 +211,10 @@ fn pv_sched_yield_hands_the_pcpu_to_the_preempted_target() {
     let (o, n) = (off.counters(), on.counters());
     assert_eq!(o.get(Counter::PvSchedYield), 0);
     let (calls, yields) = (n.get(Counter::PvSchedYield), n.get(Counter::PvSchedYieldTo));
-    assert!(calls > 100 && yields > 0 && yields <= calls, "{calls} {yields}");
+    assert!(
+        calls > 100 && yields > 0 && yields <= calls,
+        "{calls} {yields}"
+    );
     assert!(n.get(Counter::HostPreemptions) > o.get(Counter::HostPreemptions));
     assert_ne!(o.get(Counter::Events), n.get(Counter::Events));
 }
@@ -222,45 +225,7 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
     // the writer keeps taking it for write (mmap). When the reader has to sleep, its vCPU has
     // nothing else to run: the guest halts, the host blocks the vCPU thread, and the writer's
     // unlock (try_to_wake_up + reschedule IPI) kicks it awake.
-    let mut m = host(1, 2, 2, |_| {});
-    let mm = m.add_mm("vm0");
-    m.add_task(
-        "writer",
-        mm,
-        0,
-        vec![
-            UserOp::Mmap {
-                start: 0x10,
-                npages: 1,
-            },
-            UserOp::Event,
-            UserOp::Loop {
-                to: 0,
-                times: Some(200),
-            },
-            UserOp::Exit,
-        ],
-    );
-    m.add_task(
-        "reader",
-        mm,
-        1,
-        vec![
-            UserOp::Touch {
-                vpn: 0x10,
-                write: true,
-            },
-            UserOp::MadviseDontneed {
-                start: 0x10,
-                npages: 1,
-            },
-            UserOp::Loop {
-                to: 0,
-                times: Some(300),
-            },
-            UserOp::Exit,
-        ],
-    );
+    let mut m = mmap_sem_pair(0, 1);
     assert_eq!(run(&mut m, 100), Stop::Finished);
     let c = m.counters();
     assert!(c.get(Counter::MmapSemContended) > 0, "{:?}", c.named());
@@ -270,8 +235,8 @@ fn halted_vcpu_blocks_and_an_ipi_kicks_it_awake() {
     assert!(c.get(Counter::VcpuWakeups) > 0);
 }
 
-/// The writer/reader pair of `halted_vcpu_blocks_and_an_ipi_kicks_it_awake` on a host with
-/// `halt_poll_ns = max` (0 = none).
+/// A writer (mmap, so `mmap_sem` for write) and a reader (a fault and a zap, `mmap_sem` for
+/// read) in each of `vms` VMs of 2 vCPUs on 2 pCPUs, with `halt_poll_ns = max` (0 = none).
 fn mmap_sem_pair(max: u64, vms: usize) -> Machine {
     let mut m = host(vms, 2, 2, |c| c.halt_poll_ns = max);
     for vm in 0..vms {
@@ -324,7 +289,10 @@ fn halt_polling_catches_a_kick_without_a_wakeup_only_on_a_pcpu_of_its_own() {
         b.get(Counter::HaltAttemptedPoll),
         b.get(Counter::HaltSuccessfulPoll),
     );
-    assert!(tried > 0 && caught > 0 && caught <= tried, "{tried} {caught}");
+    assert!(
+        tried > 0 && caught > 0 && caught <= tried,
+        "{tried} {caught}"
+    );
     assert!(b.get(Counter::KvmHaltExits) > tried);
     // A caught kick needs no wake-up of a sleeping thread.
     assert!(b.get(Counter::VcpuWakeups) < a.get(Counter::VcpuWakeups));

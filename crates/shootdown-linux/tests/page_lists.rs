@@ -90,7 +90,10 @@ fn one_cpu_takes_zone_lock_only_to_fill_its_list_and_lru_lock_fourteen_times_a_r
     // Per record: 9 full pagevecs (126 / 14), then release_pages of the gather's 8-page bundle
     // and of its 118 other pages in sections of 32: 1 + 4.
     let lru = c.get(Counter::LruLock);
-    assert!((14 * records..14 * (records + 1)).contains(&lru), "{lru} for {records}");
+    assert!(
+        (14 * records..14 * (records + 1)).contains(&lru),
+        "{lru} for {records}"
+    );
     assert_eq!(c.get(Counter::LruLockContended), 0);
 }
 
@@ -101,7 +104,13 @@ fn queued_waiters_take_the_lock_in_turn() {
     let c = m.counters();
     assert!(c.get(Counter::LruLockContended) > 0);
     // FIFO: no CPU starves; each finished about as many records as the others.
-    let done: Vec<usize> = m.perf.marks.iter().map(Vec::len).filter(|&n| n > 0).collect();
+    let done: Vec<usize> = m
+        .perf
+        .marks
+        .iter()
+        .map(Vec::len)
+        .filter(|&n| n > 0)
+        .collect();
     assert_eq!(done.len(), 4);
     let (lo, hi) = (*done.iter().min().unwrap(), *done.iter().max().unwrap());
     assert!(lo > 0 && hi - lo <= hi / 5 + 1, "{done:?}");
@@ -117,7 +126,10 @@ fn pv_waiters_halt_are_kicked_and_outrun_queued_ones_under_overcommit() {
     }
     let c = pv.counters();
     let (waits, kicks) = (c.get(Counter::PvWait), c.get(Counter::PvKick));
-    assert!(waits > 0 && kicks > 0 && kicks <= waits, "{waits} waits, {kicks} kicks");
+    assert!(
+        waits > 0 && kicks > 0 && kicks <= waits,
+        "{waits} waits, {kicks} kicks"
+    );
     assert!(c.get(Counter::PvLockStealing) > 0);
     for m in [&queued, &tas] {
         assert_eq!(m.counters().get(Counter::PvWait), 0);
@@ -126,9 +138,19 @@ fn pv_waiters_halt_are_kicked_and_outrun_queued_ones_under_overcommit() {
     // (lock-waiter preemption) — here PLE's directed yields rescue it; the PV lock lets a
     // running newcomer steal it instead, and its waiters halt rather than spin.
     let ev = |m: &Machine| m.counters().get(Counter::Events);
-    assert!(ev(&queued) < ev(&pv), "queued {} vs pv {}", ev(&queued), ev(&pv));
+    assert!(
+        ev(&queued) < ev(&pv),
+        "queued {} vs pv {}",
+        ev(&queued),
+        ev(&pv)
+    );
     let mut no_ple = overcommitted_with(SpinlockKind::Queued, |c| c.ple_gap = 0);
     run(&mut no_ple, 20);
-    assert!(ev(&no_ple) < ev(&queued), "queued without PLE {} vs with {}", ev(&no_ple), ev(&queued));
+    assert!(
+        ev(&no_ple) < ev(&queued),
+        "queued without PLE {} vs with {}",
+        ev(&no_ple),
+        ev(&queued)
+    );
     assert!(ev(&tas) > 0);
 }

@@ -25,7 +25,13 @@ use shootdown_hw::CpuId;
 impl Machine {
     /// `kvm_vcpu_block` of vCPU `v`, halted at `t` (its exit done): poll on its pCPU `p`, or
     /// not. True if its thread polls (it keeps the pCPU until a kick or `poll_until`).
-    pub(crate) fn halt_poll_start<E: Env>(&mut self, v: CpuId, p: usize, t: Time, env: &mut E) -> bool {
+    pub(crate) fn halt_poll_start<E: Env>(
+        &mut self,
+        v: CpuId,
+        p: usize,
+        t: Time,
+        env: &mut E,
+    ) -> bool {
         self.perf.host.halt_start[v] = t;
         let poll = self.perf.host.halt_poll[v];
         if poll == 0 || !self.host_ref().pcpus[p].rq.is_empty() {
@@ -53,9 +59,8 @@ impl Machine {
     pub(crate) fn halt_poll_success<E: Env>(&mut self, v: CpuId, at: Time, env: &mut E) {
         self.perf.counters.inc(Counter::HaltSuccessfulPoll);
         self.perf.host.poll_until[v] = Time::MAX;
-        let start = self.perf.host.halt_start[v];
-        let resume = at.max(start);
-        self.halt_poll_adapt(v, resume.saturating_sub(start));
+        let resume = at.max(self.perf.host.halt_start[v]);
+        self.halt_poll_woken(v, resume);
         self.host_mut().vcpus[v].thread = crate::kvm::ThreadState::Runnable;
         self.perf.host.switched_in.push((v, resume));
         if env.tracing() {
@@ -89,18 +94,34 @@ impl Machine {
     /// The poll-time update at the end of `kvm_vcpu_block`, from the halt's length.
     fn halt_poll_adapt(&mut self, v: CpuId, block: Time) {
         let cfg = &self.host_ref().cfg;
-        let (max, grow, shrink) = (cfg.halt_poll_ns, cfg.halt_poll_ns_grow, cfg.halt_poll_ns_shrink);
-        let val = &mut self.perf.host.halt_poll[v];
+        let (max, grow, shrink) = (
+            cfg.halt_poll_ns,
+            cfg.halt_poll_ns_grow,
+            cfg.halt_poll_ns_shrink,
+        );
+        let val = self.perf.host.halt_poll[v];
         let block = block.as_ns_f64() as u64;
-        if max == 0 {
-            *val = 0;
-        } else if block <= *val {
-        } else if *val > 0 && block > max {
+        self.perf.host.halt_poll[v] = if max == 0 {
+            0
+        } else if block <= val {
+            val
+        } else if val > 0 && block > max {
             // shrink_halt_poll_ns
-            *val = if shrink == 0 { 0 } else { *val / shrink };
-        } else if *val < max && block < max {
+            if shrink == 0 {
+                0
+            } else {
+                val / shrink
+            }
+        } else if val < max && block < max {
             // grow_halt_poll_ns: the first step is 10 us.
-            *val = if *val == 0 && grow > 0 { 10_000 } else { *val * grow }.min(max);
-        }
+            if val == 0 && grow > 0 {
+                10_000
+            } else {
+                val * grow
+            }
+            .min(max)
+        } else {
+            val
+        };
     }
 }

@@ -23,9 +23,9 @@
 
 use crate::frame::Flow;
 use crate::kvm::mmu::lock::QueuedSpinlock;
-use crate::spinlock::{LockRef, Queued};
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
+use crate::spinlock::{LockRef, Queued};
 use shootdown_engine::Env;
 
 /// `_QW_LOCKED`: a writer holds the lock.
