@@ -70,13 +70,18 @@ fn parse(doc: &str) -> Vec<BugInfo> {
 impl BugInfo {
     /// `K1 · CVE-2019-3016 · fix 8c6de56a42e0`, as listings show it.
     pub fn label(&self) -> String {
-        let mut parts = vec![self.id.clone()];
-        parts.extend(self.cves.iter().cloned());
-        if let Some(f) = &self.fix {
-            parts.push(format!("fix {f}"));
-        }
-        parts.join(" · ")
+        label(&self.id, &self.cves, self.fix.as_deref())
     }
+}
+
+/// A catalogued bug as listings name it, from its id, CVEs and fixing commit.
+pub fn label(id: &str, cves: &[String], fix: Option<&str>) -> String {
+    let mut parts = vec![id.to_string()];
+    parts.extend(cves.iter().cloned());
+    if let Some(f) = fix {
+        parts.push(format!("fix {f}"));
+    }
+    parts.join(" · ")
 }
 
 #[cfg(test)]

@@ -146,10 +146,11 @@ impl ScenarioInfo {
                 .mutants
                 .iter()
                 .map(|m| {
-                    let entry = catalog_bug(&m.name).and_then(crate::catalog::lookup);
+                    let id = catalog_bug(&m.name);
+                    let entry = id.and_then(crate::catalog::lookup);
                     MutantInfo {
                         name: m.name.clone(),
-                        bug: catalog_bug(&m.name).map(str::to_string),
+                        bug: id.map(str::to_string),
                         fix: entry.and_then(|b| b.fix.clone()),
                         cves: entry.map(|b| b.cves.clone()).unwrap_or_default(),
                         description: m.description.trim().to_string(),
@@ -204,11 +205,7 @@ pub fn list_text(items: &[ScenarioInfo]) -> String {
             let bug = m
                 .bug
                 .as_deref()
-                .map(|b| {
-                    let label =
-                        crate::catalog::lookup(b).map_or_else(|| b.to_string(), |e| e.label());
-                    format!("[{label}] ")
-                })
+                .map(|b| format!("[{}] ", crate::catalog::label(b, &m.cves, m.fix.as_deref())))
                 .unwrap_or_default();
             let expect = m
                 .expect

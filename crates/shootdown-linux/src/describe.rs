@@ -53,15 +53,13 @@ impl Machine {
     pub fn name_mms(&self, text: &str) -> String {
         let mut out = String::with_capacity(text.len());
         let b = text.as_bytes();
+        let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
         let mut i = 0;
         while i < b.len() {
-            let boundary = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
-            if boundary && b[i..].starts_with(b"mm") {
+            if (i == 0 || !word(b[i - 1])) && b[i..].starts_with(b"mm") {
                 let digits = b[i + 2..].iter().take_while(|c| c.is_ascii_digit()).count();
                 let end = i + 2 + digits;
-                let word_end =
-                    end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
-                if digits > 0 && word_end {
+                if digits > 0 && (end == b.len() || !word(b[end])) {
                     if let Some(mm) = text[i + 2..end]
                         .parse::<usize>()
                         .ok()

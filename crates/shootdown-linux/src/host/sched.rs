@@ -207,9 +207,6 @@ impl Machine {
         let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
         let preempt = self.host_ref().cfg.wakeup_preemption;
         let p = self.host_ref().vcpus[w].pcpu as usize;
-        let polling = self.host_ref().pcpus[p]
-            .curr
-            .filter(|&u| self.halt_polling(u as usize));
         let h = self.host_mut();
         match h.pcpus[p].curr {
             None => {
@@ -222,16 +219,13 @@ impl Machine {
                 hp.switched_in.push((w, t));
                 self.ple_sched_in(w);
             }
-            Some(u) if polling == Some(u) => {
-                // `single_task_running()` fails: the polling thread sleeps, this one runs.
+            Some(u) => {
                 h.vcpus[w].thread = ThreadState::Runnable;
                 h.pcpus[p].rq.push_front(w as u32);
-                self.halt_poll_give_up(u as usize, p, at, env);
-            }
-            Some(_) => {
-                h.vcpus[w].thread = ThreadState::Runnable;
-                h.pcpus[p].rq.push_front(w as u32);
-                if preempt {
+                if self.halt_polling(u as usize) {
+                    // `single_task_running()` fails: the polling thread sleeps, this one runs.
+                    self.halt_poll_give_up(u as usize, p, at, env);
+                } else if preempt {
                     self.host_resched(p, at, env);
                 }
             }
