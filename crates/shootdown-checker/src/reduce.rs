@@ -187,6 +187,7 @@ fn rename_action(a: Action, perm: &[usize]) -> Action {
         Action::VcpuPut(v) => Action::VcpuPut(r(v)),
         Action::VcpuIoctl(v) => Action::VcpuIoctl(r(v)),
         Action::HostIrq(v) => Action::HostIrq(r(v)),
+        Action::PleExit(v) => Action::PleExit(r(v)),
     }
 }
 

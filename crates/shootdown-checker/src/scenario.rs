@@ -273,6 +273,11 @@ pub struct HostSpec {
     /// At most this many preemptions per vCPU (default 0 = unbounded).
     #[serde(default)]
     pub max_preemptions: u32,
+    /// Pause-loop exiting: a vCPU spinning in guest kernel code while another vCPU of its VM
+    /// is preempted may take a PLE exit and directed yield (`PleExit`), and give its pCPU away
+    /// (`VcpuPut`, even if it is not preemptible). Default false: spins never exit.
+    #[serde(default)]
+    pub ple: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -976,6 +981,7 @@ impl Scenario {
                 preemptible: Some(Vec::new()),
                 ioctl_puts: false,
                 max_preemptions: 0,
+                ple: false,
             }),
             (None, None) => None,
         };
@@ -997,6 +1003,11 @@ impl Scenario {
                     },
                     ioctl_puts: h.ioctl_puts,
                     max_preemptions: h.max_preemptions,
+                    ple_gap: if h.ple {
+                        HostConfig::default().ple_gap
+                    } else {
+                        0
+                    },
                     ..HostConfig::default()
                 };
                 cfg.validate(f.cpus)

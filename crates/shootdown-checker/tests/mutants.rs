@@ -15,6 +15,15 @@ type Pinned = (
 );
 const MUTANTS: &[Pinned] = &[
     (
+        "ple_pv_flush",
+        "ple_yield_marks_preempted",
+        None,
+        "sc",
+        "INV-STALE",
+        51,
+        19335,
+    ),
+    (
         "kvm_tdp_zap_roots",
         "tdp_zap_yield_drops_prior_flush",
         Some("K12"),
@@ -470,6 +479,31 @@ fn cve_2019_3016_counterexamples_tell_the_story() {
             "{m}"
         );
     }
+}
+
+#[test]
+fn ple_yield_counterexample_tells_the_story() {
+    // vcpu1's PLE exit marks it preempted and yields to the preempted vcpu0, but stays; vcpu0,
+    // run again, skips vcpu1's IPI for the flag; vcpu1 never passes record_steal_time.
+    let r = run("ple_pv_flush", Some("ple_yield_marks_preempted"), "sc");
+    let all: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    let all = all.join("\n");
+    let exit = all
+        .find("PLE exit (vcpu1): handle_pause; kvm_steal_time_set_preempted(vcpu1): st[1].preempted = PREEMPTED")
+        .expect(&all);
+    let stays = all
+        .find("kvm_vcpu_on_spin yields to vcpu0; schedule() returns")
+        .expect(&all);
+    let skip = all.find("succeeds: vcpu1 skipped").expect(&all);
+    assert!(exit < stays && stays < skip, "{all}");
+    assert!(!all.contains("record_steal_time: xchg(st[1]"), "{all}");
+    // Found under TSO too, one step longer: a buffered store must drain before the flag is
+    // read.
+    let t = run("ple_pv_flush", Some("ple_yield_marks_preempted"), "tso");
+    assert_eq!(
+        (t.verdict.as_str(), t.counterexample.len()),
+        ("violation", 52)
+    );
 }
 
 /// A counterexample starts after the scenario's setup, which runs with the mutant on: the

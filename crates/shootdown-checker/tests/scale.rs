@@ -95,6 +95,27 @@ fn options_and_array_elements_can_be_set() {
 }
 
 #[test]
+fn a_mutant_behind_pause_loop_exits_is_unreached_without_them() {
+    // Without PLE no spin ever exits, so handle_pause (and its mutant) never runs.
+    let r = run(
+        "ple_pv_flush",
+        Some("ple_yield_marks_preempted"),
+        "dfs",
+        &["host.ple=false"],
+    )
+    .unwrap();
+    assert_eq!(r.verdict, "unreached");
+    let r = run(
+        "ple_pv_flush",
+        Some("ple_yield_marks_preempted"),
+        "dfs",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(r.verdict, "violation");
+}
+
+#[test]
 fn bad_sets_are_one_line_errors_naming_the_key() {
     for (set, key, why) in [
         (

@@ -29,6 +29,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // A flush IPI waiting out an lru_lock section (interrupts off).
     ("lru_lock_flush", "sc", 2034, 4155),
     ("lru_lock_flush", "tso", 3762, 9526),
+    // PLE exits and directed yield while a PV flush waits on a preempted vCPU.
+    ("ple_pv_flush", "sc", 9554, 19654),
+    ("ple_pv_flush", "tso", 10350, 22001),
     // Symmetry reduction (cpu0 and cpu1 interchangeable): 106,935 / 149,511 states without.
     ("symmetric_flushers", "sc", 53458, 114077),
     ("symmetric_flushers", "tso", 74456, 177278),

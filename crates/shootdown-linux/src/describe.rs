@@ -126,7 +126,7 @@ pub fn describe(m: &Machine, a: Action) -> String {
                 _ => format!("host: {text}"),
             };
         }
-        Action::VcpuPut(_) | Action::VcpuIoctl(_) | Action::HostIrq(_) => {
+        Action::VcpuPut(_) | Action::VcpuIoctl(_) | Action::HostIrq(_) | Action::PleExit(_) => {
             return format!("host: {}", step_text(m, a));
         }
         Action::Step(_) => {}

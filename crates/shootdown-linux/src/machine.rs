@@ -44,6 +44,9 @@ pub enum Action {
     /// Host: a pending kick IPI reaches vCPU `v`'s pCPU: a VM exit if it runs the guest, else
     /// (host interrupts on) `ack_flush`.
     HostIrq(u32),
+    /// Host: vCPU `v`'s guest PAUSE loop ran out its window: `handle_pause`, directed yield,
+    /// and back into the guest (the yield that gives the pCPU away is `VcpuPut`).
+    PleExit(u32),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -185,7 +188,8 @@ impl Model for Machine {
             | Action::Fill(c, _)
             | Action::VcpuPut(c)
             | Action::VcpuIoctl(c)
-            | Action::HostIrq(c) => c as usize,
+            | Action::HostIrq(c)
+            | Action::PleExit(c) => c as usize,
         }
     }
 
@@ -270,6 +274,7 @@ impl Machine {
             Action::VcpuPut(c) => (self.vcpu_put_step(c as usize, env), StepKind::Shared),
             Action::VcpuIoctl(c) => (self.vcpu_ioctl_step(c as usize, env), StepKind::Shared),
             Action::HostIrq(c) => (self.host_irq(c as usize, env), StepKind::Shared),
+            Action::PleExit(c) => (self.ple_exit_step(c as usize, env), StepKind::Shared),
             Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
             Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
             Action::Drain(c) => {

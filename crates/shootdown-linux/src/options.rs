@@ -501,6 +501,12 @@ mutants! {
     /// a ranged zap misses). A fault that decided from the old state installs its SPTE while
     /// the zap has yielded, behind the walk.
     zap_gfn_range_no_invalidate = "K14",
+    /// Seeded (issue #40): `handle_pause` marks the spinning vCPU preempted in its steal-time
+    /// area before `kvm_vcpu_on_spin` (so that the guest's PV flush skips it while it yields).
+    /// When `schedule()` finds nothing else to run, the vCPU goes back into the guest without
+    /// `vcpu_load`, so no `record_steal_time` consumes the `KVM_VCPU_FLUSH_TLB` another vCPU
+    /// set instead of its IPI.
+    ple_yield_marks_preempted = "",
     /// Seeded: `zap_huge_pmd()` clears the PMD leaf without `tlb_remove_pmd_tlb_entry()`, so
     /// the gather records neither the range nor `cleared_pmds`; an unmap of only 2 MiB pages
     /// then flushes nothing.

@@ -209,7 +209,7 @@ impl Machine {
 
     /// The kernel lock a section of CPU `cpu` takes: its kernel's `lru_lock` or `zone->lock`.
     fn section_lock(&self, cpu: CpuId, s: Section) -> u32 {
-        let kernel = self.host.as_ref().map_or(0, |h| h.vcpus[cpu].vm as u32);
+        let kernel = self.host.as_ref().map_or(0, |h| h.vcpus[cpu].vm);
         2 * kernel + u32::from(!s.lru())
     }
 

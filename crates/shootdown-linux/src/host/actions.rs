@@ -1,6 +1,6 @@
 //! What the host does to a vCPU agent, for each driver: the actions a vCPU thread offers the
-//! explorer (host code of `vcpu_run`, preemption, ioctl puts) and the one the timed driver runs
-//! when its clock comes up.
+//! explorer (host code of `vcpu_run`, preemption, ioctl puts, PLE exits) and the one the timed
+//! driver runs when its clock comes up.
 
 use crate::kvm::{Exit, ThreadState};
 use crate::machine::{Action, Machine};
@@ -41,6 +41,9 @@ impl Machine {
         if self.host_may_preempt(cpu) {
             out.push(Action::VcpuPut(c));
         }
+        if self.ple_may_exit(cpu) {
+            out.push(Action::PleExit(c));
+        }
         true
     }
 
@@ -58,6 +61,9 @@ impl Machine {
         }
         if self.host_preempt_due(agent, now) {
             return Some(Action::VcpuPut(agent as u32));
+        }
+        if self.ple_exit_due(agent, now) {
+            return Some(Action::PleExit(agent as u32));
         }
         None
     }

@@ -106,12 +106,8 @@ impl Machine {
         } else if block <= val {
             val
         } else if val > 0 && block > max {
-            // shrink_halt_poll_ns
-            if shrink == 0 {
-                0
-            } else {
-                val / shrink
-            }
+            // shrink_halt_poll_ns: a divisor of 0 resets it.
+            val.checked_div(shrink).unwrap_or(0)
         } else if val < max && block < max {
             // grow_halt_poll_ns: the first step is 10 us.
             if val == 0 && grow > 0 {

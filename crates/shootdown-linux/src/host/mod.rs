@@ -12,7 +12,8 @@
 //! * [`sched`] — the host's scheduling policy for vCPU threads (timed driver only, like the
 //!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
 //!   blocking in HLT and kicks;
-//! * [`ple`] — pause-loop exiting and directed yield (timed driver only);
+//! * [`ple`] — pause-loop exiting and directed yield (the exit in both drivers, its windows
+//!   and the yield's effect on run queues in the timed driver);
 //! * [`halt_poll`] — halt-polling of a blocked vCPU's thread (timed driver only);
 //! * [`env`] — the timed driver's environment for guest steps on a host;
 //! * [`thread`] — host threads that are not vCPUs (the VMM's ioctl thread, an MMU-notifier

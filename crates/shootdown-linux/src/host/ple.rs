@@ -1,5 +1,7 @@
-//! Pause-loop exiting and directed yield on the host (timed driver only, like the rest of the
-//! host's scheduling policy: the explorer preempts vCPUs freely, which covers every yield).
+//! Pause-loop exiting and directed yield on the host. The exit is one action, `PleExit`, in
+//! both drivers ([`Machine::ple_exit_step`]); the windows, the scan's memory and the run queues
+//! are the timed driver's policy (the explorer takes an exit whenever a spinning vCPU has a
+//! preempted candidate, and preempts vCPUs freely, which covers every yield's outcome).
 //!
 //! Models VMX's PAUSE-loop exit and what KVM does with it at v4.15 (docs/design/overcommit.md
 //! §2–§3):
@@ -33,7 +35,7 @@
 //! 128 ticks; nothing read says how the CPU counts it): assumed recognised when `ple_gap > 0`.
 
 use crate::counters::Counter;
-use crate::kvm::ThreadState;
+use crate::kvm::{Exit, ThreadState, VcpuRun};
 use crate::machine::Machine;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park, Time};
@@ -93,27 +95,22 @@ impl Machine {
     }
 
     /// After a guest step of vCPU `v` that ended spinning in guest mode at `end`: start its
-    /// PAUSE loop's window if it just began, or take the PLE exit if the window ran out. Returns
-    /// the park of a vCPU that gave up its pCPU (`Park::Halt`), else None; `wake_by` is set for
-    /// the window's end.
-    pub(crate) fn ple_on_spin<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) -> Option<Park> {
+    /// PAUSE loop's window if it just began. The agent is woken when the window runs out, and
+    /// then takes the exit ([`Machine::ple_exit_due`]).
+    pub(crate) fn ple_on_spin<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) {
         if !self.guest_in_kernel(v) {
             // User-mode spins never exit: VMX ignores PAUSE loops at CPL > 0.
-            return None;
+            return;
         }
         let due = self.perf.host.ple_due[v];
-        if due == Time::MAX {
+        let due = if due == Time::MAX {
             let at = end + self.ple_window_time(v);
             self.perf.host.ple_due[v] = at;
-            env.wake_by(v, at);
-            return None;
-        }
-        if end < due {
-            env.wake_by(v, due);
-            return None;
-        }
-        self.perf.host.ple_due[v] = Time::MAX;
-        self.handle_pause(v, end, env)
+            at
+        } else {
+            due
+        };
+        env.wake_by(v, due);
     }
 
     /// The guest on `v` stopped spinning: its next PAUSE loop starts a new window.
@@ -124,13 +121,49 @@ impl Machine {
         }
     }
 
-    /// `handle_pause`: grow the window, `kvm_vcpu_on_spin`, and give up the pCPU if the yield
-    /// found another thread waiting for it.
-    fn handle_pause<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) -> Option<Park> {
+    /// Timed driver: has running vCPU `v`'s PAUSE loop outlasted its window by `now`, with the
+    /// guest still only spinning? Then it takes `PleExit(v)`.
+    pub(crate) fn ple_exit_due(&self, v: CpuId, now: Time) -> bool {
+        self.perf.host.ple_due.get(v).is_some_and(|&d| now >= d) && self.step_blocked(v)
+    }
+
+    /// Explorer: may running vCPU `v` take a PLE exit now? Its guest only spins, in kernel
+    /// mode, and `kvm_vcpu_on_spin` has a candidate. (The explorer has no windows: any spin may
+    /// outlast its window; and every preempted vCPU counts as a candidate, since whether it
+    /// was preempted in kernel mode is timed-driver state.)
+    pub(crate) fn ple_may_exit(&self, v: CpuId) -> bool {
+        self.ple_enabled()
+            && self.guest_in_kernel(v)
+            && self.step_blocked(v)
+            && self.ple_candidate(v, false).is_some()
+    }
+
+    /// Action `PleExit(v)`, both drivers: the PAUSE loop of vCPU `v` ran out its window.
+    /// `handle_pause` grows the window and calls `kvm_vcpu_on_spin`, whose `yield_to` boosts
+    /// the candidate; the yielder's `schedule()` then switches to another thread waiting for
+    /// its pCPU (the timed driver's run queue says whether there is one; in the explorer that
+    /// outcome is `VcpuPut`, and this action is the other), or returns and the vCPU goes back
+    /// into the guest (with a KVM MMU, through the rest of `vcpu_run`: the requests and the
+    /// entry handshake).
+    ///
+    /// Simplified: the scan and the yield run in the exit's step, before `vcpu_run` stores
+    /// `OUTSIDE_GUEST_MODE`; they touch nothing the guest or the other vCPUs read. With the
+    /// `ple_yield_marks_preempted` mutant, the yielder is marked preempted in its steal-time
+    /// area before it yields, whether or not it then gives up its pCPU.
+    pub(crate) fn ple_exit_step<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
+        self.fence(v);
+        self.suspend_busy(v, env.now());
+        self.vm_exit(env);
         self.perf.counters.inc(Counter::PleExits);
-        self.ple_grow(v);
-        let t = end + self.vm_exit_cost();
-        let target = self.kvm_vcpu_on_spin(v);
+        self.perf.host.ple_due[v] = Time::MAX;
+        if env.timed() {
+            self.ple_grow(v);
+        }
+        self.say(|| format!("PLE exit (vcpu{v}): handle_pause"));
+        if self.opts.mutants.ple_yield_marks_preempted() {
+            self.kvm_steal_time_set_preempted(v, env);
+        }
+        let target = self.ple_candidate(v, env.timed());
         if env.tracing() {
             env.trace(TraceEvent::Instant {
                 agent: v,
@@ -141,43 +174,57 @@ impl Machine {
                 }),
             });
         }
-        let Some(w) = target else {
-            self.perf.counters.inc(Counter::PleNoCandidate);
-            let due = t + self.ple_window_time(v);
-            self.perf.host.ple_due[v] = due;
-            env.wake_by(v, due);
-            return None;
+        let gives_up = match target {
+            None => {
+                self.perf.counters.inc(Counter::PleNoCandidate);
+                self.say(|| "kvm_vcpu_on_spin finds no candidate".into());
+                false
+            }
+            Some(w) => {
+                self.perf.counters.inc(Counter::DirectedYields);
+                if env.timed() {
+                    let vm = self.host_ref().vcpus[v].vm as usize;
+                    let first = self.host_ref().vm_cpus(vm).start;
+                    self.perf.host.last_boosted[vm] = w - first;
+                    let at = env.now() + env.elapsed();
+                    self.yield_to_boost(w, at, env);
+                }
+                // yield_task_fair + schedule(): the yielder runs on if it is alone on its pCPU.
+                let p = self.host_ref().vcpus[v].pcpu as usize;
+                let gives_up = env.timed() && !self.host_ref().pcpus[p].rq.is_empty();
+                self.say(|| {
+                    format!(
+                        "kvm_vcpu_on_spin yields to vcpu{w}; schedule() {}",
+                        if gives_up { "switches away" } else { "returns" }
+                    )
+                });
+                gives_up
+            }
         };
-        self.perf.counters.inc(Counter::DirectedYields);
-        self.say(|| format!("PLE exit: kvm_vcpu_on_spin yields to vcpu{w}"));
-        self.yield_to_boost(w, t, env);
-        // yield_task_fair + schedule(): the yielder runs on if it is alone on its pCPU.
-        let p = self.host_ref().vcpus[v].pcpu as usize;
-        if self.host_ref().pcpus[p].rq.is_empty() {
-            let due = t + self.ple_window_time(v);
-            self.perf.host.ple_due[v] = due;
-            env.wake_by(v, due);
-            return None;
+        if gives_up {
+            return self.kvm_sched_out(v, env);
         }
-        Some(self.vcpu_put_step(v, env))
+        if self.has_kvm_mmu(v) {
+            self.push_host_frame(v, VcpuRun::exited(Exit::Pause), env);
+        }
+        Park::Run
     }
 
     /// `kvm_vcpu_on_spin`'s scan: the first eligible preempted vCPU of `v`'s VM after the last
-    /// one boosted (wrapping around once), which becomes the last one boosted.
-    fn kvm_vcpu_on_spin(&mut self, v: CpuId) -> Option<CpuId> {
+    /// one boosted (wrapping around once). `in_kernel`: apply `yield_to_kernel_mode` (the
+    /// timed driver knows where each vCPU was preempted).
+    fn ple_candidate(&self, v: CpuId, in_kernel: bool) -> Option<CpuId> {
         let h = self.host_ref();
         let vm = h.vcpus[v].vm as usize;
         let cpus = h.vm_cpus(vm);
-        let kernel_only = h.cfg.yield_to_kernel_mode;
+        let kernel_only = in_kernel && h.cfg.yield_to_kernel_mode;
         let n = cpus.len();
-        let last = self.perf.host.last_boosted[vm];
-        let pick = (1..=n).map(|k| cpus.start + (last + k) % n).find(|&w| {
+        let last = self.perf.host.last_boosted.get(vm).copied().unwrap_or(0);
+        (1..=n).map(|k| cpus.start + (last + k) % n).find(|&w| {
             w != v
                 && h.vcpus[w].thread == ThreadState::Runnable
                 && (!kernel_only || self.perf.host.preempted_in_kernel[w])
-        })?;
-        self.perf.host.last_boosted[vm] = pick - cpus.start;
-        Some(pick)
+        })
     }
 
     /// `yield_to(target)` on the target's side: it becomes the next buddy of its pCPU's run

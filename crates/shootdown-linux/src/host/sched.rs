@@ -41,7 +41,7 @@ impl Machine {
             _ => false,
         };
         let entering = matches!(a, Action::Step(_)) && self.in_host_code(v);
-        let (mut out, charged, wakes) = {
+        let (out, charged, wakes) = {
             let mut henv = HostEnv {
                 inner: &mut *env,
                 charged: Time::ZERO,
@@ -102,11 +102,10 @@ impl Machine {
             matches!(out.park, Park::Spin | Park::SpinOn(_)) && m.vcpu_in_guest(v)
         };
         if self.ple_enabled() && guest {
-            if !spinning(self, &out) {
+            if spinning(self, &out) {
+                self.ple_on_spin(v, now + charged, env);
+            } else {
                 self.ple_loop_ended(v);
-            } else if let Some(park) = self.ple_on_spin(v, now + charged, env) {
-                // The PLE exit's directed yield gave this vCPU's pCPU away.
-                out.park = park;
             }
         }
         if spinning(self, &out) {

@@ -88,26 +88,39 @@ impl Machine {
         self.kvm_mut(vm).address_spaces[as_id].active = set;
     }
 
-    /// Host action `VcpuPut(v)` enabled in the explorer?
+    /// Host action `VcpuPut(v)` enabled in the explorer? A preemptible vCPU in the guest, or a
+    /// spinning one whose PLE exit's directed yield gives its pCPU away
+    /// ([`Machine::ple_may_exit`]), within the scenario's preemption bound.
     pub(crate) fn host_may_preempt(&self, v: CpuId) -> bool {
         let h = self.host_ref();
         h.vcpus[v].in_guest()
-            && h.cfg.preemptible.contains(&v)
+            && (h.cfg.preemptible.contains(&v) || self.ple_may_exit(v))
             && (h.cfg.max_preemptions == 0
                 || (h.vcpus[v].preemptions as u32) < h.cfg.max_preemptions)
     }
 
-    /// Host action `VcpuPut(v)` (H1+H2): a host interrupt exits vCPU `v`, the host scheduler
-    /// preempts its thread (`kvm_sched_out` → `kvm_arch_vcpu_put`) and marks it preempted; the
-    /// thread will come back through `vcpu_run`. With a KVM MMU the exit also leaves guest mode
-    /// (`vcpu->mode = OUTSIDE_GUEST_MODE`, kicks acknowledged once interrupts are on), and
-    /// `vcpu_run` drops SRCU around `cond_resched()`. The timed driver then runs the host
-    /// scheduler on that pCPU.
+    /// Host action `VcpuPut(v)` (H1+H2): a host interrupt (or a PLE exit whose yield found
+    /// another thread for the pCPU) exits vCPU `v`, and the host scheduler switches its thread
+    /// out ([`Machine::kvm_sched_out`]).
     pub(crate) fn vcpu_put_step<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
         // The exit orders the guest's stores before anything the host does.
         self.fence(v);
         self.suspend_busy(v, env.now());
         self.vm_exit(env);
+        if !env.timed() && !self.host_ref().cfg.preemptible.contains(&v) {
+            self.say(|| {
+                format!("PLE exit (vcpu{v}): kvm_vcpu_on_spin yields; schedule() switches away")
+            });
+        }
+        self.kvm_sched_out(v, env)
+    }
+
+    /// The vCPU thread of `v`, out of the guest, is switched out (`kvm_sched_out` →
+    /// `kvm_arch_vcpu_put`) and marked preempted; the thread will come back through `vcpu_run`.
+    /// With a KVM MMU the exit also leaves guest mode (`vcpu->mode = OUTSIDE_GUEST_MODE`, kicks
+    /// acknowledged once interrupts are on), and `vcpu_run` drops SRCU around `cond_resched()`.
+    /// The timed driver then runs the host scheduler on that pCPU.
+    pub(crate) fn kvm_sched_out<E: Env>(&mut self, v: CpuId, env: &mut E) -> Park {
         self.perf.counters.inc(Counter::HostPreemptions);
         self.say(|| format!("preempt vcpu{v}: VM exit, kvm_sched_out, vcpu_put"));
         if self.has_kvm_mmu(v) {

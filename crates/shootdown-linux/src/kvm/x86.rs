@@ -44,6 +44,9 @@ pub enum Exit {
     Wrmsr { msr: u32, value: u64, host: bool },
     /// MOV to CR0 changing CR0.CD to `cd` (KVM intercepts CD through the CR0 guest/host mask).
     Cr0Cd { cd: bool },
+    /// A PAUSE loop outlasted its window (`handle_pause`; the yield already ran, see
+    /// [`Machine::ple_exit_step`]).
+    Pause,
 }
 
 /// `vcpu_run()` of a vCPU thread that is outside the guest: the host side of its return into
@@ -233,6 +236,7 @@ impl Machine {
                 let why = match s.exit {
                     Exit::Preempted => "preemption".to_string(),
                     Exit::Kick => "host IPI".to_string(),
+                    Exit::Pause => "PAUSE loop".to_string(),
                     Exit::EptViolation { gfn, write } => {
                         format!(
                             "EPT violation ({} gfn {gfn:#x})",
@@ -259,6 +263,7 @@ impl Machine {
                     Exit::EptMisconfig { .. } => "; handle_ept_misconfig",
                     Exit::Wrmsr { .. } => "; kvm_set_msr_common",
                     Exit::Cr0Cd { .. } => "; handle_cr → kvm_set_cr0",
+                    Exit::Pause => "; handle_pause",
                     Exit::Preempted | Exit::Kick => "",
                 };
                 self.say(|| {
@@ -273,7 +278,7 @@ impl Machine {
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
-                    Exit::Preempted | Exit::Kick => None,
+                    Exit::Preempted | Exit::Kick | Exit::Pause => None,
                 };
                 match handler {
                     Some(f) => Flow::Call(f),
@@ -394,6 +399,7 @@ impl Machine {
                 format!("gfn {gfn:#x}: MMIO SPTE: EPT misconfiguration, VM exit")
             }
             Exit::Kick => "VM exit (external interrupt)".into(),
+            Exit::Pause => "PAUSE loop: VM exit".into(),
             Exit::Preempted => "VM exit".into(),
             Exit::Wrmsr {
                 msr, host: false, ..
