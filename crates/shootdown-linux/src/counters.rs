@@ -91,6 +91,9 @@ counters! {
     PleNoCandidate = "kvm.ple_no_candidate",
     /// KVM: directed yields from a PLE exit (`directed_yield_successful`, v5.13's stat).
     DirectedYields = "kvm.directed_yield_successful",
+    /// Host: `yield_to` targets CFS did not run: their vruntime was more than `wakeup_gran`
+    /// past their run queue's leftmost (`pick_next_entity` ignores the next buddy).
+    YieldBuddyUnfair = "host.yield_buddy_unfair",
     /// Host: IPIs that reached a vCPU whose thread was preempted (taken when it runs again).
     IpisToPreemptedVcpus = "host.ipis_to_preempted_vcpus",
     /// Host: total microseconds those IPIs waited for their vCPU to be loaded again.

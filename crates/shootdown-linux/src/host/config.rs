@@ -91,9 +91,16 @@ host_settings! {
     timeslice_us: u64 = 3000, (1, MAX_US), "host time slice of a vCPU thread, microseconds (>= 1)";
     /// A kicked (woken) vCPU preempts the running one (CFS wake-up preemption).
     wakeup_preemption: bool = true, (0, 1), "true | false: a kicked vCPU preempts the running one";
-    /// How long the running vCPU keeps the pCPU before a woken one preempts it.
-    wakeup_granularity_us: u64 = 1000, (0, MAX_US),
-        "microseconds the running vCPU keeps its pCPU before a wake-up preempts it (>= 0)";
+    /// CFS's `sysctl_sched_latency`, scaled for the host's CPUs (v4.15: 6 ms × (1 + ilog2(min(
+    /// CPUs, 8))), 24 ms from 8 CPUs): a woken thread is placed at most half of it below its
+    /// run queue's `min_vruntime` (`place_entity`).
+    sched_latency_us: u64 = 24000, (1, MAX_US), "CFS sched_latency, microseconds (v4.15 on 8+ CPUs: 24000); a woken thread's vruntime credit is half of it";
+    /// CFS's `sysctl_sched_wakeup_granularity`, scaled like `sched_latency` (v4.15: 1 ms × (1 +
+    /// ilog2(min(CPUs, 8))), 4 ms from 8 CPUs): a woken thread preempts the running one if
+    /// that one's vruntime is more than this past its own (`check_preempt_wakeup`), and a
+    /// yield's buddies run only within it of the leftmost (`pick_next_entity`).
+    wakeup_granularity_us: u64 = 4000, (0, MAX_US),
+        "CFS wakeup_gran, microseconds (v4.15 on 8+ CPUs: 4000): a wake-up preempts a thread more than this ahead in vruntime; a yield's buddy runs within it of the leftmost";
     /// Mean interval between housekeeping-task runs on each pCPU (0 = no housekeeping).
     housekeeping_interval_us: u64 = 0, (0, MAX_US),
         "mean interval of a housekeeping task on each pCPU, microseconds (0 = none)";

@@ -80,6 +80,7 @@ impl Machine {
         if self.opts.set_preempted == crate::options::SetPreempted::EveryPut {
             self.kvm_steal_time_set_preempted(v, env);
         }
+        self.fair_sched_out(v, t);
         self.host_mut().pcpus[p].curr = None;
         self.perf.host.resched_at[p] = None;
         self.host_switch(p, t, env);

@@ -12,6 +12,7 @@
 //! * [`sched`] — the host's scheduling policy for vCPU threads (timed driver only, like the
 //!   guest scheduler's time slices): time slices, wake-up preemption, housekeeping noise,
 //!   blocking in HLT and kicks;
+//! * [`fair`] — CFS's vruntime, as far as `yield_to` needs it (timed driver only);
 //! * [`ple`] — pause-loop exiting and directed yield (the exit in both drivers, its windows
 //!   and the yield's effect on run queues in the timed driver);
 //! * [`halt_poll`] — halt-polling of a blocked vCPU's thread (timed driver only);
@@ -29,6 +30,7 @@
 pub mod actions;
 pub mod config;
 pub mod env;
+pub mod fair;
 pub mod halt_poll;
 pub mod ple;
 pub mod sched;
@@ -102,6 +104,12 @@ pub struct HostPerf {
     pub preempted_in_kernel: Vec<bool>,
     /// Per VM: `kvm->last_boosted_vcpu`, as an index within the VM.
     pub last_boosted: Vec<usize>,
+    /// Per vCPU thread: its CFS `vruntime` when it last stopped running, and when it last
+    /// started ([`fair`]).
+    pub vruntime: Vec<Time>,
+    pub run_start: Vec<Time>,
+    /// Per pCPU: its run queue's `min_vruntime`.
+    pub min_vruntime: Vec<Time>,
     /// Per vCPU: `vcpu->halt_poll_ns` ([`halt_poll`]).
     pub halt_poll: Vec<u64>,
     /// Per vCPU: when its current halt began, and until when its thread polls (`Time::MAX`:
@@ -120,6 +128,9 @@ shootdown_engine::clone_by_fields!(HostPerf {
     ple_due,
     preempted_in_kernel,
     last_boosted,
+    vruntime,
+    run_start,
+    min_vruntime,
     halt_poll,
     halt_start,
     poll_until,
@@ -195,6 +206,9 @@ impl Host {
             ple_due: vec![Time::MAX; self.vcpus.len()],
             preempted_in_kernel: vec![false; self.vcpus.len()],
             last_boosted: vec![0; self.cfg.vms],
+            vruntime: vec![Time::ZERO; self.vcpus.len()],
+            run_start: vec![Time::ZERO; self.vcpus.len()],
+            min_vruntime: vec![Time::ZERO; n],
             halt_poll: vec![0; self.vcpus.len()],
             halt_start: vec![Time::ZERO; self.vcpus.len()],
             poll_until: vec![Time::MAX; self.vcpus.len()],

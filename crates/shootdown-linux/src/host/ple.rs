@@ -186,12 +186,14 @@ impl Machine {
                     let vm = self.host_ref().vcpus[v].vm as usize;
                     let first = self.host_ref().vm_cpus(vm).start;
                     self.perf.host.last_boosted[vm] = w - first;
+                }
+                // yield_task_fair + schedule(): the yielder runs on if it is alone on its pCPU,
+                // or if CFS finds the others too far ahead of it.
+                let gives_up = env.timed() && {
                     let at = env.now() + env.elapsed();
                     self.yield_to_boost(w, at, env);
-                }
-                // yield_task_fair + schedule(): the yielder runs on if it is alone on its pCPU.
-                let p = self.host_ref().vcpus[v].pcpu as usize;
-                let gives_up = env.timed() && !self.host_ref().pcpus[p].rq.is_empty();
+                    self.fair_yield_switch(v, at).is_some()
+                };
                 self.say(|| {
                     format!(
                         "kvm_vcpu_on_spin yields to vcpu{w}; schedule() {}",
@@ -229,9 +231,13 @@ impl Machine {
 
     /// `yield_to(target)` on the target's side: it becomes the next buddy of its pCPU's run
     /// queue, and that pCPU is rescheduled at once (`resched_curr(p_rq)`, an IPI away when it
-    /// is another pCPU; "pick_next_entity takes care of fairness", and a preempted vCPU's
-    /// thread, behind in vruntime, passes it).
+    /// is another pCPU); "pick_next_entity takes care of fairness": the target runs only if
+    /// its vruntime is not too far past the leftmost's ([`Machine::fair_next_buddy_runs`]).
     fn yield_to_boost<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
+        if !self.fair_next_buddy_runs(w, at) {
+            self.perf.counters.inc(Counter::YieldBuddyUnfair);
+            return;
+        }
         let h = self.host_mut();
         let q = h.vcpus[w].pcpu as usize;
         let rq = &mut h.pcpus[q].rq;
@@ -255,7 +261,7 @@ impl Machine {
         let at = env.now() + env.elapsed();
         self.yield_to_boost(t, at, env);
         let p = self.host_ref().vcpus[v].pcpu as usize;
-        if !self.host_ref().pcpus[p].rq.is_empty() {
+        if self.fair_yield_switch(v, at).is_some() {
             // yield_task_fair + schedule(): preempted at the end of this step.
             let r = &mut self.perf.host.resched_at[p];
             *r = Some(r.map_or(at, |r| r.min(at)));

@@ -3,7 +3,8 @@
 //!
 //! vCPU `i` of every VM is pinned to pCPU `i % pcpus`; each pCPU round-robins its runnable vCPU
 //! threads with a time slice (`timeslice_us`), a woken (kicked) vCPU goes to the head of the
-//! queue and may preempt the running one after `wakeup_granularity_us` (`wakeup_preemption`),
+//! queue and preempts the running one if its vruntime is more than `wakeup_granularity_us`
+//! behind (`wakeup_preemption`; CFS's vruntime is in [`crate::host::fair`]),
 //! and an optional housekeeping task preempts whatever runs: sporadic host work arriving at
 //! random (Poisson, mean interval `housekeeping_interval_us`) and running for an exponentially
 //! distributed time (mean `housekeeping_run_us`, capped at ten times that). A vCPU agent runs
@@ -164,6 +165,7 @@ impl Machine {
                 // that must not bring it in early.
                 h.pcpus[p].curr = Some(w);
                 self.ple_sched_in(w as usize);
+                self.fair_sched_in(w as usize, t);
                 let hp = &mut self.perf.host;
                 hp.slice_start[p] = t;
                 hp.slice_end[p] = t + slice;
@@ -186,6 +188,7 @@ impl Machine {
             // The thread polls on its pCPU (`halt_poll.rs`).
             return;
         }
+        self.fair_sched_out(v, t);
         let h = self.host_mut();
         h.pcpus[p].curr = None;
         self.perf.host.resched_at[p] = None;
@@ -193,14 +196,17 @@ impl Machine {
     }
 
     /// `kvm_vcpu_kick` of a blocked vCPU (an IPI or a reschedule for its guest): wake its thread.
-    /// On an idle pCPU it runs at once; otherwise it queues first in line and, with wake-up
-    /// preemption, takes the pCPU after `wakeup_granularity_us` of the running vCPU's slice.
+    /// On an idle pCPU it runs at once; otherwise it is placed (`place_entity`) and queued first
+    /// in line and, with wake-up preemption, takes the pCPU at once if CFS's
+    /// `check_preempt_wakeup` says so ([`Machine::fair_wakeup_preempts`]), else when the
+    /// running thread's slice ends.
     pub(crate) fn host_kick<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
         if self.halt_polling(w) {
             self.halt_poll_success(w, at, env);
             return;
         }
         self.halt_poll_woken(w, at);
+        self.fair_place(w, at);
         self.perf.counters.inc(Counter::VcpuWakeups);
         let wake_cost = self.perf.profile.costs.vcpu_wakeup;
         let slice = Time::from_us(self.host_ref().cfg.timeslice_us);
@@ -217,6 +223,7 @@ impl Machine {
                 hp.slice_end[p] = t + slice;
                 hp.switched_in.push((w, t));
                 self.ple_sched_in(w);
+                self.fair_sched_in(w, t);
             }
             Some(u) => {
                 h.vcpus[w].thread = ThreadState::Runnable;
@@ -224,20 +231,11 @@ impl Machine {
                 if self.halt_polling(u as usize) {
                     // `single_task_running()` fails: the polling thread sleeps, this one runs.
                     self.halt_poll_give_up(u as usize, p, at, env);
-                } else if preempt {
-                    self.host_resched(p, at, env);
+                } else if preempt && self.fair_wakeup_preempts(u as usize, w, at) {
+                    self.host_resched_curr(p, at, env);
                 }
             }
         }
-    }
-
-    /// Reschedule pCPU `p` for the thread first in its queue (a wake-up preemption, or
-    /// `yield_to`'s `resched_curr`): the running vCPU keeps it for `wakeup_granularity_us` of
-    /// its slice, then is preempted.
-    pub(crate) fn host_resched<E: Env>(&mut self, p: usize, at: Time, env: &mut E) {
-        let gran = Time::from_us(self.host_ref().cfg.wakeup_granularity_us);
-        let when = at.max(self.perf.host.slice_start[p] + gran);
-        self.host_resched_curr(p, when, env);
     }
 
     /// `resched_curr()` of pCPU `p` taking effect at `when`: its running thread is preempted

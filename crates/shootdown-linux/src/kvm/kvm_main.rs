@@ -143,10 +143,11 @@ impl Machine {
             // yield's `kvm_arch_vcpu_in_kernel`).
             let in_kernel = self.guest_in_kernel(v);
             self.perf.host.preempted_in_kernel[v] = in_kernel;
+            let t = env.now() + self.vm_exit_cost();
+            self.fair_sched_out(v, t);
             let h = self.host_mut();
             h.pcpus[p].curr = None;
             self.perf.host.resched_at[p] = None;
-            let t = env.now() + self.vm_exit_cost();
             self.host_switch(p, t, env);
         }
         Park::Halt
