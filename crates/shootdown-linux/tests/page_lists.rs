@@ -135,8 +135,8 @@ fn pv_waiters_halt_are_kicked_and_outrun_queued_ones_under_overcommit() {
         assert_eq!(m.counters().get(Counter::PvWait), 0);
     }
     // A native queued lock in an overcommitted guest waits for preempted waiters in turn
-    // (lock-waiter preemption) — here PLE's directed yields rescue it; the PV lock lets a
-    // running newcomer steal it instead, and its waiters halt rather than spin.
+    // (lock-waiter preemption); the PV lock lets a running newcomer steal it instead, and its
+    // waiters halt rather than spin.
     let ev = |m: &Machine| m.counters().get(Counter::Events);
     assert!(
         ev(&queued) < ev(&pv),
@@ -144,13 +144,20 @@ fn pv_waiters_halt_are_kicked_and_outrun_queued_ones_under_overcommit() {
         ev(&queued),
         ev(&pv)
     );
+    // With PLE, a queued waiter's spin exits after its base window (reset at every sched-in),
+    // and its directed yield hands its pCPU to the other VM's thread and preempts the target's:
+    // nearly two host preemptions per yield, against only the 500 us slices' without PLE.
     let mut no_ple = overcommitted_with(SpinlockKind::Queued, |c| c.ple_gap = 0);
     run(&mut no_ple, 20);
+    let (q, n) = (queued.counters(), no_ple.counters());
+    assert_eq!(n.get(Counter::PleExits), 0);
+    assert_eq!(n.get(Counter::HostPreemptions), 20 * 4 * 2);
+    let yields = q.get(Counter::DirectedYields);
+    assert!(yields > 1000, "{:?}", q.named());
     assert!(
-        ev(&no_ple) < ev(&queued),
-        "queued without PLE {} vs with {}",
-        ev(&no_ple),
-        ev(&queued)
+        q.get(Counter::HostPreemptions) > yields * 3 / 2,
+        "{:?}",
+        q.named()
     );
     assert!(ev(&tas) > 0);
 }

@@ -91,6 +91,14 @@ host_settings! {
     timeslice_us: u64 = 3000, (1, MAX_US), "host time slice of a vCPU thread, microseconds (>= 1)";
     /// A kicked (woken) vCPU preempts the running one (CFS wake-up preemption).
     wakeup_preemption: bool = true, (0, 1), "true | false: a kicked vCPU preempts the running one";
+    /// The host's scheduler tick (`1000000 / HZ` µs; v4.15 distribution kernels: HZ=250, 4000).
+    /// 0: a running vCPU thread with others waiting is preempted after a fixed `timeslice_us`;
+    /// otherwise at the first tick at which CFS's `check_preempt_tick` says so ([`crate::host::fair`]).
+    tick_us: u64 = 0, (0, 1_000_000), "host scheduler tick, microseconds (HZ=250: 4000); 0 = fixed slices of timeslice_us, else CFS's check_preempt_tick at each tick";
+    /// CFS's `sysctl_sched_min_granularity`, scaled like `sched_latency` (v4.15: 0.75 ms × 4 =
+    /// 3 ms from 8 CPUs): the least a thread runs before `check_preempt_tick` compares its
+    /// vruntime, and the period's share per thread beyond `sched_nr_latency` (8) threads.
+    sched_min_granularity_us: u64 = 3000, (1, MAX_US), "CFS sched_min_granularity, microseconds (v4.15 on 8+ CPUs: 3000)";
     /// CFS's `sysctl_sched_latency`, scaled for the host's CPUs (v4.15: 6 ms × (1 + ilog2(min(
     /// CPUs, 8))), 24 ms from 8 CPUs): a woken thread is placed at most half of it below its
     /// run queue's `min_vruntime` (`place_entity`).

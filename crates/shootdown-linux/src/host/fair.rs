@@ -12,15 +12,17 @@
 //!   `wakeup_preempt_entity(buddy, left) < 1`, i.e. the buddy's vruntime is at most `wakeup_gran`
 //!   (the `wakeup_granularity_us` setting) past the leftmost's. `yield_to` makes its target the
 //!   next buddy of the target's run queue and the yielder the skip buddy of its own: the target
-//!   runs only if that test passes, and the yielder gives its pCPU away only if it is not the
+//!   runs only if that test passes (else the leftmost does), and the yielder gives its pCPU away only if it is not the
 //!   leftmost or the second-leftmost passes the test against it.
 //!
 //! * **`check_preempt_wakeup`**: a woken thread preempts the running one at once if the
 //!   running one's vruntime is more than `wakeup_gran` past its own.
+//! * **`check_preempt_tick`** (with `tick_us` > 0): at each tick, the running thread is
+//!   preempted once it ran more than its `sched_slice`, or, past `sched_min_granularity`, once
+//!   its vruntime leads the leftmost waiting thread's by more than that slice.
 //!
-//! Simplified: the host otherwise keeps its round-robin slices ([`crate::host::sched`]: a
-//! fixed `timeslice_us`, not `sched_slice`, and the next thread is the queue's head, not the
-//! leftmost); the last buddy and the buddies' survival to a later `schedule()` are left out (a
+//! Simplified: the next thread after a preemption is the queue's head (round-robin, a woken
+//! thread first), not the leftmost; all ticks are aligned; the last buddy and the buddies' survival to a later `schedule()` are left out (a
 //! refused next buddy is dropped).
 
 use crate::machine::Machine;
@@ -88,6 +90,38 @@ impl Machine {
         buddy.saturating_sub(left) <= Time::from_us(self.host_ref().cfg.wakeup_granularity_us)
     }
 
+    /// The first tick at which `check_preempt_tick` preempts pCPU `p`'s running thread, as the
+    /// run queue stands (`Time::MAX`: nothing runs or nothing waits). It preempts once the
+    /// thread has run more than its `sched_slice` (the period — `sched_latency`, or
+    /// `sched_min_granularity` per thread beyond 8 — shared among the runnable threads), or, after
+    /// `sched_min_granularity`, once its vruntime is more than that slice past the leftmost
+    /// waiting thread's.
+    pub(crate) fn fair_tick_preempt_at(&self, p: usize) -> Time {
+        let h = self.host_ref();
+        let q = &h.pcpus[p];
+        let (Some(u), false) = (q.curr, q.rq.is_empty()) else {
+            return Time::MAX;
+        };
+        let hp = &self.perf.host;
+        let nr = 1 + q.rq.len() as u64;
+        let (lat, min_gran) = (h.cfg.sched_latency_us, h.cfg.sched_min_granularity_us);
+        let period = if nr > 8 { nr * min_gran } else { lat };
+        let ideal = Time(Time::from_us(period).0 / nr);
+        let left =
+            q.rq.iter()
+                .map(|&w| hp.vruntime[w as usize])
+                .min()
+                .unwrap_or(Time::MAX);
+        let (start, vr0) = (hp.run_start[u as usize], hp.vruntime[u as usize]);
+        // vruntime(start + d) - left > ideal  <=>  d > ideal + left - vr0.
+        let by_vruntime = (ideal + left)
+            .saturating_sub(vr0)
+            .max(Time::from_us(min_gran));
+        let after = ideal.min(by_vruntime);
+        let tick = Time::from_us(h.cfg.tick_us);
+        Time(((start + after).0 / tick.0 + 1) * tick.0)
+    }
+
     /// `check_preempt_wakeup`: does thread `w`, woken at `t`, preempt the running `curr`?
     /// `wakeup_preempt_entity(curr, w) == 1`: `curr`'s vruntime is more than `wakeup_gran`
     /// past `w`'s (already placed).
@@ -95,13 +129,13 @@ impl Machine {
         !self.fair_not_unfair(self.vruntime_at(curr, t), self.perf.host.vruntime[w])
     }
 
-    /// `yield_to`'s target side: will `pick_next_entity` on its pCPU honour `w` as the next
-    /// buddy at `t`?
-    pub(crate) fn fair_next_buddy_runs(&self, w: CpuId, t: Time) -> bool {
+    /// `yield_to`'s target side: the thread `pick_next_entity` runs on `w`'s pCPU at `t` with
+    /// `w` the next buddy — `w` if that is not unfair to the leftmost, else the leftmost.
+    pub(crate) fn fair_pick_with_next_buddy(&self, w: CpuId, t: Time) -> CpuId {
         let p = self.host_ref().vcpus[w].pcpu as usize;
         match self.fair_leftmost(p, t) {
-            Some((_, left)) => self.fair_not_unfair(self.vruntime_at(w, t), left),
-            None => true,
+            Some((l, left)) if !self.fair_not_unfair(self.vruntime_at(w, t), left) => l,
+            _ => w,
         }
     }
 
@@ -156,9 +190,9 @@ mod tests {
         let mut m = pair();
         // vCPU 0 has run 1 ms: it is the leftmost.
         m.perf.host.vruntime[1] = MS(10);
-        assert!(!m.fair_next_buddy_runs(1, MS(1)));
+        assert_eq!(m.fair_pick_with_next_buddy(1, MS(1)), 0);
         m.perf.host.vruntime[1] = MS(5);
-        assert!(m.fair_next_buddy_runs(1, MS(1)));
+        assert_eq!(m.fair_pick_with_next_buddy(1, MS(1)), 1);
     }
 
     #[test]
@@ -198,5 +232,20 @@ mod tests {
         assert!(m.fair_wakeup_preempts(0, 1, MS(20)));
         m.perf.host.vruntime[1] = MS(17);
         assert!(!m.fair_wakeup_preempts(0, 1, MS(20)));
+    }
+
+    #[test]
+    fn the_tick_preempts_after_the_slice_or_a_vruntime_lead_of_a_slice() {
+        let mut m = pair();
+        m.host_mut().cfg.tick_us = 4000;
+        // Two threads: sched_slice is 24 ms / 2 = 12 ms, seen at the tick after it.
+        assert_eq!(m.fair_tick_preempt_at(0), MS(16));
+        // The waiting thread is 20 ms behind at vCPU 0's start: a 12 ms lead over it is reached
+        // before min_granularity (3 ms), so the first tick after 3 ms preempts.
+        m.perf.host.vruntime[0] = MS(20);
+        assert_eq!(m.fair_tick_preempt_at(0), MS(4));
+        // Nothing waits: no preemption.
+        m.host_mut().pcpus[0].rq.clear();
+        assert_eq!(m.fair_tick_preempt_at(0), Time::MAX);
     }
 }

@@ -232,18 +232,22 @@ impl Machine {
     /// `yield_to(target)` on the target's side: it becomes the next buddy of its pCPU's run
     /// queue, and that pCPU is rescheduled at once (`resched_curr(p_rq)`, an IPI away when it
     /// is another pCPU); "pick_next_entity takes care of fairness": the target runs only if
-    /// its vruntime is not too far past the leftmost's ([`Machine::fair_next_buddy_runs`]).
+    /// its vruntime is not too far past the leftmost's, which runs otherwise
+    /// ([`Machine::fair_pick_with_next_buddy`]).
     fn yield_to_boost<E: Env>(&mut self, w: CpuId, at: Time, env: &mut E) {
-        if !self.fair_next_buddy_runs(w, at) {
+        let pick = self.fair_pick_with_next_buddy(w, at);
+        if pick != w {
             self.perf.counters.inc(Counter::YieldBuddyUnfair);
-            return;
         }
         let h = self.host_mut();
         let q = h.vcpus[w].pcpu as usize;
+        if h.pcpus[q].curr == Some(pick as u32) {
+            return; // the running thread is the leftmost: it runs on
+        }
         let rq = &mut h.pcpus[q].rq;
-        if let Some(i) = rq.iter().position(|&x| x as usize == w) {
+        if let Some(i) = rq.iter().position(|&x| x as usize == pick) {
             rq.remove(i);
-            rq.push_front(w as u32);
+            rq.push_front(pick as u32);
         }
         let lat = self.perf.profile.costs.ipi_latency_same_socket;
         self.host_resched_curr(q, at + lat, env);

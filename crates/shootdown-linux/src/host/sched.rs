@@ -117,12 +117,22 @@ impl Machine {
         out
     }
 
+    /// When pCPU `p`'s running thread has had its turn: after `timeslice_us`, or at CFS's tick
+    /// (`tick_us` > 0).
+    fn slice_due(&self, p: usize) -> Time {
+        if self.host_ref().cfg.tick_us == 0 {
+            self.perf.host.slice_end[p]
+        } else {
+            self.fair_tick_preempt_at(p)
+        }
+    }
+
     /// Should the host take the pCPU away from running vCPU `v` now?
     pub(crate) fn host_preempt_due(&self, v: CpuId, now: Time) -> bool {
         let h = self.host_ref();
         let p = h.vcpus[v].pcpu as usize;
         let hp = &self.perf.host;
-        (now >= hp.slice_end[p] && !h.pcpus[p].rq.is_empty())
+        (now >= self.slice_due(p) && !h.pcpus[p].rq.is_empty())
             || now >= hp.next_hk[p]
             || hp.resched_at[p].is_some_and(|t| now >= t)
     }
@@ -135,7 +145,7 @@ impl Machine {
         let hp = &self.perf.host;
         let mut t = hp.next_hk[p];
         if !h.pcpus[p].rq.is_empty() {
-            t = t.min(hp.slice_end[p]);
+            t = t.min(self.slice_due(p));
         }
         if let Some(r) = hp.resched_at[p] {
             t = t.min(r);
