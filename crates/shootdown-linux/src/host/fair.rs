@@ -66,6 +66,15 @@ impl Machine {
             .min_by_key(|&(w, vr)| (vr, w))
     }
 
+    /// The leftmost thread waiting in pCPU `p`'s queue, with its vruntime.
+    fn fair_queued_leftmost(&self, p: usize) -> Option<(CpuId, Time)> {
+        self.host_ref().pcpus[p]
+            .rq
+            .iter()
+            .map(|&w| (w as usize, self.perf.host.vruntime[w as usize]))
+            .min_by_key(|&(w, vr)| (vr, w))
+    }
+
     /// `update_min_vruntime`: the run queue's floor follows its leftmost thread, never back.
     fn fair_update_min_vruntime(&mut self, p: usize, t: Time) {
         if let Some((_, vr)) = self.fair_leftmost(p, t) {
@@ -107,11 +116,7 @@ impl Machine {
         let (lat, min_gran) = (h.cfg.sched_latency_us, h.cfg.sched_min_granularity_us);
         let period = if nr > 8 { nr * min_gran } else { lat };
         let ideal = Time(Time::from_us(period).0 / nr);
-        let left =
-            q.rq.iter()
-                .map(|&w| hp.vruntime[w as usize])
-                .min()
-                .unwrap_or(Time::MAX);
+        let left = self.fair_queued_leftmost(p).map_or(Time::MAX, |(_, vr)| vr);
         let (start, vr0) = (hp.run_start[u as usize], hp.vruntime[u as usize]);
         // vruntime(start + d) - left > ideal  <=>  d > ideal + left - vr0.
         let by_vruntime = (ideal + left)
@@ -145,19 +150,11 @@ impl Machine {
     pub(crate) fn fair_yield_switch(&mut self, v: CpuId, t: Time) -> Option<CpuId> {
         let p = self.host_ref().vcpus[v].pcpu as usize;
         // Alone on the pCPU (`nr_running == 1`): nothing to yield to.
-        let (second, vr2) = self.host_ref().pcpus[p]
-            .rq
-            .iter()
-            .map(|&w| (w as usize, self.perf.host.vruntime[w as usize]))
-            .min_by_key(|&(w, vr)| (vr, w))?;
+        let (second, vr2) = self.fair_queued_leftmost(p)?;
         if !self.fair_not_unfair(vr2, self.vruntime_at(v, t)) {
             return None;
         }
-        let rq = &mut self.host_mut().pcpus[p].rq;
-        if let Some(i) = rq.iter().position(|&x| x as usize == second) {
-            rq.remove(i);
-            rq.push_front(second as u32);
-        }
+        self.host_queue_first(p, second);
         Some(second)
     }
 }

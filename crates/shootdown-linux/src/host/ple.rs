@@ -18,13 +18,13 @@
 //!   for.
 //! * **`yield_to`** (kernel/sched/core.c, CFS's `yield_to_task_fair`): the target becomes its
 //!   run queue's next buddy and that pCPU is rescheduled (an IPI); the yielder becomes the skip
-//!   buddy of its own run queue and calls `schedule()`, so it gives up its pCPU if another
-//!   vCPU thread waits there, and keeps spinning otherwise.
+//!   buddy of its own run queue and calls `schedule()`. `pick_next_entity` honours either
+//!   buddy only within `wakeup_gran` of the leftmost thread's vruntime ([`crate::host::fair`]):
+//!   the target runs when the reschedule IPI lands (one `ipi_latency_same_socket`) if it is
+//!   not too far ahead, and the yielder gives up its pCPU to a waiting thread not too far
+//!   ahead of it, and keeps spinning otherwise.
 //!
-//! Simplified: CFS's fairness check on the buddy (`pick_next_entity` honours it only within
-//! `wakeup_gran` of the leftmost entity) is taken as passed — a preempted vCPU's thread is
-//! behind in vruntime — so the boosted thread runs on its pCPU as soon as the reschedule IPI
-//! lands (one `ipi_latency_same_socket`); `kvm_vcpu_eligible_for_directed_yield`'s alternation for vCPUs that were
+//! Simplified: `kvm_vcpu_eligible_for_directed_yield`'s alternation for vCPUs that were
 //! themselves spinning is left out (every candidate is eligible); the `-ESRCH` budget never
 //! matters, since a preempted candidate always shares its pCPU with a running thread. The exit
 //! is priced as one `vm_exit_entry`, the scan and the yield as a `vcpu_context_switch` when the
@@ -242,13 +242,11 @@ impl Machine {
         let h = self.host_mut();
         let q = h.vcpus[w].pcpu as usize;
         if h.pcpus[q].curr == Some(pick as u32) {
-            return; // the running thread is the leftmost: it runs on
+            // The pick holds the pCPU already (the leftmost runs on, or the target is being
+            // switched in): nothing to reschedule.
+            return;
         }
-        let rq = &mut h.pcpus[q].rq;
-        if let Some(i) = rq.iter().position(|&x| x as usize == pick) {
-            rq.remove(i);
-            rq.push_front(pick as u32);
-        }
+        self.host_queue_first(q, pick);
         let lat = self.perf.profile.costs.ipi_latency_same_socket;
         self.host_resched_curr(q, at + lat, env);
     }

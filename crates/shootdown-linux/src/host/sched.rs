@@ -153,6 +153,15 @@ impl Machine {
         (t != Time::MAX).then_some(t)
     }
 
+    /// Queued vCPU thread `w` of pCPU `p` is the next to run there.
+    pub(crate) fn host_queue_first(&mut self, p: usize, w: CpuId) {
+        let rq = &mut self.host_mut().pcpus[p].rq;
+        if let Some(i) = rq.iter().position(|&x| x as usize == w) {
+            rq.remove(i);
+            rq.push_front(w as u32);
+        }
+    }
+
     /// The host scheduler on pCPU `p` at time `t` (its current vCPU thread is gone): run the
     /// housekeeping task if it is due, then switch to the next runnable vCPU thread.
     pub(crate) fn host_switch<E: Env>(&mut self, p: usize, mut t: Time, env: &mut E) {
