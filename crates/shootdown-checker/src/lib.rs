@@ -397,10 +397,12 @@ pub fn check(
         symmetry,
         ..CheckOptions::default()
     };
-    shootdown_linux::options::clear_mutant_ran();
+    // A flag of this check's own, shared by every machine built from `sc`.
+    let mut sc = sc;
+    sc.options.mutants.track();
     let mut r = check_dispatch(&sc, &file, mutant, mem, exhaustive, sample, seed, strategy)?;
     if let Some(m) = mutant {
-        if r.verdict != "violation" && !shootdown_linux::options::mutant_ran() {
+        if r.verdict != "violation" && !sc.options.mutants.ran() {
             // Not "the bug is harmless": its code never ran here. A finished search says so in
             // its verdict; a bounded or interrupted one keeps its own and gets the note.
             if r.verdict == "verified" {

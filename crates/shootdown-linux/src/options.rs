@@ -356,20 +356,36 @@ impl OptionValue for MmioGenBits {
     }
 }
 
-/// Set when the model's code asks an enabled mutant whether it is on, i.e. runs mutated code
-/// (any thread, any driver). The checker clears it before a check and reads it after, so that
-/// a mutant whose code no explored interleaving reaches is reported, not taken as harmless.
-/// One flag per process: two checks at once in one process would share it.
-static MUTANT_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Where the model records that it ran mutated code: set when the model's code asks an enabled
+/// mutant whether it is on (any thread, any driver). The checker gives each check a flag of its
+/// own ([`Mutants::track`]) and reads it after, so that a mutant whose code no explored
+/// interleaving reaches is reported, not taken as harmless — and two checks at once in one
+/// process (a test binary's threads) do not share it. Copies of the options share the flag;
+/// it takes no part in comparing, hashing or printing them.
+#[derive(Clone, Copy)]
+pub struct RanFlag(&'static std::sync::atomic::AtomicBool);
 
-/// Whether mutated code ran since [`clear_mutant_ran`].
-pub fn mutant_ran() -> bool {
-    MUTANT_RAN.load(std::sync::atomic::Ordering::Relaxed)
+/// The flag of options no check tracks.
+static UNTRACKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Default for RanFlag {
+    fn default() -> Self {
+        RanFlag(&UNTRACKED)
+    }
 }
-
-/// Forget that mutated code ran (before a check).
-pub fn clear_mutant_ran() {
-    MUTANT_RAN.store(false, std::sync::atomic::Ordering::Relaxed);
+impl PartialEq for RanFlag {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for RanFlag {}
+impl std::hash::Hash for RanFlag {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+impl std::fmt::Debug for RanFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RanFlag")
+    }
 }
 
 /// The mutant table: each historical bug or seeded mistake is declared once, with its name,
@@ -381,19 +397,24 @@ macro_rules! mutants {
         /// id, the invariant it breaks and its counterexample's length; `shootdown check --list`
         /// shows the ids too.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-        pub struct Mutants { $( $(#[doc = $doc])* pub $field: bool, )+ }
+        pub struct Mutants {
+            $( $(#[doc = $doc])* pub $field: bool, )+
+            /// Whether mutated code ran ([`RanFlag`]).
+            #[serde(skip)]
+            pub ran: RanFlag,
+        }
 
         /// The names mutants are selected by, with the catalog id each re-creates (or `""`).
         pub const MUTANT_NAMES: &[(&str, &str)] = &[ $( (stringify!($field), $bug), )+ ];
 
         /// Whether each mutant is on, as the model's code asks it: a `true` answer means the
-        /// mutated code runs, which [`mutant_ran`] then reports.
+        /// mutated code runs, which [`Mutants::ran`] then reports.
         impl Mutants {
             $(
                 #[inline]
                 pub fn $field(&self) -> bool {
                     if self.$field {
-                        MUTANT_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
+                        self.ran.0.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                     self.$field
                 }
@@ -401,6 +422,17 @@ macro_rules! mutants {
         }
 
         impl Mutants {
+            /// Give these options (and every copy made from now on) a fresh flag of their own
+            /// for [`Mutants::ran`]. (One flag of one byte is leaked per call: a check's.)
+            pub fn track(&mut self) {
+                self.ran = RanFlag(Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))));
+            }
+
+            /// Whether mutated code ran since [`Mutants::track`].
+            pub fn ran(&self) -> bool {
+                self.ran.0.load(std::sync::atomic::Ordering::Relaxed)
+            }
+
             /// Enable a mutant by name.
             pub fn enable(&mut self, name: &str) -> Result<(), String> {
                 match name {
