@@ -15,6 +15,15 @@ type Pinned = (
 );
 const MUTANTS: &[Pinned] = &[
     (
+        "free_page_reuse",
+        "free_pages_before_flush",
+        None,
+        "sc",
+        "INV-FREEPAGE",
+        4,
+        10,
+    ),
+    (
         "ple_pv_flush",
         "ple_yield_marks_preempted",
         None,
@@ -55,9 +64,9 @@ const MUTANTS: &[Pinned] = &[
         "zap_huge_pmd_not_gathered",
         None,
         "sc",
-        "INV-SYSRET",
-        7,
-        30,
+        "INV-FREEPAGE",
+        5,
+        15,
     ),
     (
         "madvise_nested",
@@ -66,7 +75,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-SYSRET",
         12,
-        137,
+        138,
     ),
     (
         "reclaim_madvise",
@@ -75,7 +84,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-SYSRET",
         8,
-        46,
+        48,
     ),
     (
         "lazy_munmap",
@@ -138,7 +147,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-STALE",
         52,
-        24781,
+        28114,
     ),
     (
         "smp_call_concurrent",
@@ -147,7 +156,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-STALE",
         37,
-        73067,
+        75219,
     ),
     (
         "switch_mm_flush_v5",

@@ -42,6 +42,34 @@ impl EpochRanges {
         }
     }
 
+    /// The least epoch of a page of `[start, end)` (0 if any page is outside every run).
+    fn min_over(&self, start: Vpn, end: Vpn) -> u64 {
+        let mut cur = start; // [start, cur) is accounted for
+        let mut least = u64::MAX;
+        let first = match self.0.range(..=start).next_back() {
+            Some((&s, _)) => s,
+            None => start,
+        };
+        for (&s, &(e, at)) in self.0.range(first..end) {
+            if e <= cur {
+                continue;
+            }
+            if s > cur {
+                return 0;
+            }
+            least = least.min(at);
+            cur = e;
+            if cur >= end {
+                return least;
+            }
+        }
+        if cur < end {
+            0
+        } else {
+            least
+        }
+    }
+
     /// Raise every page of `[start, end)` to at least `at`.
     fn raise(&mut self, start: Vpn, end: Vpn, at: u64) {
         if start >= end {
@@ -223,6 +251,24 @@ impl Oracle {
         }
     }
 
+    /// `INV-FREEPAGE`'s quick test: has a flush of `mm` covering every page of `[start, end)`,
+    /// begun at or after epoch `since`, returned?
+    pub fn flushed_since(&self, mm: MmIndex, start: Vpn, end: Vpn, since: u64) -> bool {
+        let t = &self.mms[mm as usize];
+        t.full_from >= since || (start < end && t.page_from.min_over(start, end) >= since)
+    }
+
+    /// Is a TLB entry filled from version `entry_version` of `pte` (page `vpn` of `mm`) dead:
+    /// its PTE changed, and a flush covering it that began afterwards has returned? (A use of
+    /// it would be `INV-STALE`; an entry of the current version is live.)
+    pub fn entry_flushed(&self, mm: MmIndex, vpn: Vpn, entry_version: u32, pte: &Pte) -> bool {
+        let Some(over) = pte.superseded_at(entry_version) else {
+            return false;
+        };
+        let t = &self.mms[mm as usize];
+        over < t.full_from.max(t.page_from.at(vpn))
+    }
+
     /// A system call that removed or downgraded translations of `mm` in `[start, end)`
     /// (`munmap`, `madvise(MADV_DONTNEED)`, `mprotect`, a DAX `fdatasync`'s cleaned pages)
     /// returns to user space now: from here on, a use of a translation of that range whose PTE
@@ -278,6 +324,19 @@ impl Oracle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn min_over_sees_gaps_and_the_least_run() {
+        let mut r = EpochRanges::default();
+        r.raise(10, 20, 5);
+        r.raise(20, 30, 3);
+        assert_eq!(r.min_over(12, 25), 3);
+        assert_eq!(r.min_over(10, 20), 5);
+        assert_eq!(r.min_over(5, 15), 0, "pages 5..10 were never flushed");
+        assert_eq!(r.min_over(25, 35), 0, "pages 30..35 were never flushed");
+        r.raise(30, 40, 7);
+        assert_eq!(r.min_over(25, 35), 3);
+    }
     #[test]
     fn stale_only_after_a_covering_flush_returns() {
         let mut o = Oracle::new(1);

@@ -36,6 +36,7 @@ pub mod machine;
 pub mod mem;
 mod mmu_gather;
 pub mod options;
+pub mod page_alloc;
 pub mod page_lists;
 pub mod paravirt;
 pub mod perf;

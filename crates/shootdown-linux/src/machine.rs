@@ -79,8 +79,10 @@ pub struct Machine {
     pub dax_index: BTreeMap<(MmId, Vpn), u32>,
     /// sysbench fileio's process-wide request generator, if a workload uses one.
     pub fileio: Option<FileioGen>,
-    /// Last page frame number handed out by the fault path.
+    /// Last fresh page frame number handed out (`page_alloc.rs`).
     pub next_pfn: u32,
+    /// Frames freed and not reused yet (`page_alloc.rs`).
+    pub free_frames: crate::page_alloc::FreeFrames,
     /// The host under the guests: None for a native machine (`host/`, `kvm/`).
     pub host: Option<Box<Host>>,
     /// Guest memory words boot scripts lock and meet on (`boot.rs`), and the guest page of each.
@@ -108,6 +110,7 @@ shootdown_engine::state_fields!(Machine {
     dax_index,
     fileio,
     next_pfn,
+    free_frames,
     host,
     guest_words,
     guest_word_pages,

@@ -247,9 +247,19 @@ impl Machine {
 
     /// `unmap_page_range()`: clear the PMD leaves the call covers whole and the PTEs, and
     /// gather them.
-    fn unmap_page_range<E: Env>(&mut self, call: ZapCall, g: &mut Gather, env: &mut E) {
+    fn unmap_page_range<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
+        let frames = self.gather_frames(call.mm, call.start, call.npages);
         g.cleared_pmds = self.zap_huge_pmds(call.mm, call.start, call.npages, env) as u32;
         g.changed = self.zap_range(call.mm, call.start, call.npages, env);
+        let zapped = self.oracle.now();
+        if self.opts.mutants.free_pages_before_flush() {
+            // Each page freed as its PTE is cleared, before any flush.
+            self.free_user_frames(call.mm, call.start, call.npages, zapped, frames);
+        } else {
+            let t = &mut self.tasks[self.cpus[cpu].curr as usize];
+            t.gathered = frames;
+            t.zapped_before = zapped;
+        }
     }
 
     /// Change the call's PTEs (PTL held) and unlock the PTL: zap (madvise, munmap: also unlink
@@ -263,12 +273,12 @@ impl Machine {
         } = call;
         match kind {
             ZapKind::Madvise => {
-                self.unmap_page_range(call, g, env);
+                self.unmap_page_range(cpu, call, g, env);
                 let n = g.changed;
                 self.say(|| format!("zap {n} PTEs of mm{mm} from {start:#x}"));
             }
             ZapKind::Munmap => {
-                self.unmap_page_range(call, g, env);
+                self.unmap_page_range(cpu, call, g, env);
                 // free_pgtables(): unlink page-table pages the range covers entirely.
                 let first = start.div_ceil(PTRS_PER_PT);
                 let last = (start + npages) / PTRS_PER_PT;
@@ -337,6 +347,13 @@ impl Machine {
             start,
             npages,
         } = call;
+        // tlb_flush_mmu_free(): the gathered pages go back to the allocator, after the flush.
+        let t = &mut self.tasks[self.cpus[cpu].curr as usize];
+        let (frames, zapped) = (
+            std::mem::take(&mut t.gathered),
+            std::mem::take(&mut t.zapped_before),
+        );
+        self.free_user_frames(mm, start, npages, zapped, frames);
         if kind == ZapKind::Munmap {
             let tables = std::mem::take(&mut self.mms[mm as usize].tables_to_free);
             for t in &tables {

@@ -533,6 +533,10 @@ mutants! {
     /// a ranged zap misses). A fault that decided from the old state installs its SPTE while
     /// the zap has yielded, behind the walk.
     zap_gfn_range_no_invalidate = "K14",
+    /// Seeded (issue #42, `INV-FREEPAGE`): `zap_pte_range()` frees each page as it clears its
+    /// PTE (`free_page_and_swap_cache()` instead of `__tlb_remove_page()` into the gather), so
+    /// the page may be reused while another CPU's TLB still maps it, before the flush.
+    free_pages_before_flush = "",
     /// Seeded (issue #40): `handle_pause` marks the spinning vCPU preempted in its steal-time
     /// area before `kvm_vcpu_on_spin` (so that the guest's PV flush skips it while it yields).
     /// When `schedule()` finds nothing else to run, the vCPU goes back into the guest without

@@ -60,6 +60,7 @@ impl Machine {
             dax_index: BTreeMap::new(),
             fileio: None,
             next_pfn: 1 << 24,
+            free_frames: Default::default(),
             host: None,
             guest_words: Vec::new(),
             guest_word_pages: Vec::new(),
@@ -203,10 +204,20 @@ impl Machine {
             self.ensure_table(mm, vpn);
             vpn = (vpn / 512 + 1) * 512;
         }
+        // Frames of the mm's own (`page_alloc.rs`); a VM with a KVM MMU keeps gfn = vpn, the
+        // numbers its memslots describe guest-physical memory by.
+        let base = if self.has_any_kvm_mmu() {
+            None
+        } else {
+            Some(self.alloc_frames(npages))
+        };
         let pte_at = |old: Option<&Pte>, vpn: Vpn| Pte {
             present: true,
             writable,
-            pfn: (vpn & 0xffff_ffff) as u32,
+            pfn: match base {
+                Some(b) => b + (vpn - start) as u32,
+                None => (vpn & 0xffff_ffff) as u32,
+            },
             ..old.copied().unwrap_or(Pte::NONE)
         };
         // A fresh page-table page's entries are built in one pass (set-up maps up to millions

@@ -563,6 +563,11 @@ pub struct Task {
     pub fsync_file: Option<u32>,
     /// CPUs for SetAffinityNext.
     pub cpus: Vec<CpuId>,
+    /// The running unmap's mmu_gather: the frames of the pages it cleared, freed after its
+    /// flush, and the oracle epoch the clearing happened before (`page_alloc.rs`). Kept here
+    /// rather than in the call's frame, which stays small.
+    pub gathered: Vec<crate::page_alloc::FrameRun>,
+    pub zapped_before: u64,
     pub name: String,
 }
 
@@ -584,6 +589,8 @@ impl Task {
             op_started: None,
             fsync_file: None,
             cpus: vec![cpu],
+            gathered: Vec::new(),
+            zapped_before: 0,
             name,
         }
     }
@@ -604,6 +611,8 @@ shootdown_engine::state_fields!(Task {
     fsync_file,
     cpus,
     on_cpu,
+    gathered,
+    zapped_before,
 } fixed {
     name,
     program,

@@ -419,8 +419,7 @@ impl Machine {
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
                         self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
-                        self.next_pfn += 1;
-                        pte.pfn = self.next_pfn;
+                        pte.pfn = self.alloc_frame();
                         pte.present = true;
                         pte.writable = write || dax.is_none();
                     } else if write && !pte.writable {

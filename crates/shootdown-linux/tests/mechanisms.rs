@@ -744,3 +744,71 @@ fn a_busy_smt_sibling_stretches_core_bound_work() {
     // A profile without the slowdown: siblings do not interfere.
     assert_eq!(finish(1000, Some((2, 100_000))), alone);
 }
+
+/// `INV-FREEPAGE` in the timed driver (`page_alloc.rs`): cpu0 writes and `madvise`s four pages
+/// in a loop while cpu1 keeps writing them. Every free comes after its flush, and the fault path
+/// takes the freed frames back (no fresh frame after the first round); with the mutant that
+/// frees at the zap, the run stops at the first free while cpu1 still maps the page.
+#[test]
+fn freed_frames_are_reused_and_freed_only_after_the_flush() {
+    for mutant in [false, true] {
+        let mut opts = Options::default();
+        if mutant {
+            opts.mutants.enable("free_pages_before_flush").unwrap();
+        }
+        let mut m = machine(opts, 2);
+        let mm = m.add_mm("mm1");
+        m.map_pages(mm, 0x10, 4, true);
+        let w = |vpn| UserOp::Touch { vpn, write: true };
+        let zapper = vec![
+            w(0x10),
+            w(0x11),
+            w(0x12),
+            w(0x13),
+            UserOp::MadviseDontneed {
+                start: 0x10,
+                npages: 4,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(200),
+            },
+            UserOp::Exit,
+        ];
+        let user = vec![
+            w(0x10),
+            w(0x12),
+            UserOp::Loop {
+                to: 0,
+                times: Some(2000),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("zapper", mm, 0, zapper);
+        m.add_task("user", mm, 1, user);
+        let fresh = m.next_pfn;
+        let st = TimedDriver::new(m.agents(), 1, 0).run(
+            &mut m,
+            Limits {
+                max_time: Time::from_ms(100),
+                max_steps: 10_000_000,
+            },
+        );
+        if mutant {
+            match st.stop {
+                Stop::Violation(v) => assert_eq!(v.invariant, "INV-FREEPAGE", "{v:?}"),
+                s => panic!("the mutant ran to {s:?}"),
+            }
+        } else {
+            assert_eq!(st.stop, Stop::Finished, "{st:?}");
+            // Four pages refaulted 200 times take at most the four pages' worth of frames
+            // that a fault may need before the previous round's free.
+            assert!(
+                m.next_pfn - fresh <= 8,
+                "{} fresh frames",
+                m.next_pfn - fresh
+            );
+            assert!(m.free_frames.len() <= 8);
+        }
+    }
+}

@@ -38,6 +38,13 @@ impl Machine {
         })
     }
 
+    /// Does any VM of this machine have a modelled KVM MMU?
+    pub(crate) fn has_any_kvm_mmu(&self) -> bool {
+        self.host
+            .as_ref()
+            .is_some_and(|h| h.kvms.iter().any(|k| k.is_some()))
+    }
+
     /// The VM an agent (vCPU or host thread) works for.
     pub(crate) fn vm_of(&self, agent: usize) -> usize {
         let h = self.host_ref();
