@@ -92,9 +92,14 @@ pub struct Tlb {
     tag: EptTag,
     capacity: usize,
     psc_capacity: usize,
+    /// A global entry may be cached (set by its fill, cleared by [`Tlb::flush_all`]): a lookup
+    /// that misses under its PCID must then look for a global entry filled under another.
+    /// Derived from `entries`, so not part of equality or the hash.
+    globals: bool,
 }
 
 shootdown_engine::clone_by_fields!(Tlb {
+    globals,
     entries,
     index,
     psc,
@@ -114,6 +119,7 @@ impl Tlb {
             tag: 0,
             capacity: capacity.max(1),
             psc_capacity: psc_capacity.max(1),
+            globals: false,
         }
     }
 
@@ -133,12 +139,22 @@ impl Tlb {
         self.tag
     }
 
-    /// The entry translating `vpn`: a 4 KiB one, else a 2 MiB one covering it.
+    /// The entry translating `vpn` under `pcid`: a 4 KiB one, else a 2 MiB one covering it,
+    /// else a global entry for `vpn` filled under any PCID (the SDM: a global translation is
+    /// used whatever the current PCID).
     pub fn lookup(&self, pcid: Pcid, vpn: Vpn) -> Option<TlbEntry> {
-        self.index
+        let own = self
+            .index
             .get(&(self.tag, pcid, vpn))
             .or_else(|| self.index.get(&(self.tag, pcid, huge_key(vpn))))
-            .map(|&i| self.entries[i].1)
+            .map(|&i| self.entries[i].1);
+        if own.is_some() || !self.globals {
+            return own;
+        }
+        self.entries
+            .iter()
+            .find(|((t, _, v), e)| e.global && *t == self.tag && (*v == vpn || *v == huge_key(vpn)))
+            .map(|(_, e)| *e)
     }
 
     /// Insert (or replace) an entry for `vpn` (of its 512-page group if `e.huge`); `victim` is
@@ -153,6 +169,7 @@ impl Tlb {
             let i = (victim % self.entries.len() as u64) as usize;
             self.remove_at(i);
         }
+        self.globals |= e.global;
         self.index.insert(k, self.entries.len());
         self.entries.push((k, e));
     }
@@ -217,6 +234,7 @@ impl Tlb {
         self.entries.clear();
         self.index.clear();
         self.psc.clear();
+        self.globals = false;
     }
 
     /// INVEPT single-context: drop the combined mappings and EPT paging-structure entries
@@ -355,6 +373,34 @@ mod tests {
         assert!(
             t.lookup(1, 1024).is_some(),
             "INVLPG of another page keeps the 4 KiB entry"
+        );
+    }
+    #[test]
+    fn a_global_entry_serves_every_pcid_and_survives_pcid_flushes() {
+        let mut t = Tlb::new(8, 4);
+        let g = TlbEntry {
+            global: true,
+            ..e(0)
+        };
+        t.insert(1, 10, g, 0);
+        assert!(
+            t.lookup(2, 10).is_some_and(|x| x.global),
+            "found under another PCID"
+        );
+        assert!(t.lookup(2, 11).is_none());
+        t.flush_pcid(1);
+        t.flush_pcid(2);
+        assert!(
+            t.lookup(3, 10).is_some(),
+            "a CR3 write keeps global entries"
+        );
+        t.invlpg(3, 10);
+        assert!(t.lookup(1, 10).is_none(), "INVLPG in any PCID drops it");
+        t.insert(1, 12, g, 0);
+        t.flush_all();
+        assert!(
+            t.lookup(1, 12).is_none(),
+            "CR4.PGE toggle / INVPCID all-incl-global"
         );
     }
     #[test]

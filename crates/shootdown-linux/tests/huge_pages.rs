@@ -135,7 +135,11 @@ fn a_partial_zap_splits_the_leaf_first() {
     // The zapped page was faulted anew (the THP fault, then this one), into the frame the
     // zap's tlb_finish_mmu had freed (page_alloc.rs: a freed frame before a fresh one).
     assert_eq!(c.get(Counter::PageFaults), 2);
-    assert_eq!(space.pte(0x410).pfn, leaf.pfn + 0x10, "the freed frame, reused");
+    assert_eq!(
+        space.pte(0x410).pfn,
+        leaf.pfn + 0x10,
+        "the freed frame, reused"
+    );
     assert!(m.free_frames.is_empty());
 }
 
