@@ -170,4 +170,8 @@ fn bad_sets_are_one_line_errors_naming_the_key() {
         assert!(msg.contains(why), "{set}: {msg}");
         assert_eq!(msg.lines().count(), 1, "{msg}");
     }
+    // An MMU notifier under the TDP MMU is refused, not checked in the legacy MMU's form.
+    let e = run("kvm_zap_yield", None, "dfs", &["options.tdp_mmu=true"]).unwrap_err();
+    assert!(e.key.starts_with("kvm.threads["), "{e}");
+    assert!(e.to_string().contains("kvm_tdp_mmu_unmap_gfn_range"), "{e}");
 }
