@@ -6,6 +6,32 @@ use crate::scenario::{catalog_bug, Scenario};
 use serde::Serialize;
 use std::path::Path;
 
+/// Runs of at least this many like steps print as one line ([`fold_run`]).
+const FOLD_AT: usize = 4;
+
+/// The first hexadecimal number (`0x…`) in `text`.
+fn hex_at(text: &str) -> Option<&str> {
+    let i = text.find("0x")?;
+    let end = text[i + 2..]
+        .find(|c: char| !c.is_ascii_hexdigit())
+        .map_or(text.len(), |e| i + 2 + e);
+    Some(&text[i..end])
+}
+
+/// How many steps from the first are alike: the same actor and the same text but for its
+/// first hexadecimal number, and no violation among them but in the last one's text.
+fn fold_run(steps: &[Step]) -> usize {
+    fn key(s: &Step) -> Option<(&str, String)> {
+        hex_at(&s.text).map(|h| (s.actor.as_str(), s.text.replacen(h, "", 1)))
+    }
+    let Some(k0) = key(&steps[0]) else { return 1 };
+    steps
+        .iter()
+        .take_while(|s| !s.text.contains(" ⇒ ") && key(s).as_ref() == Some(&k0))
+        .count()
+        .max(1)
+}
+
 /// One numbered step of a counterexample.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Step {
@@ -91,11 +117,34 @@ impl CheckResult {
             }
             s.push_str("counterexample:\n");
             let nw = self.counterexample.len().to_string().len();
-            for st in &self.counterexample {
+            let steps = &self.counterexample;
+            let mut i = 0;
+            while i < steps.len() {
+                let st = &steps[i];
+                let run = fold_run(&steps[i..]);
+                if run >= FOLD_AT {
+                    // A walk over entries that all read the same (a TDP iterator's empty
+                    // slots): one line, its steps' range and the numbers' first and last.
+                    let last = &steps[i + run - 1];
+                    let (first_n, last_n) = (hex_at(&st.text), hex_at(&last.text));
+                    let text = st.text.replacen(
+                        first_n.unwrap_or(""),
+                        &format!("{}…{}", first_n.unwrap_or(""), last_n.unwrap_or("")),
+                        1,
+                    );
+                    let steps_label = format!("{}–{}", st.step, last.step);
+                    s.push_str(&format!(
+                        "  {steps_label:>nw$}. {:<aw$}  {text} ({run} steps)\n",
+                        st.actor
+                    ));
+                    i += run;
+                    continue;
+                }
                 s.push_str(&format!(
                     "  {:>nw$}. {:<aw$}  {}\n",
                     st.step, st.actor, st.text
                 ));
+                i += 1;
             }
         }
         s
@@ -219,4 +268,43 @@ pub fn list_text(items: &[ScenarioInfo]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(n: usize, actor: &str, text: &str) -> Step {
+        Step {
+            step: n,
+            actor: actor.into(),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn a_walk_over_empty_entries_folds_into_one_line() {
+        let mut steps: Vec<Step> = (0..6)
+            .map(|i| {
+                step(
+                    i + 1,
+                    "qemu",
+                    &format!("tdp_iter: gfn {:#x} level 1: not present", i),
+                )
+            })
+            .collect();
+        steps.push(step(7, "qemu", "tdp_iter: gfn 0x6 level 1: a leaf"));
+        assert_eq!(hex_at(&steps[3].text), Some("0x3"));
+        assert_eq!(fold_run(&steps), 6);
+        assert_eq!(fold_run(&steps[6..]), 1);
+        // Another actor, or a violation, ends a run.
+        steps[2].actor = "vcpu0".into();
+        assert_eq!(fold_run(&steps), 2);
+        let v = [
+            step(1, "a", "x 0x1"),
+            step(2, "a", "x 0x2"),
+            step(3, "a", "x 0x3  ⇒ INV-STALE"),
+        ];
+        assert_eq!(fold_run(&v), 2);
+    }
 }

@@ -715,13 +715,16 @@ impl Machine {
 }
 
 /// How a counterexample names a user operation (None where its own step says what it did: an
-/// access, `exit`, `pause`).
+/// access, `exit`, `pause`, an instruction that exits to KVM, which names itself).
 fn user_op_text(op: &UserOp) -> Option<String> {
     Some(match *op {
         UserOp::Touch { .. }
         | UserOp::TouchRange { .. }
         | UserOp::TouchRegions { .. }
         | UserOp::TouchRandomBlock { .. }
+        | UserOp::Wrmsr { .. }
+        | UserOp::SetMsr { .. }
+        | UserOp::SetCr0Cd { .. }
         | UserOp::Exit
         | UserOp::Pause => return None,
         UserOp::Compute { ns } => format!("compute {ns} ns"),
@@ -754,6 +757,19 @@ fn user_op_text(op: &UserOp) -> Option<String> {
                 start + 512
             )
         }
-        other => format!("{other:?}"),
+        UserOp::Mmap { start, npages } => format!("mmap({start:#x}, {npages} page(s))"),
+        UserOp::Fdatasync { file } => format!("fdatasync(DAX file {file})"),
+        UserOp::FileioNext => "sysbench: file_get_rnd_request()".into(),
+        UserOp::FileioExec { npages, .. } => {
+            format!("sysbench: the request ({npages} page(s) written, or an fsync)")
+        }
+        UserOp::SetAffinityNext => "sched_setaffinity(the next CPU of its list)".into(),
+        UserOp::CopyPages { pages } => format!("copy {pages} page(s)"),
+        UserOp::Cpuid => "CPUID".into(),
+        UserOp::GuestSpinLock { lock } => format!("spin_lock(guest lock {lock})"),
+        UserOp::GuestSpinUnlock { lock } => format!("spin_unlock(guest lock {lock})"),
+        UserOp::Rendezvous { word, parties } => {
+            format!("meet {parties} parties at guest word {word}")
+        }
     })
 }
