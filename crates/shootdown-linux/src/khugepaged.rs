@@ -82,7 +82,7 @@ impl Machine {
                 let table = m.space.pmd.remove(&pt).expect("checked");
                 m.tables_to_free.push(table);
                 // The old small pages go (freed once copied).
-                let n = self.zap_range(mm, start, PTRS_PER_PT, env);
+                let n = self.zap_range(mm, start, PTRS_PER_PT, None, env);
                 *pc = CollapsePc::Install;
                 self.summary(|| {
                     format!("pmdp_collapse_flush: clear the PMD of mm{mm} (page table #{table}, {n} PTEs), flush_tlb_range")

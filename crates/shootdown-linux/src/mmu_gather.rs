@@ -248,9 +248,13 @@ impl Machine {
     /// `unmap_page_range()`: clear the PMD leaves the call covers whole and the PTEs, and
     /// gather them.
     fn unmap_page_range<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
-        let frames = self.gather_frames(call.mm, call.start, call.npages);
+        let huge = self.huge_frames(call.mm, call.start, call.npages);
         g.cleared_pmds = self.zap_huge_pmds(call.mm, call.start, call.npages, env) as u32;
-        g.changed = self.zap_range(call.mm, call.start, call.npages, env);
+        let mut frames = Vec::new();
+        g.changed = self.zap_range(call.mm, call.start, call.npages, Some(&mut frames), env);
+        for (pfn, n) in huge {
+            crate::page_alloc::push_run(&mut frames, pfn, n);
+        }
         let zapped = self.oracle.now();
         if self.opts.mutants.free_pages_before_flush() {
             // Each page freed as its PTE is cleared, before any flush.

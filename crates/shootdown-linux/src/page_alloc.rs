@@ -82,7 +82,7 @@ impl FreeFrames {
 }
 
 /// Add `(pfn, n)` to `runs`, extending the last run if it ends at `pfn`.
-fn push_run(runs: &mut Vec<FrameRun>, pfn: u32, n: u32) {
+pub(crate) fn push_run(runs: &mut Vec<FrameRun>, pfn: u32, n: u32) {
     match runs.last_mut() {
         Some(last) if last.0 + last.1 == pfn => last.1 += n,
         _ => runs.push((pfn, n)),
@@ -105,18 +105,12 @@ impl Machine {
         first
     }
 
-    /// The frames an unmap of `[start, start + npages)` of `mm` will free: those of its present
-    /// PTEs and of the present 2 MiB leaves it covers whole (read before the zap clears them).
-    pub(crate) fn gather_frames(&self, mm: MmId, start: Vpn, npages: u64) -> Vec<FrameRun> {
+    /// The frames of the present 2 MiB leaves an unmap of `[start, start + npages)` of `mm`
+    /// covers whole (read before `zap_huge_pmds` clears them; `zap_range` gathers the PTEs').
+    pub(crate) fn huge_frames(&self, mm: MmId, start: Vpn, npages: u64) -> Vec<FrameRun> {
         let space = &self.mms[mm as usize].space;
-        let end = start + npages;
+        let (first, last) = (start.div_ceil(PTRS_PER_PT), (start + npages) / PTRS_PER_PT);
         let mut runs: Vec<FrameRun> = Vec::new();
-        for (_, p) in space.ptes.range(start..end) {
-            if p.present {
-                push_run(&mut runs, p.pfn, 1);
-            }
-        }
-        let (first, last) = (start.div_ceil(PTRS_PER_PT), end / PTRS_PER_PT);
         if first < last {
             for (_, leaf) in space.huge.range(first..last) {
                 if leaf.present {

@@ -324,12 +324,14 @@ impl Machine {
         }
     }
 
-    /// Clear every present PTE in the range (a downgrade: bumps versions). Returns how many.
+    /// Clear every present PTE in the range (a downgrade: bumps versions). Returns how many;
+    /// `frames` (an mmu_gather's) collects the frames they mapped (`__tlb_remove_page`).
     pub(crate) fn zap_range<E: Env>(
         &mut self,
         mm: MmId,
         start: Vpn,
         npages: u64,
+        mut frames: Option<&mut Vec<crate::page_alloc::FrameRun>>,
         env: &mut E,
     ) -> u64 {
         let mut n = 0;
@@ -343,6 +345,9 @@ impl Machine {
             .collect();
         for v in keys {
             let pte = m.space.ptes.get_mut(v).expect("listed");
+            if let Some(f) = frames.as_deref_mut() {
+                crate::page_alloc::push_run(f, pte.pfn, 1);
+            }
             pte.present = false;
             pte.writable = false;
             self.oracle.pte_changed(pte);
@@ -598,7 +603,7 @@ impl Machine {
                     if self.spin_trylock(env, cpu, ptl).is_none() {
                         return Flow::Spin(spin_key(ptl));
                     }
-                    let n = self.zap_range(mm, *start, *npages, env);
+                    let n = self.zap_range(mm, *start, *npages, None, env);
                     if n == 0 {
                         self.spin_unlock(env, cpu, ptl);
                         self.summary(|| "try_to_unmap: nothing mapped, no batch".into());

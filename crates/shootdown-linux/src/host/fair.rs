@@ -12,9 +12,8 @@
 //!   `wakeup_preempt_entity(buddy, left) < 1`, i.e. the buddy's vruntime is at most `wakeup_gran`
 //!   (the `wakeup_granularity_us` setting) past the leftmost's. `yield_to` makes its target the
 //!   next buddy of the target's run queue and the yielder the skip buddy of its own: the target
-//!   runs only if that test passes (else the leftmost does), and the yielder gives its pCPU away only if it is not the
-//!   leftmost or the second-leftmost passes the test against it.
-//!
+//!   runs only if that test passes (else the leftmost does), and the yielder gives its pCPU
+//!   away only if it is not the leftmost or the second-leftmost passes the test against it.
 //! * **`check_preempt_wakeup`**: a woken thread preempts the running one at once if the
 //!   running one's vruntime is more than `wakeup_gran` past its own.
 //! * **`check_preempt_tick`** (with `tick_us` > 0): at each tick, the running thread is
@@ -22,8 +21,8 @@
 //!   its vruntime leads the leftmost waiting thread's by more than that slice.
 //!
 //! Simplified: the next thread after a preemption is the queue's head (round-robin, a woken
-//! thread first), not the leftmost; all ticks are aligned; the last buddy and the buddies' survival to a later `schedule()` are left out (a
-//! refused next buddy is dropped).
+//! thread first), not the leftmost; all ticks are aligned; the last buddy and the buddies'
+//! survival to a later `schedule()` are left out (a refused next buddy is dropped).
 
 use crate::machine::Machine;
 use shootdown_engine::Time;
