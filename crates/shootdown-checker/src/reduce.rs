@@ -188,6 +188,7 @@ fn rename_action(a: Action, perm: &[usize]) -> Action {
         Action::VcpuIoctl(v) => Action::VcpuIoctl(r(v)),
         Action::HostIrq(v) => Action::HostIrq(r(v)),
         Action::PleExit(v) => Action::PleExit(r(v)),
+        Action::Nmi(c) => Action::Nmi(r(c)),
     }
 }
 

@@ -47,6 +47,10 @@ pub struct ScenarioFile {
     pub setup: Vec<SetupSpec>,
     #[serde(default)]
     pub mutants: Vec<MutantSpec>,
+    /// NMIs the explorer may deliver, at any point (interrupts off included): `[[nmi]]` with
+    /// `cpu`, `count` and the user stack page `vpn` perf's handler reads (`nmi.rs`).
+    #[serde(default)]
+    pub nmi: Vec<NmiSpec>,
     /// Run the CPUs as the vCPUs of one VM on a host (PV TLB flush scenarios): the host may
     /// preempt them at any instruction boundary.
     pub host: Option<HostSpec>,
@@ -56,6 +60,16 @@ pub struct ScenarioFile {
     /// `[finding]`: the protocol as the kernel wrote it violates an invariant in this
     /// configuration (a documented finding, not a mutant). Absent: it verifies.
     pub finding: Option<FindingSpec>,
+}
+
+/// `[[nmi]]`: up to `count` NMIs on `cpu`, each reading user page `vpn` of `current->mm`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NmiSpec {
+    pub cpu: usize,
+    #[serde(default = "one")]
+    pub count: u64,
+    pub vpn: u64,
 }
 
 /// `[finding]`: what the unmutated protocol is expected to violate, and why it matters.
@@ -850,6 +864,22 @@ impl Scenario {
                 }
             }
         }
+        let mut nmi_cpus: Vec<usize> = Vec::new();
+        for (i, n) in file.nmi.iter().enumerate() {
+            if n.cpu >= file.cpus || nmi_cpus.contains(&n.cpu) {
+                return Err(err(
+                    &format!("nmi[{i}].cpu"),
+                    format!("cpu{} does not exist or has NMIs already", n.cpu),
+                ));
+            }
+            nmi_cpus.push(n.cpu);
+            if !(1..=8).contains(&n.count) {
+                return Err(err(
+                    &format!("nmi[{i}].count"),
+                    format!("must be between 1 and 8 (got {})", n.count),
+                ));
+            }
+        }
         let mut seen = vec![false; file.cpus];
         for (i, g) in file.symmetric.iter().enumerate() {
             if g.len() < 2 {
@@ -873,13 +903,19 @@ impl Scenario {
                     .iter()
                     .filter(|t| t.cpu == c)
                     .map(|t| format!("{:?}{:?}", t.mm, t.program))
+                    .chain(
+                        file.nmi
+                            .iter()
+                            .filter(|n| n.cpu == c)
+                            .map(|n| format!("nmi {} {}", n.count, n.vpn)),
+                    )
                     .collect()
             };
             let first = progs(g[0]);
             if g.iter().any(|&c| progs(c) != first) {
                 return Err(err(
                     &format!("symmetric[{i}]"),
-                    "CPUs of a group must run tasks with identical programs and mms".into(),
+                    "CPUs of a group must run tasks with identical programs and mms, and take the same NMIs".into(),
                 ));
             }
         }
@@ -1079,6 +1115,9 @@ impl Scenario {
                 Some(mm) => m.add_task(&t.name, mm_ids[mm.as_str()], t.cpu, prog),
                 None => m.add_kthread(&t.name, t.cpu, prog),
             };
+        }
+        for n in &f.nmi {
+            m.add_nmi_source(n.cpu, n.count as u8, n.vpn);
         }
         for (i, s) in f.setup.iter().enumerate() {
             self.run_setup(&mut m, i, s, trace.as_deref_mut())?;

@@ -24,6 +24,15 @@ const MUTANTS: &[Pinned] = &[
         10,
     ),
     (
+        "nmi_uaccess",
+        "loaded_mm_switching_omitted",
+        None,
+        "sc",
+        "INV-CTX",
+        10,
+        68,
+    ),
+    (
         "ple_pv_flush",
         "ple_yield_marks_preempted",
         None,

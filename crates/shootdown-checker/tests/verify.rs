@@ -32,6 +32,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // A freed frame, reused by a fault, while another CPU cached its page (INV-FREEPAGE).
     ("free_page_reuse", "sc", 774, 1366),
     ("free_page_reuse", "tso", 1339, 3066),
+    // perf NMIs reading the user stack while a CPU switches mms (INV-CTX).
+    ("nmi_uaccess", "sc", 464, 934),
+    ("nmi_uaccess", "tso", 1807, 5519),
     // PLE exits and directed yield while a PV flush waits on a preempted vCPU.
     ("ple_pv_flush", "sc", 9554, 19654),
     ("ple_pv_flush", "tso", 10350, 22001),

@@ -89,6 +89,8 @@ cost_keys! {
     ipi_latency_cross_socket,
     /// Interrupt entry plus exit on the receiving CPU (incl. EOI, mitigations on the return).
     irq_entry_exit,
+    /// An NMI: entry plus exit (the paranoid, nesting-safe path) and perf's overflow handler with its sample record, besides reading the user stack (a TLB lookup or walk).
+    nmi_entry_exit,
     /// Extra latency before a halted (idle, not polling) CPU runs its interrupt handler.
     idle_wakeup,
     /// A polling idle CPU (idle=poll) noticing TIF_NEED_RESCHED.

@@ -153,6 +153,14 @@ counters! {
     KvmMtrrWrites = "kvm.mtrr_writes",
     /// Guest CR0.CD toggles.
     KvmCr0CdToggles = "kvm.cr0_cd_toggles",
+    /// /proc/interrupts "Non-maskable interrupts": NMIs taken (perf samples, `nmi.rs`).
+    Nmis = "nmi",
+    /// NMIs whose `perf_callchain_user` read the user stack (`nmi_uaccess_okay()` passed or
+    /// was not checked).
+    NmiUaccessReads = "nmi.uaccess_reads",
+    /// NMIs whose `perf_callchain_user` returned before reading: `current` had no mm, or
+    /// `nmi_uaccess_okay()` said no (mid-switch).
+    NmiUaccessSkipped = "nmi.uaccess_skipped",
     /// Workload events (the metric).
     Events = "events",
 }

@@ -84,6 +84,7 @@ pub fn describe(m: &Machine, a: Action) -> String {
         Action::Interrupt(_) => {
             return "take CALL_FUNCTION IPI (enter call_function_interrupt)".into()
         }
+        Action::Nmi(_) => return format!("NMI: {}", step_text(m, a)),
         Action::Drain(c) => {
             if let Some((loc, v)) = m.sb(c as usize).oldest() {
                 return format!(

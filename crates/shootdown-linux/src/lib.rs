@@ -35,6 +35,7 @@ pub mod kvm;
 pub mod machine;
 pub mod mem;
 mod mmu_gather;
+pub mod nmi;
 pub mod options;
 pub mod page_alloc;
 pub mod page_lists;

@@ -47,6 +47,9 @@ pub enum Action {
     /// Host: vCPU `v`'s guest PAUSE loop ran out its window: `handle_pause`, directed yield,
     /// and back into the guest (the yield that gives the pCPU away is `VcpuPut`).
     PleExit(u32),
+    /// An NMI reaches CPU `c` (`nmi.rs`): perf's handler samples the interrupted task's user
+    /// stack, interrupts on or off.
+    Nmi(u32),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -57,6 +60,10 @@ pub struct Machine {
     pub pti: bool,
     pub invpcid: bool,
     pub memory_model: MemoryModel,
+    /// NMIs may arrive (a scenario's `[[nmi]]`, or `perf_sample_hz`): `switch_mm_irqs_off`
+    /// then publishes `loaded_mm` in a step of its own after the CR3 write, a window only an
+    /// NMI on the switching CPU can see (`nmi.rs`).
+    pub nmis_possible: bool,
     /// CPUs, tasks, mms, EPT pages and the oracle (and the host's vCPUs, KVMs and threads) are
     /// [`HashCached`]: shared copy-on-write between states, with their fingerprint digests, so
     /// a successor the explorer builds copies and rehashes only those its step changed.
@@ -124,6 +131,7 @@ shootdown_engine::state_fields!(Machine {
     pti,
     invpcid,
     memory_model,
+    nmis_possible,
 });
 
 impl Model for Machine {
@@ -144,6 +152,9 @@ impl Model for Machine {
             }
             if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
                 out.push(Action::Interrupt(c));
+            }
+            if self.cpus[cpu].nmis_left > 0 {
+                out.push(Action::Nmi(c));
             }
             if !self.step_blocked(cpu) {
                 out.push(Action::Step(c));
@@ -173,6 +184,9 @@ impl Model for Machine {
                 return a;
             }
         }
+        if self.nmi_due(agent, now) {
+            return Action::Nmi(agent as u32);
+        }
         if self.cpus[agent].ipi_pending
             && now >= self.perf.cpu[agent].ipi_arrival
             && self.irqs_enabled(agent)
@@ -192,7 +206,8 @@ impl Model for Machine {
             | Action::VcpuPut(c)
             | Action::VcpuIoctl(c)
             | Action::HostIrq(c)
-            | Action::PleExit(c) => c as usize,
+            | Action::PleExit(c)
+            | Action::Nmi(c) => c as usize,
         }
     }
 
@@ -280,6 +295,7 @@ impl Machine {
             Action::PleExit(c) => (self.ple_exit_step(c as usize, env), StepKind::Shared),
             Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
             Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
+            Action::Nmi(c) => (self.take_nmi(c as usize, env), StepKind::Shared),
             Action::Drain(c) => {
                 self.drain_one(c as usize);
                 (Park::Run, StepKind::Shared)
@@ -308,6 +324,10 @@ impl Machine {
             // for may have been merged into an earlier one of this agent).
             if timed && c < self.cpus.len() && self.host.is_some() && self.kick_deliverable(c) {
                 env.wake(c, self.perf.cpu[c].kick_arrival);
+            }
+            // A spinning CPU's cycles count: perf's next sample interrupts it.
+            if timed && matches!(park, Park::Spin | Park::SpinOn(_)) {
+                self.wake_for_nmi(c, env);
             }
         }
         Outcome {

@@ -48,6 +48,21 @@ impl OptionValue for AtLeastOne {
     }
 }
 
+/// A count or rate that may be 0 (off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Count(pub u64);
+
+impl OptionValue for Count {
+    fn parse(v: &OptValue) -> Result<Count, String> {
+        match v {
+            OptValue::Int(i) if *i >= 0 => Ok(Count(*i as u64)),
+            OptValue::Int(i) => Err(format!("must be at least 0 (got {i})")),
+            _ => Err("expected an integer".into()),
+        }
+    }
+}
+
 /// An enum whose variants are selected by name in experiment files: the names are declared
 /// once, beside the variants.
 macro_rules! named_enum {
@@ -547,6 +562,11 @@ mutants! {
     /// the gather records neither the range nor `cleared_pmds`; an unmap of only 2 MiB pages
     /// then flushes nothing.
     zap_huge_pmd_not_gathered = "",
+    /// Seeded (issue #42, NMIs): `switch_mm_irqs_off()` writes CR3 without first setting
+    /// `loaded_mm = LOADED_MM_SWITCHING`, the half of 4012e77a903d that `nmi_uaccess_okay()`
+    /// relies on: an NMI between the CR3 write and the `loaded_mm` store finds `loaded_mm ==
+    /// current->mm` and reads the user stack through the next mm's page tables.
+    loaded_mm_switching_omitted = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -639,6 +659,18 @@ options! {
     /// passes `freed_tables`.
     flush_tlb_range: FlushTlbRange = FlushTlbRange::Mainline,
         accepts = format!("{} (flush_tlb_range passes freed_tables)", names(FlushTlbRange::NAMES));
+    /// NMIs: `copy_from_user_nmi()` and `perf_callchain_user()` read user memory only if
+    /// `nmi_uaccess_okay()` (v4.19+, 4012e77a903d: `loaded_mm == current->mm`, with
+    /// `switch_mm_irqs_off()` announcing `LOADED_MM_SWITCHING` before its CR3 write); false is
+    /// v4.18 and earlier, which read through whatever CR3 holds.
+    nmi_uaccess_okay: bool = true,
+        accepts = "true | false (NMI user reads check nmi_uaccess_okay(): v4.19+)";
+    /// NMIs (timed driver): perf's sampling rate per running CPU (`perf record -F`), each
+    /// sample an NMI whose handler reads the interrupted task's user stack
+    /// (`perf_callchain_user`). 0 = no NMIs. A halted CPU takes none (`cycles` does not count
+    /// in HLT).
+    perf_sample_hz: Count = Count(0),
+        accepts = "samples per second per CPU (integer >= 0; 0 = no perf NMIs)";
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pcid: bool = true, accepts = "true | false";
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.

@@ -188,6 +188,10 @@ pub struct CpuPerf {
     pub pv_waiting: bool,
     /// When this PV spinlock waiter began its current spin, and whether as the queue head.
     pub pv_since: Option<(Time, bool)>,
+    /// When perf's next sampling NMI is due (`perf_sample_hz`, `nmi.rs`).
+    pub next_nmi: Time,
+    /// The page the CPU's task touched last: the user stack a perf NMI reads.
+    pub last_user_vpn: Option<shootdown_hw::pagetable::Vpn>,
 }
 
 /// The other CPU whose state a frame's next step reads ([`FrameHint`]), in one word.

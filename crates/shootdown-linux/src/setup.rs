@@ -41,6 +41,7 @@ impl Machine {
         memory_model: MemoryModel,
     ) -> Machine {
         let f = &profile.features;
+        let opts_nmis = opts.perf_sample_hz.0 > 0;
         let mut m = Machine {
             pcid_hw: f.pcid,
             pti: f.pti,
@@ -67,6 +68,7 @@ impl Machine {
             kernel_locks: Vec::new(),
             page_lists: vec![Default::default(); n],
             perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
+            nmis_possible: opts_nmis,
             topo,
         };
         for c in 0..n {
@@ -92,9 +94,12 @@ impl Machine {
                 need_resched: false,
                 sb: Default::default(),
                 halted: false,
+                nmis_left: 0,
+                nmi_vpn: None,
             }));
         }
         m.add_kernel_page_locks(1);
+        m.init_nmi_schedule();
         m
     }
 

@@ -332,9 +332,16 @@ pub struct Cpu {
     /// TSO store buffer.
     pub sb: StoreBuffer<crate::mem::Loc>,
     pub tlb: Tlb,
+    /// NMIs the explorer may still deliver to this CPU (a scenario's `[[nmi]]`, `nmi.rs`).
+    pub nmis_left: u8,
+    /// The user stack page an NMI's `perf_callchain_user` reads, in whatever mm is `current`'s
+    /// (explorer; the timed driver reads the page the task touched last).
+    pub nmi_vpn: Option<Vpn>,
 }
 
 shootdown_engine::state_fields!(Cpu {
+    nmis_left,
+    nmi_vpn,
     tlb,
     cr3_mm,
     cr3_pcid,

@@ -45,8 +45,14 @@ pub enum SwitchMmPc {
     JoinNext,
     /// Read `next->context.tlb_gen` (and choose the ASID).
     ReadGen,
-    /// Record the ASID slot, write CR3, publish `loaded_mm`.
+    /// Record the ASID slot, write CR3, publish `loaded_mm` (the last in a step of its own,
+    /// [`SwitchMmPc::PublishLoadedMm`], when NMIs may arrive).
     LoadCr3,
+    /// `this_cpu_write(cpu_tlbstate.loaded_mm, next)` after the CR3 write: a step of its own
+    /// only on a machine where NMIs may arrive, the one observer of the window
+    /// (`Machine::nmis_possible`; nothing else runs on this CPU in between, and other CPUs
+    /// read `loaded_mm`, not CR3).
+    PublishLoadedMm,
     /// v4.12: clear our bit in the previous mm's cpumask after the switch.
     ClearPrev,
 }
@@ -80,7 +86,9 @@ impl Machine {
         self.rmw(env, cpu, Loc::CpumaskBit(mm, cpu as u32), |_| on as u64);
     }
 
-    /// The common tail: record the ASID slot, write CR3, publish `loaded_mm`.
+    /// The common tail: record the ASID slot, write CR3, publish `loaded_mm`. Where NMIs may
+    /// arrive the publication is the next step ([`SwitchMmPc::PublishLoadedMm`]): the caller
+    /// goes on with [`Machine::after_cr3`].
     fn switch_mm_finish<E: Env>(&mut self, cpu: CpuId, s: &SwitchMm, env: &mut E) {
         let ctx_id = self.mms[s.next as usize].ctx_id;
         let ts = &mut self.cpus[cpu].tlbstate;
@@ -106,7 +114,33 @@ impl Machine {
             )
         });
         self.load_new_mm_cr3(cpu, s.next, s.asid, s.need_flush, env);
+        if !self.nmis_possible {
+            self.store(env, cpu, Loc::LoadedMm(cpu as u32), s.next as u64);
+        }
+    }
+
+    /// After [`Machine::switch_mm_finish`]: `then` (the step's own flow), or first the
+    /// `loaded_mm` store as a step of its own where NMIs may arrive.
+    fn after_cr3(&self, s: &mut SwitchMm, then: Flow) -> Flow {
+        if self.nmis_possible {
+            s.pc = SwitchMmPc::PublishLoadedMm;
+            Flow::Next
+        } else {
+            then
+        }
+    }
+
+    /// [`SwitchMmPc::PublishLoadedMm`]: `loaded_mm = next`, then what follows the CR3 write
+    /// (v4.12 clears its bit in the previous mm's cpumask if it switched mms).
+    fn publish_loaded_mm<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
+        self.say(|| format!("loaded_mm = mm{}", s.next));
         self.store(env, cpu, Loc::LoadedMm(cpu as u32), s.next as u64);
+        if self.opts.lazy_tlb == LazyTlb::Legacy && s.prev != s.next as u64 {
+            s.pc = SwitchMmPc::ClearPrev;
+            Flow::Next
+        } else {
+            Flow::Return
+        }
     }
 
     /// One step of `switch_mm_irqs_off(prev, next)`.
@@ -142,7 +176,7 @@ impl Machine {
                     s.need_flush = true;
                     s.gen = self.mms[next as usize].tlb_gen;
                     self.switch_mm_finish(cpu, s, env);
-                    return Flow::Return;
+                    return self.after_cr3(s, Flow::Return);
                 }
                 s.pc = ReadGen;
                 Flow::Next
@@ -156,6 +190,8 @@ impl Machine {
             JoinNext => {
                 if next != INIT_MM {
                     self.set_bit(env, cpu, next, true);
+                } else {
+                    self.say(|| "next is init_mm: no mm_cpumask".into());
                 }
                 s.pc = LoadCr3;
                 Flow::Next
@@ -165,8 +201,9 @@ impl Machine {
                 s.need_flush = true;
                 self.switch_mm_finish(cpu, s, env);
                 s.pc = ClearPrev;
-                Flow::Next
+                self.after_cr3(s, Flow::Next)
             }
+            PublishLoadedMm => self.publish_loaded_mm(cpu, s, env),
             LeavePrev | CatchUp => unreachable!("v4.12 switch_mm has no {:?} step", s.pc),
             ClearPrev => {
                 if s.prev != INIT_MM as u64 {
@@ -210,12 +247,17 @@ impl Machine {
                     s.need_flush = true;
                     s.gen = g;
                     self.switch_mm_finish(cpu, s, env);
+                    return self.after_cr3(s, Flow::Return);
                 }
                 Flow::Return
             }
             LeavePrev => {
                 if s.prev != INIT_MM as u64 && self.bit(env, cpu, s.prev as MmId) {
                     self.set_bit(env, cpu, s.prev as MmId, false);
+                } else {
+                    self.say(|| {
+                        format!("cpu{cpu} not in mm_cpumask(mm{}): nothing to clear", s.prev)
+                    });
                 }
                 s.pc = if gen_first { ReadGen } else { JoinNext };
                 Flow::Next
@@ -223,6 +265,8 @@ impl Machine {
             JoinNext => {
                 if next != INIT_MM {
                     self.set_bit(env, cpu, next, true);
+                } else {
+                    self.say(|| "next is init_mm: no mm_cpumask".into());
                 }
                 s.pc = if gen_first { LoadCr3 } else { ReadGen };
                 Flow::Next
@@ -239,8 +283,9 @@ impl Machine {
                 s.asid = asid;
                 s.need_flush = need_flush;
                 self.switch_mm_finish(cpu, s, env);
-                Flow::Return
+                self.after_cr3(s, Flow::Return)
             }
+            PublishLoadedMm => self.publish_loaded_mm(cpu, s, env),
         }
     }
 
@@ -288,10 +333,11 @@ impl Machine {
             LeavePrev => {
                 if mainline {
                     // Mainline: announce SWITCHING first; the old mm keeps our bit (trimmed lazily).
-                    self.say(|| "loaded_mm = LOADED_MM_SWITCHING".into());
-                    self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
+                    self.announce_switching(cpu, env);
                 } else if s.prev != INIT_MM as u64 {
                     self.set_bit(env, cpu, s.prev as MmId, false);
+                } else {
+                    self.say(|| "prev is init_mm: no mm_cpumask bit to clear".into());
                 }
                 s.pc = if gen_first { ReadGen } else { JoinNext };
                 Flow::Next
@@ -308,6 +354,8 @@ impl Machine {
                             format!("cpu{cpu} already in mm_cpumask(mm{next}): no barrier")
                         });
                     }
+                } else {
+                    self.say(|| "next is init_mm: no mm_cpumask".into());
                 }
                 s.pc = if gen_first { LoadCr3 } else { ReadGen };
                 Flow::Next
@@ -319,7 +367,7 @@ impl Machine {
                 s.need_flush = need_flush;
                 self.say(|| format!("read mm{next}.tlb_gen = {}; choose_new_asid -> {asid} (need_flush={need_flush})", s.gen));
                 if !mainline {
-                    self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
+                    self.announce_switching(cpu, env);
                 }
                 s.pc = if gen_first { JoinNext } else { LoadCr3 };
                 Flow::Next
@@ -327,9 +375,21 @@ impl Machine {
             ClearPrev => unreachable!("only v4.12 clears the previous mm's bit last"),
             LoadCr3 => {
                 self.switch_mm_finish(cpu, s, env);
-                Flow::Return
+                self.after_cr3(s, Flow::Return)
             }
+            PublishLoadedMm => self.publish_loaded_mm(cpu, s, env),
         }
+    }
+
+    /// `this_cpu_write(cpu_tlbstate.loaded_mm, LOADED_MM_SWITCHING)` before the CR3 write
+    /// (v4.19+, for `nmi_uaccess_okay()`; mainline's `should_flush_tlb()` reads it too).
+    fn announce_switching<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+        if self.opts.mutants.loaded_mm_switching_omitted() {
+            self.say(|| "loaded_mm left as it is (no LOADED_MM_SWITCHING)".into());
+            return;
+        }
+        self.say(|| "loaded_mm = LOADED_MM_SWITCHING".into());
+        self.store(env, cpu, Loc::LoadedMm(cpu as u32), LOADED_MM_SWITCHING);
     }
 
     /// `enter_lazy_tlb()`: the CPU switches to a kernel thread (idle) and keeps the user mm

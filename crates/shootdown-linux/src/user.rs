@@ -101,7 +101,23 @@ impl Machine {
             });
             return Ok(());
         }
+        self.perf.cpu[cpu].last_user_vpn = Some(vpn);
         let pcid = self.access_pcid(cpu);
+        self.access_through_cr3(cpu, mm, pcid, vpn, write, env)
+    }
+
+    /// The hardware's side of an access to `vpn` of `mm` (CR3's) under `pcid`: TLB hit
+    /// (checked by the oracle) or miss + walk + fill. User mode's accesses and the kernel's
+    /// uaccess (an NMI's `__get_user`) share it.
+    pub(crate) fn access_through_cr3<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        pcid: u16,
+        vpn: Vpn,
+        write: bool,
+        env: &mut E,
+    ) -> Result<(), Fault> {
         let hit = self.cpus[cpu].tlb.lookup(pcid, vpn);
         if let Some(e) = hit.filter(|e| !(write && !e.writable && e.ept.is_some())) {
             if write && !e.writable {
