@@ -440,6 +440,13 @@ pub enum OpSpec {
         cpu: usize,
     },
     SetAffinityNext,
+    /// Kernel threads only: `mmget_not_zero(mm)` + `kthread_use_mm(mm)`; the `touch`es up to
+    /// the next `unuse_mm` are uaccess to it.
+    UseMm {
+        mm: String,
+    },
+    /// Kernel threads only: `kthread_unuse_mm()` + `mmput()`.
+    UnuseMm,
     /// khugepaged (kernel threads only): collapse the 512-page group at `start` of `mm`.
     Collapse {
         mm: String,
@@ -473,6 +480,10 @@ impl OpSpec {
                 mm: mm_ids[mm.as_str()],
                 start,
             },
+            OpSpec::UseMm { ref mm } => UserOp::UseMm {
+                mm: mm_ids[mm.as_str()],
+            },
+            OpSpec::UnuseMm => UserOp::UnuseMm,
             OpSpec::Touch { vpn, write } => UserOp::Touch { vpn, write },
             OpSpec::TouchRange {
                 start,
@@ -711,8 +722,29 @@ impl Scenario {
                 ));
             }
             task_names.push(&t.name);
+            // A kernel thread's uaccess is bracketed by use_mm / unuse_mm (in program order).
+            let mut using = false;
             for (j, op) in t.program.iter().enumerate() {
+                let kthread = t.mm.is_none();
                 let bad = match op {
+                    OpSpec::UseMm { .. } | OpSpec::UnuseMm if !kthread => {
+                        Some("use_mm and unuse_mm are kernel threads' (tasks without mm)".into())
+                    }
+                    OpSpec::UseMm { mm } if !mm_names.contains(&mm.as_str()) => {
+                        Some(format!("no mm named '{mm}' in [[mms]]"))
+                    }
+                    OpSpec::UseMm { .. } if using => {
+                        Some("use_mm while an mm is in use (unuse_mm it first)".into())
+                    }
+                    OpSpec::UnuseMm if !using => Some("unuse_mm without a use_mm before it".into()),
+                    OpSpec::Touch { .. } if kthread && !using => Some(
+                        "a kernel thread touches user memory only between use_mm and unuse_mm"
+                            .into(),
+                    ),
+                    OpSpec::UseMm { .. } | OpSpec::UnuseMm | OpSpec::Touch { .. } if kthread => {
+                        using = matches!(op, OpSpec::UseMm { .. }) || (using && !matches!(op, OpSpec::UnuseMm));
+                        None
+                    }
                     OpSpec::SetAffinity { cpu } if *cpu >= file.cpus => {
                         Some(format!("cpu{cpu} does not exist"))
                     }
@@ -740,7 +772,7 @@ impl Scenario {
                     | OpSpec::Loop { .. }
                     | OpSpec::Exit => None,
                     _ if t.mm.is_none() => Some(
-                        "a kernel thread (a task without mm) runs only collapse, compute, loop and exit".into(),
+                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, compute, loop and exit".into(),
                     ),
                     _ => None,
                 };

@@ -24,6 +24,15 @@ const MUTANTS: &[Pinned] = &[
         10,
     ),
     (
+        "kthread_use_mm",
+        "kthread_unuse_mm_drops_lazy_ref",
+        None,
+        "sc",
+        "INV-PTFREE",
+        42,
+        12085,
+    ),
+    (
         "nmi_uaccess",
         "loaded_mm_switching_omitted",
         None,

@@ -1,11 +1,23 @@
-//! perf NMIs under the explorer (`scenarios/nmi_uaccess.toml`): the kernel's forms before and
-//! after `nmi_uaccess_okay()` (4012e77a903d, v4.19).
+//! perf NMIs under the explorer (`scenarios/nmi_uaccess.toml`, `kthread_use_mm.toml`): the
+//! kernel's forms before and after `nmi_uaccess_okay()` (4012e77a903d, v4.19), and of
+//! `kthread_use_mm()` before and after 38cf307c1f20 (v5.8).
 
 use shootdown_checker::check;
 use std::path::PathBuf;
 
 fn run(mutant: Option<&str>, mm: &str, sets: &[&str]) -> shootdown_checker::CheckResult {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/nmi_uaccess.toml");
+    run_on("nmi_uaccess", mutant, mm, sets)
+}
+
+fn run_on(
+    scenario: &str,
+    mutant: Option<&str>,
+    mm: &str,
+    sets: &[&str],
+) -> shootdown_checker::CheckResult {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scenarios")
+        .join(format!("{scenario}.toml"));
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     check(&path, mutant, mm, None, None, 0, "bfs", true, &sets).unwrap()
 }
@@ -39,4 +51,32 @@ fn with_the_check_a_mid_switch_nmi_reads_nothing() {
         &["nmi.0.count=1", "nmi.0.cpu=1"],
     );
     assert_eq!(r.verdict, "verified");
+}
+
+#[test]
+fn before_v4_19_an_nmi_in_kthread_use_mm_reads_through_the_old_cr3() {
+    // kthread_use_mm sets current->mm before its switch_mm_irqs_off: the v4.18 handler reads
+    // the borrowed mm's page through init_mm's page tables.
+    let r = run_on(
+        "kthread_use_mm",
+        None,
+        "sc",
+        &["options.nmi_uaccess_okay=false"],
+    );
+    assert_eq!(r.invariant.as_deref(), Some("INV-CTX"));
+    assert_eq!((r.counterexample.len(), r.states), (4, 20));
+    assert!(r.counterexample[2]
+        .text
+        .contains("current->mm = active_mm = mm1"));
+}
+
+#[test]
+fn use_mm_with_interrupts_on_is_no_race_on_x86() {
+    // Before v5.8 an IPI may arrive between use_mm's active_mm assignment and switch_mm
+    // (38cf307c1f20): x86's flush_tlb_func reads cpu_tlbstate.loaded_mm, not active_mm, so the
+    // scenario still verifies, with more interleavings.
+    for (mm, states) in [("sc", 10153), ("tso", 23435)] {
+        let r = run_on("kthread_use_mm", None, mm, &["options.kthread_use_mm=v5_7"]);
+        assert_eq!((r.verdict.as_str(), r.states), ("verified", states), "{mm}");
+    }
 }

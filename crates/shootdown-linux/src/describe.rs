@@ -41,7 +41,7 @@ fn frame_context(m: &Machine, cpu: usize) -> String {
         None if m.is_idle_cpu(cpu) => "idle".to_string(),
         None => {
             let t = &m.tasks[c.curr as usize];
-            let mode = if t.mm.is_some() { "user" } else { "kthread" };
+            let mode = if t.kthread { "kthread" } else { "user" };
             format!("{} ({mode})", t.name)
         }
     }

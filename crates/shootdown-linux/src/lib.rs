@@ -34,6 +34,7 @@ pub mod khugepaged;
 pub mod kvm;
 pub mod machine;
 pub mod mem;
+pub mod mm_refs;
 mod mmu_gather;
 pub mod nmi;
 pub mod options;

@@ -184,6 +184,20 @@ named_enum! {
 }
 
 named_enum! {
+    /// How a kernel thread borrows an mm (`mm_refs.rs`).
+    pub enum KthreadUseMm {
+        /// v5.7 and earlier, mm/mmu_context.c `use_mm()`: `tsk->active_mm` and `tsk->mm` set
+        /// with interrupts on, then `switch_mm()` (x86: interrupts off inside); `unuse_mm()`
+        /// keeps the borrowed reference as the lazy one.
+        V5_7 = "v5_7",
+        /// v5.8+ (38cf307c1f20, "mm: fix kthread_use_mm() vs TLB invalidate"): the assignment
+        /// and `switch_mm_irqs_off()` under `local_irq_disable()`; `kthread_unuse_mm()` takes a
+        /// lazy-TLB reference (`mmgrab_lazy_tlb`) and drops the borrowed one.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// Lazy-TLB design (seed 002 and what followed; docs/design/kernel-model.md §1.5–1.8).
     pub enum LazyTlb {
         /// v4.12 (V0): `cpu_tlbstate.state` OK/LAZY; lazy CPUs stay in `mm_cpumask`, the first
@@ -567,6 +581,11 @@ mutants! {
     /// relies on: an NMI between the CR3 write and the `loaded_mm` store finds `loaded_mm ==
     /// current->mm` and reads the user stack through the next mm's page tables.
     loaded_mm_switching_omitted = "",
+    /// Seeded (issue #42, `mm_count`): `kthread_unuse_mm()` drops the reference
+    /// `kthread_use_mm()` took but takes no lazy-TLB one (`mmgrab_lazy_tlb`), though the
+    /// kernel thread goes on running lazily on the mm: when the mm's last user exits,
+    /// `__mmdrop` frees its page tables while that CPU's CR3 still points to them.
+    kthread_unuse_mm_drops_lazy_ref = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -671,6 +690,9 @@ options! {
     /// in HLT).
     perf_sample_hz: Count = Count(0),
         accepts = "samples per second per CPU (integer >= 0; 0 = no perf NMIs)";
+    /// How kernel threads borrow an mm (`kthread_use_mm`).
+    kthread_use_mm: KthreadUseMm = KthreadUseMm::Mainline,
+        accepts = format!("{} (kthread_use_mm: interrupts on until switch_mm before v5.8)", names(KthreadUseMm::NAMES));
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pcid: bool = true, accepts = "true | false";
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.

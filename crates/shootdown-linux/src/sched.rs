@@ -132,6 +132,7 @@ impl Machine {
             }
             ContextSwitch => {
                 s.pc = Finish;
+                self.context_switch_lazy_mm(s.prev, s.next);
                 match self.tasks[s.next as usize].mm {
                     Some(mm) => {
                         self.summary(|| "context_switch: switch_mm_irqs_off".into());
@@ -146,6 +147,7 @@ impl Machine {
             }
             Finish => {
                 let (prev, next) = (s.prev, s.next);
+                self.finish_task_switch_mm(prev, next);
                 let t = &mut self.tasks[next as usize];
                 t.state = TaskState::Running;
                 t.cpu = cpu;

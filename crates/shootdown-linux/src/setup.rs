@@ -191,6 +191,9 @@ impl Machine {
             cpu,
             program,
         )));
+        if let Some(mm) = mm.filter(|&m| m != INIT_MM) {
+            self.mms[mm as usize].mm_users += 1;
+        }
         self.cpus[cpu].runqueue.push_back(id);
         self.cpus[cpu].need_resched = true;
         self.perf.user_tasks_alive += 1;

@@ -49,6 +49,12 @@ pub struct Mm {
     pub tlb_flush_batched: u64,
     /// The page-table locks held (split PTLs: one per page-table page, by its index).
     pub ptl_held: std::collections::BTreeMap<u64, u64>,
+    /// `mm->mm_users`: users of the address space (its threads, and a kernel thread's
+    /// `mmget_not_zero` while it works on it; `mm_refs.rs`).
+    pub mm_users: u32,
+    /// `mm->mm_count`: references to the `mm_struct` and its page tables (one for all the
+    /// users together, one per lazy-TLB `active_mm` and per `mmgrab`); `__mmdrop` at 0.
+    pub mm_count: u32,
     pub name: String,
 }
 
@@ -63,6 +69,8 @@ shootdown_engine::state_fields!(Mm {
     tlb_flush_pending,
     tlb_flush_batched,
     ptl_held,
+    mm_users,
+    mm_count,
 } fixed {
     name,
 });
@@ -80,6 +88,8 @@ impl Mm {
             tlb_flush_pending: 0,
             tlb_flush_batched: 0,
             ptl_held: Default::default(),
+            mm_users: 0,
+            mm_count: 1,
             name,
         }
     }
@@ -454,6 +464,14 @@ pub enum UserOp {
     SetAffinityNext,
     /// khugepaged (a kernel thread's op): collapse the 512-page group at `start` of `mm`, mapped
     /// by a page-table page, into one PMD leaf.
+    /// A kernel thread: `mmget_not_zero(mm)`, then `kthread_use_mm(mm)`: it runs on `mm` and
+    /// its `touch`es are uaccess to it (vhost, io_uring's SQPOLL thread, `mm_refs.rs`). If
+    /// the mm has no users left it takes nothing and its touches fail (`-EFAULT`).
+    UseMm {
+        mm: MmId,
+    },
+    /// A kernel thread: `kthread_unuse_mm()` of the mm it uses, then `mmput()`.
+    UnuseMm,
     Collapse {
         mm: MmId,
         start: Vpn,
@@ -550,8 +568,14 @@ pub enum TaskState {
 #[repr(C)]
 pub struct Task {
     pub stack: Vec<Frame>,
-    /// None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB).
+    /// `current->mm`. None: a kernel thread (idle) — runs on whatever mm is loaded (lazy TLB)
+    /// — unless it borrowed one (`kthread_use_mm`), or a task past `exit_mm()`.
     pub mm: Option<MmId>,
+    /// `task->active_mm`: the mm it runs on (its own, or a kernel thread's lazy one, holding a
+    /// reference: `mm_refs.rs`). None only while handed over in a context switch.
+    pub active_mm: Option<MmId>,
+    /// `PF_KTHREAD`: never returns to user space.
+    pub kthread: bool,
     pub cpu: CpuId,
     pub state: TaskState,
     /// `p->on_cpu`: still being switched out somewhere; may not be picked yet.
@@ -585,6 +609,8 @@ impl Task {
         Task {
             stack: Vec::new(),
             mm,
+            active_mm: Some(mm.unwrap_or(INIT_MM)),
+            kthread: mm.is_none(),
             cpu,
             state: TaskState::Runnable,
             on_cpu: false,
@@ -607,6 +633,7 @@ impl Task {
 // `HashCached` in the machine: hashed again only when a step changed it.)
 shootdown_engine::state_fields!(Task {
     mm,
+    active_mm,
     state,
     cpu,
     stack,
@@ -623,6 +650,7 @@ shootdown_engine::state_fields!(Task {
 } fixed {
     name,
     program,
+    kthread,
 });
 
 /// A file on a DAX filesystem (ext4-DAX) mapped into an mm at `[start, start + npages)`: its

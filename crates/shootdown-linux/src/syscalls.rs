@@ -77,6 +77,19 @@ pub enum Syscall {
         pc: SetAffinityPc,
         cpu: CpuId,
     },
+    /// A kernel thread's `mmget_not_zero(mm)` + `kthread_use_mm(mm)` (`mm_refs.rs`); `old` is
+    /// the `active_mm` it replaced, `irqs_off` whether it holds interrupts off (v5.8+).
+    KthreadUseMm {
+        pc: crate::mm_refs::UseMmPc,
+        mm: MmId,
+        old: Option<MmId>,
+        irqs_off: bool,
+    },
+    /// A kernel thread's `kthread_unuse_mm(mm)` + `mmput(mm)`.
+    KthreadUnuseMm {
+        pc: crate::mm_refs::UnuseMmPc,
+        mm: MmId,
+    },
     /// khugepaged (a kernel thread): collapse group `pt` of `mm` into a PMD leaf.
     Collapse {
         pc: crate::khugepaged::CollapsePc,
@@ -219,6 +232,8 @@ impl Syscall {
             Syscall::ReclaimUnmap { .. } => "try_to_unmap(TTU_BATCH_FLUSH)",
             Syscall::SetAffinity { .. } => "sched_setaffinity",
             Syscall::Collapse { .. } => "khugepaged: collapse_huge_page",
+            Syscall::KthreadUseMm { .. } => "kthread_use_mm",
+            Syscall::KthreadUnuseMm { .. } => "kthread_unuse_mm",
         }
     }
 
@@ -275,6 +290,8 @@ impl Syscall {
             Syscall::ReclaimUnmap { pc, .. } => format!("{pc:?}"),
             Syscall::SetAffinity { pc, .. } => format!("{pc:?}"),
             Syscall::Collapse { pc, .. } => format!("{pc:?}"),
+            Syscall::KthreadUseMm { pc, .. } => format!("{pc:?}"),
+            Syscall::KthreadUnuseMm { pc, .. } => format!("{pc:?}"),
         }
     }
 
@@ -288,7 +305,7 @@ impl Syscall {
             } | Syscall::Fdatasync {
                 pc: FdatasyncPc::TagUnlock | FdatasyncPc::EntryLocked | FdatasyncPc::ClearUnlock,
                 ..
-            }
+            } | Syscall::KthreadUseMm { irqs_off: true, .. }
         )
     }
 }
@@ -365,9 +382,19 @@ impl Machine {
         s: &mut Syscall,
         env: &mut E,
     ) -> Flow {
-        if let Syscall::Collapse { pc, mm, pt } = s {
-            // A kernel thread's path, on another process's mm.
-            return self.collapse_step(cpu, *mm, *pt, pc, env);
+        // Kernel threads' paths, on another process's mm.
+        match s {
+            Syscall::Collapse { pc, mm, pt } => return self.collapse_step(cpu, *mm, *pt, pc, env),
+            Syscall::KthreadUseMm {
+                pc,
+                mm,
+                old,
+                irqs_off,
+            } => return self.kthread_use_mm_step(cpu, pc, *mm, old, irqs_off, env),
+            Syscall::KthreadUnuseMm { pc, mm } => {
+                return self.kthread_unuse_mm_step(cpu, pc, *mm, env)
+            }
+            _ => {}
         }
         let mm = self.current_mm(cpu);
         match s {
@@ -653,7 +680,11 @@ impl Machine {
                     Flow::Return
                 }
             },
-            Syscall::Collapse { .. } => unreachable!("a kernel thread's path, handled above"),
+            Syscall::Collapse { .. }
+            | Syscall::KthreadUseMm { .. }
+            | Syscall::KthreadUnuseMm { .. } => {
+                unreachable!("a kernel thread's path, handled above")
+            }
             Syscall::SetAffinity { pc, cpu: target } => match *pc {
                 SetAffinityPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit + c.sched_setaffinity);

@@ -74,8 +74,15 @@ impl Machine {
         }
     }
 
+    /// The PCID an access of the current task uses: user mode's, or the kernel's for a kernel
+    /// thread's uaccess (`kthread_use_mm`).
     fn access_pcid(&self, cpu: CpuId) -> u16 {
-        self.user_pcid(self.cpus[cpu].tlbstate.loaded_mm_asid)
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        if self.tasks[self.cpus[cpu].curr as usize].kthread {
+            self.kern_pcid(asid)
+        } else {
+            self.user_pcid(asid)
+        }
     }
 
     /// One user access by the current task: TLB hit (checked by the oracle) or miss + walk +
@@ -351,7 +358,7 @@ impl Machine {
         }
         // Return to user: PTI's deferred user-PCID flush (SWITCH_TO_USER_CR3). A kernel
         // thread never returns to user.
-        if self.pti && self.tasks[t].mm.is_some() {
+        if self.pti && !self.tasks[t].kthread {
             let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
             if self.cpus[cpu].tlbstate.user_pcid_flush_mask & (1 << asid) != 0 {
                 self.cpus[cpu].tlbstate.user_pcid_flush_mask &= !(1 << asid);
@@ -386,6 +393,11 @@ impl Machine {
             self.summary(|| text);
         }
         match op {
+            UserOp::Touch { .. } if self.tasks[t].mm.is_none() => {
+                // A kernel thread whose mmget_not_zero failed: copy_{to,from}_user fails.
+                self.say(|| "uaccess without an mm: -EFAULT".into());
+                self.tasks[t].pc += 1;
+            }
             UserOp::Touch { vpn, write } => {
                 self.user_touch(cpu, vpn, write, true, env);
             }
@@ -521,6 +533,33 @@ impl Machine {
                 },
                 env,
             ),
+            UserOp::UseMm { mm } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::KthreadUseMm {
+                    pc: crate::mm_refs::UseMmPc::Mmget,
+                    mm,
+                    old: None,
+                    irqs_off: false,
+                },
+                env,
+            ),
+            UserOp::UnuseMm => match self.tasks[t].mm {
+                Some(mm) => self.enter_syscall(
+                    cpu,
+                    t,
+                    Syscall::KthreadUnuseMm {
+                        pc: crate::mm_refs::UnuseMmPc::Lazy,
+                        mm,
+                    },
+                    env,
+                ),
+                None => {
+                    // Its mmget_not_zero failed: nothing to give back.
+                    self.say(|| "no mm in use: nothing to unuse".into());
+                    self.tasks[t].pc += 1;
+                }
+            },
             UserOp::Collapse { mm, start } => self.enter_syscall(
                 cpu,
                 t,
@@ -599,6 +638,7 @@ impl Machine {
                 self.tasks[t].state = TaskState::Dead;
                 self.perf.user_tasks_alive -= 1;
                 self.say(|| "exit".into());
+                self.exit_mm(t as TaskId);
                 let f = self.schedule_frame();
                 self.call(cpu, env, f);
             }
@@ -663,6 +703,12 @@ impl Machine {
                 false
             }
             Err(Fault::PageFault) => {
+                self.say(|| {
+                    format!(
+                        "{} page {vpn:#x}: page fault",
+                        if write { "write to" } else { "read of" }
+                    )
+                });
                 self.call(
                     cpu,
                     env,
@@ -767,6 +813,8 @@ fn user_op_text(op: &UserOp) -> Option<String> {
         }
         UserOp::ReclaimUnmap { start, npages } => format!("reclaim {npages} page(s) at {start:#x}"),
         UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
+        UserOp::UseMm { mm } => format!("mmget_not_zero(mm{mm}); kthread_use_mm(mm{mm})"),
+        UserOp::UnuseMm => "kthread_unuse_mm; mmput".into(),
         UserOp::Collapse { mm, start } => {
             format!(
                 "khugepaged: collapse mm{mm} pages {start:#x}..{:#x}",
