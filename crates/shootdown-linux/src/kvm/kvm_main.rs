@@ -732,7 +732,10 @@ impl Machine {
                 s.pc = if late_hook { LateArchHook } else { Done };
                 Flow::Next
             }
-            Done => Flow::Return,
+            Done => {
+                self.summary(|| "return: the new memslots are in place".into());
+                Flow::Return
+            }
         }
     }
 
