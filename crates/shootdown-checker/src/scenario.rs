@@ -10,12 +10,15 @@ use shootdown_engine::Model;
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::describe::NullEnv;
 use shootdown_linux::host::HostOp;
+use shootdown_linux::kernel_map::VMALLOC_START_VPN;
 use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::kvm::mtrr::{
     size_mask, MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MTRR_DEF_TYPE_E, MTRR_PHYS_MASK_VALID,
 };
 use shootdown_linux::options::MUTANT_NAMES;
-use shootdown_linux::{Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp};
+use shootdown_linux::{
+    Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp, INIT_MM,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -51,6 +54,9 @@ pub struct ScenarioFile {
     /// `cpu`, `count` and the user stack page `vpn` perf's handler reads (`nmi.rs`).
     #[serde(default)]
     pub nmi: Vec<NmiSpec>,
+    /// Kernel mappings: `[kernel] vmalloc = [{ start = 0, npages = 1 }]`, pages (by offset
+    /// from `VMALLOC_START`) mapped in init_mm, Global without PTI (`kernel_map.rs`).
+    pub kernel: Option<KernelSpec>,
     /// Run the CPUs as the vCPUs of one VM on a host (PV TLB flush scenarios): the host may
     /// preempt them at any instruction boundary.
     pub host: Option<HostSpec>,
@@ -60,6 +66,14 @@ pub struct ScenarioFile {
     /// `[finding]`: the protocol as the kernel wrote it violates an invariant in this
     /// configuration (a documented finding, not a mutant). Absent: it verifies.
     pub finding: Option<FindingSpec>,
+}
+
+/// `[kernel]`: vmalloc'd pages, by page offset from `VMALLOC_START`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSpec {
+    #[serde(default)]
+    pub vmalloc: Vec<RangeSpec>,
 }
 
 /// `[[nmi]]`: up to `count` NMIs on `cpu`, each reading user page `vpn` of `current->mm`.
@@ -307,6 +321,9 @@ pub struct FeaturesSpec {
     pub tlb_entries: usize,
     #[serde(default = "psc_entries")]
     pub psc_entries: usize,
+    /// The Alder/Raptor Lake erratum: with PCIDs on, INVLPG may leave Global entries cached.
+    #[serde(default)]
+    pub invlpg_miss_global: bool,
 }
 
 fn yes() -> bool {
@@ -327,6 +344,7 @@ impl Default for FeaturesSpec {
             invpcid: true,
             tlb_entries: tlb_entries(),
             psc_entries: psc_entries(),
+            invlpg_miss_global: false,
         }
     }
 }
@@ -447,6 +465,15 @@ pub enum OpSpec {
     },
     /// Kernel threads only: `kthread_unuse_mm()` + `mmput()`.
     UnuseMm,
+    /// Kernel code reads vmalloc page `page` (an offset from `VMALLOC_START`).
+    KernelTouch {
+        page: u64,
+    },
+    /// `vunmap_range()` of vmalloc pages `[start, start + npages)` (offsets).
+    VunmapRange {
+        start: u64,
+        npages: u64,
+    },
     /// khugepaged (kernel threads only): collapse the 512-page group at `start` of `mm`.
     Collapse {
         mm: String,
@@ -484,6 +511,13 @@ impl OpSpec {
                 mm: mm_ids[mm.as_str()],
             },
             OpSpec::UnuseMm => UserOp::UnuseMm,
+            OpSpec::KernelTouch { page } => UserOp::KernelTouch {
+                vpn: VMALLOC_START_VPN + page,
+            },
+            OpSpec::VunmapRange { start, npages } => UserOp::VunmapRange {
+                start: VMALLOC_START_VPN + start,
+                npages,
+            },
             OpSpec::Touch { vpn, write } => UserOp::Touch { vpn, write },
             OpSpec::TouchRange {
                 start,
@@ -767,12 +801,20 @@ impl Scenario {
                     OpSpec::Collapse { start, .. } if start % 512 != 0 => Some(format!(
                         "collapse start {start:#x} is not the first page of a 512-page group"
                     )),
+                    OpSpec::KernelTouch { .. } | OpSpec::VunmapRange { .. }
+                        if file.kernel.is_none() =>
+                    {
+                        Some("kernel_touch and vunmap_range need [kernel] vmalloc pages".into())
+                    }
+                    OpSpec::VunmapRange { npages: 0, .. } => Some("npages must be >= 1".into()),
                     OpSpec::Collapse { .. }
+                    | OpSpec::KernelTouch { .. }
+                    | OpSpec::VunmapRange { .. }
                     | OpSpec::Compute { .. }
                     | OpSpec::Loop { .. }
                     | OpSpec::Exit => None,
                     _ if t.mm.is_none() => Some(
-                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, compute, loop and exit".into(),
+                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, kernel_touch, vunmap_range, compute, loop and exit".into(),
                     ),
                     _ => None,
                 };
@@ -895,6 +937,12 @@ impl Scenario {
                     }
                 }
             }
+        }
+        if file.kernel.is_some() && file.features.pti {
+            return Err(err(
+                "kernel",
+                "kernel mappings under PTI (non-Global, invalidate_other) are not modelled: set features.pti = false".into(),
+            ));
         }
         let mut nmi_cpus: Vec<usize> = Vec::new();
         for (i, n) in file.nmi.iter().enumerate() {
@@ -1049,6 +1097,7 @@ impl Scenario {
             psc_entries: f.features.psc_entries.max(1),
             mlp: 1,
             smt_slowdown_permille: 1000,
+            invlpg_miss_global: f.features.invlpg_miss_global,
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
         let host = match (&f.host, &f.kvm) {
@@ -1124,6 +1173,11 @@ impl Scenario {
             for (i, t) in k.threads.iter().enumerate() {
                 let prog = t.program.iter().map(HostOpSpec::to_host_op).collect();
                 m.add_host_thread(&t.name, 0, i % f.cpus, prog);
+            }
+        }
+        if let Some(k) = &f.kernel {
+            for r in &k.vmalloc {
+                m.map_pages(INIT_MM, VMALLOC_START_VPN + r.start, r.npages, r.writable);
             }
         }
         let mut mm_ids: BTreeMap<&str, MmId> = BTreeMap::new();

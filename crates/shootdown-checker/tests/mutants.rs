@@ -24,6 +24,15 @@ const MUTANTS: &[Pinned] = &[
         10,
     ),
     (
+        "kernel_global",
+        "flush_tlb_kernel_range_skips_lazy",
+        None,
+        "sc",
+        "INV-STALE",
+        15,
+        349,
+    ),
+    (
         "kthread_use_mm",
         "kthread_unuse_mm_drops_lazy_ref",
         None,

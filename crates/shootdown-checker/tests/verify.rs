@@ -35,6 +35,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // perf NMIs reading the user stack while a CPU switches mms (INV-CTX).
     ("nmi_uaccess", "sc", 464, 934),
     ("nmi_uaccess", "tso", 1807, 5519),
+    // Global kernel mappings and flush_tlb_kernel_range.
+    ("kernel_global", "sc", 315, 630),
+    ("kernel_global", "tso", 710, 1792),
     // A kernel thread borrowing an mm (kthread_use_mm) while its owner zaps and exits.
     ("kthread_use_mm", "sc", 9913, 23344),
     ("kthread_use_mm", "tso", 23103, 68379),

@@ -372,6 +372,8 @@ pub(crate) fn load_profile_files(
                 (x * 1000.0).round() as u32
             }
         },
+        // The INVLPG erratum is a checker scenario feature; no profiled machine has it.
+        invlpg_miss_global: false,
     };
     Ok(CostProfile {
         name: shown_name,

@@ -207,6 +207,9 @@ pub struct Features {
     /// core's execution units: each gets a part of it. Line transfers and IPI latency are
     /// not core-bound and do not stretch.
     pub smt_slowdown_permille: u32,
+    /// The erratum of Alder Lake and Raptor Lake cores: with CR4.PCIDE set, INVLPG may leave
+    /// Global translations of the address cached (Intel's RPL017 / ADL063; Linux ce0b15d11ad8).
+    pub invlpg_miss_global: bool,
 }
 
 /// A machine: features plus costs.
@@ -246,6 +249,7 @@ impl Features {
             psc_entries: 32,
             mlp: 1,
             smt_slowdown_permille: 1000,
+            invlpg_miss_global: false,
         }
     }
 }

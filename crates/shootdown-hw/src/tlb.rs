@@ -218,6 +218,19 @@ impl Tlb {
         self.psc.retain(|k, _| k.0 != pcid);
     }
 
+    /// INVLPG on a CPU with the `invlpg_miss_global` erratum, PCIDs on: the entries of `pcid`
+    /// for `vpn` go, Global ones (filled under any PCID) stay.
+    pub fn invlpg_missing_globals(&mut self, pcid: Pcid, vpn: Vpn) {
+        for page in [vpn, huge_key(vpn)] {
+            if let Some(&i) = self.index.get(&(self.tag, pcid, page)) {
+                if !self.entries[i].1.global {
+                    self.remove_at(i);
+                }
+            }
+        }
+        self.psc.retain(|k, _| k.0 != pcid);
+    }
+
     /// Drop every non-global entry and PSC entry tagged `pcid` under the current tag (CR3
     /// write without NOFLUSH, INVPCID single-context).
     pub fn flush_pcid(&mut self, pcid: Pcid) {

@@ -30,6 +30,7 @@ pub mod describe;
 pub mod frame;
 pub mod host;
 pub mod huge_memory;
+pub mod kernel_map;
 pub mod khugepaged;
 pub mod kvm;
 pub mod machine;

@@ -59,6 +59,8 @@ pub struct Machine {
     pub pcid_hw: bool,
     pub pti: bool,
     pub invpcid: bool,
+    /// The CPU's INVLPG may miss Global entries while PCIDs are on (`Features`).
+    pub invlpg_miss_global: bool,
     pub memory_model: MemoryModel,
     /// NMIs may arrive (a scenario's `[[nmi]]`, or `perf_sample_hz`): `switch_mm_irqs_off`
     /// then publishes `loaded_mm` in a step of its own after the CR3 write, a window only an
@@ -130,6 +132,7 @@ shootdown_engine::state_fields!(Machine {
     pcid_hw,
     pti,
     invpcid,
+    invlpg_miss_global,
     memory_model,
     nmis_possible,
 });

@@ -586,6 +586,11 @@ mutants! {
     /// kernel thread goes on running lazily on the mm: when the mm's last user exits,
     /// `__mmdrop` frees its page tables while that CPU's CR3 still points to them.
     kthread_unuse_mm_drops_lazy_ref = "",
+    /// Seeded (issue #42, kernel mappings): `flush_tlb_kernel_range()` sends its IPIs through
+    /// the lazy filter of user flushes (`should_flush_tlb`/`tlb_is_not_lazy`) instead of
+    /// `on_each_cpu()`: a CPU idle in lazy TLB mode keeps a Global kernel translation that the
+    /// next task on it uses after the unmap returned.
+    flush_tlb_kernel_range_skips_lazy = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -693,6 +698,11 @@ options! {
     /// How kernel threads borrow an mm (`kthread_use_mm`).
     kthread_use_mm: KthreadUseMm = KthreadUseMm::Mainline,
         accepts = format!("{} (kthread_use_mm: interrupts on until switch_mm before v5.8)", names(KthreadUseMm::NAMES));
+    /// v6.4+ (ce0b15d11ad8, "x86/mm: Avoid incomplete Global INVLPG flushes"): `setup_pcid()`
+    /// leaves PCIDs off on a CPU whose INVLPG may miss Global entries with PCIDs on (the
+    /// `invlpg_miss_global` erratum of Alder Lake and Raptor Lake cores).
+    invlpg_miss_global_no_pcid: bool = true,
+        accepts = "true | false (v6.4+: no PCIDs on a CPU whose INVLPG misses Global entries)";
     /// Use PCIDs (when the CPU has them): 6 dynamic ASIDs per CPU, NOFLUSH CR3 writes.
     pcid: bool = true, accepts = "true | false";
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.

@@ -46,6 +46,7 @@ impl Machine {
             pcid_hw: f.pcid,
             pti: f.pti,
             invpcid: f.invpcid,
+            invlpg_miss_global: f.invlpg_miss_global,
             opts,
             memory_model,
             cpus: Vec::with_capacity(n),

@@ -214,6 +214,9 @@ pub struct FlushTlbInfo {
     pub freed_tables: bool,
     pub trim_cpumask: bool,
     pub initiator: CpuId,
+    /// `flush_tlb_kernel_range()`'s request (`do_kernel_range_flush` / `do_flush_tlb_all`):
+    /// kernel mappings, every CPU, no generations (`kernel_map.rs`).
+    pub kernel: bool,
 }
 
 /// A `call_single_data` of a `cfd` (sender, target): only its lock bit matters.
@@ -472,6 +475,15 @@ pub enum UserOp {
     },
     /// A kernel thread: `kthread_unuse_mm()` of the mm it uses, then `mmput()`.
     UnuseMm,
+    /// Kernel code (in any task) reads a vmalloc'd kernel page (`kernel_map.rs`).
+    KernelTouch {
+        vpn: Vpn,
+    },
+    /// `vunmap_range()`: clear kernel PTEs, then `flush_tlb_kernel_range()`.
+    VunmapRange {
+        start: Vpn,
+        npages: u64,
+    },
     Collapse {
         mm: MmId,
         start: Vpn,

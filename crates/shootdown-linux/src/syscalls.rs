@@ -85,6 +85,13 @@ pub enum Syscall {
         old: Option<MmId>,
         irqs_off: bool,
     },
+    /// Kernel code's `vunmap_range(start, start + npages)` (`kernel_map.rs`).
+    VunmapRange {
+        pc: crate::kernel_map::VunmapPc,
+        start: Vpn,
+        npages: u64,
+        begin: u64,
+    },
     /// A kernel thread's `kthread_unuse_mm(mm)` + `mmput(mm)`.
     KthreadUnuseMm {
         pc: crate::mm_refs::UnuseMmPc,
@@ -233,6 +240,7 @@ impl Syscall {
             Syscall::SetAffinity { .. } => "sched_setaffinity",
             Syscall::Collapse { .. } => "khugepaged: collapse_huge_page",
             Syscall::KthreadUseMm { .. } => "kthread_use_mm",
+            Syscall::VunmapRange { .. } => "vunmap_range",
             Syscall::KthreadUnuseMm { .. } => "kthread_unuse_mm",
         }
     }
@@ -291,6 +299,7 @@ impl Syscall {
             Syscall::SetAffinity { pc, .. } => format!("{pc:?}"),
             Syscall::Collapse { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUseMm { pc, .. } => format!("{pc:?}"),
+            Syscall::VunmapRange { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUnuseMm { pc, .. } => format!("{pc:?}"),
         }
     }
@@ -394,6 +403,12 @@ impl Machine {
             Syscall::KthreadUnuseMm { pc, mm } => {
                 return self.kthread_unuse_mm_step(cpu, pc, *mm, env)
             }
+            Syscall::VunmapRange {
+                pc,
+                start,
+                npages,
+                begin,
+            } => return self.vunmap_range_step(cpu, pc, *start, *npages, begin, env),
             _ => {}
         }
         let mm = self.current_mm(cpu);
@@ -668,6 +683,7 @@ impl Machine {
                             freed_tables: false,
                             trim_cpumask: false,
                             initiator: cpu,
+                            kernel: false,
                         },
                         begin: *begin,
                         batch_targets: Some(targets.clone()),
@@ -682,7 +698,8 @@ impl Machine {
             },
             Syscall::Collapse { .. }
             | Syscall::KthreadUseMm { .. }
-            | Syscall::KthreadUnuseMm { .. } => {
+            | Syscall::KthreadUnuseMm { .. }
+            | Syscall::VunmapRange { .. } => {
                 unreachable!("a kernel thread's path, handled above")
             }
             Syscall::SetAffinity { pc, cpu: target } => match *pc {

@@ -79,6 +79,7 @@ impl FlushMmRange {
                 freed_tables,
                 trim_cpumask: false,
                 initiator: 0,
+                kernel: false,
             },
             begin: 0,
             batch_targets: None,
@@ -169,8 +170,22 @@ impl Machine {
         }
     }
 
+    /// CR4.PCIDE: the CPU has PCIDs, the kernel uses them, and (v6.4+) not on a CPU with
+    /// the INVLPG erratum (`setup_pcid()`).
     pub(crate) fn pcid_enabled(&self) -> bool {
-        self.pcid_hw && self.opts.pcid
+        self.pcid_hw
+            && self.opts.pcid
+            && !(self.invlpg_miss_global && self.opts.invlpg_miss_global_no_pcid)
+    }
+
+    /// INVLPG of `vpn` under `pcid`: with PCIDs on, a CPU with the erratum leaves Global
+    /// entries of the address cached.
+    pub(crate) fn invlpg(&mut self, cpu: CpuId, pcid: u16, vpn: Vpn) {
+        if self.invlpg_miss_global && self.pcid_enabled() {
+            self.cpus[cpu].tlb.invlpg_missing_globals(pcid, vpn);
+        } else {
+            self.cpus[cpu].tlb.invlpg(pcid, vpn);
+        }
     }
 
     /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
@@ -229,7 +244,7 @@ impl Machine {
         let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         let kp = self.kern_pcid(asid);
         let up = self.user_pcid(asid);
-        self.cpus[cpu].tlb.invlpg(kp, vpn);
+        self.invlpg(cpu, kp, vpn);
         self.charge(env, |c| c.invlpg);
         self.perf.counters.inc(Counter::InvlpgCount);
         if self.pti {
@@ -575,6 +590,11 @@ impl Machine {
                     self.perf.counters.inc(Counter::NrTlbRemoteFlushReceived);
                     self.perf.counters.inc(Counter::TlbShootdowns);
                     self.touch_line(env, cpu, flush_info_line(f.initiator), false);
+                }
+                if f.kernel {
+                    // flush_tlb_kernel_range()'s function: no mm, no generations.
+                    self.do_kernel_range_flush(cpu, &f, env);
+                    return Flow::Return;
                 }
                 // The request as this CPU finds it (counterexample text only).
                 let req = self.perf.labels_on.then(|| {

@@ -533,6 +533,21 @@ impl Machine {
                 },
                 env,
             ),
+            UserOp::KernelTouch { vpn } => {
+                self.kernel_access(cpu, vpn, env);
+                self.tasks[t].pc += 1;
+            }
+            UserOp::VunmapRange { start, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::VunmapRange {
+                    pc: crate::kernel_map::VunmapPc::Unmap,
+                    start,
+                    npages,
+                    begin: 0,
+                },
+                env,
+            ),
             UserOp::UseMm { mm } => self.enter_syscall(
                 cpu,
                 t,
@@ -815,6 +830,10 @@ fn user_op_text(op: &UserOp) -> Option<String> {
         UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
         UserOp::UseMm { mm } => format!("mmget_not_zero(mm{mm}); kthread_use_mm(mm{mm})"),
         UserOp::UnuseMm => "kthread_unuse_mm; mmput".into(),
+        UserOp::KernelTouch { vpn } => format!("kernel code reads vmalloc page {vpn:#x}"),
+        UserOp::VunmapRange { start, npages } => {
+            format!("vunmap_range({start:#x}, {npages} page(s))")
+        }
         UserOp::Collapse { mm, start } => {
             format!(
                 "khugepaged: collapse mm{mm} pages {start:#x}..{:#x}",

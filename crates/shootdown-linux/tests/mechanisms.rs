@@ -56,6 +56,7 @@ fn run_flush_func(local: u64, mm_gen: u64, new_gen: u64) -> Machine {
         freed_tables: false,
         trim_cpumask: false,
         initiator: 0,
+        kernel: false,
     };
     c.irq_stack.push(FlushFunc::call(info, false));
     for _ in 0..10 {
@@ -134,6 +135,7 @@ fn batched_flush_with_generation_zero_is_not_skipped() {
         freed_tables: false,
         trim_cpumask: false,
         initiator: 0,
+        kernel: false,
     };
     c.irq_stack.push(FlushFunc::call(info, false));
     m.apply(Action::Step(1), &mut NullEnv);
