@@ -469,6 +469,11 @@ pub enum OpSpec {
     KernelTouch {
         page: u64,
     },
+    /// `text_poke()` of vmalloc page `page` (an offset): module text patched through
+    /// `poking_mm`, which the scenario then has.
+    TextPoke {
+        page: u64,
+    },
     /// `vunmap_range()` of vmalloc pages `[start, start + npages)` (offsets).
     VunmapRange {
         start: u64,
@@ -513,6 +518,10 @@ impl OpSpec {
             OpSpec::UnuseMm => UserOp::UnuseMm,
             OpSpec::KernelTouch { page } => UserOp::KernelTouch {
                 vpn: VMALLOC_START_VPN + page,
+            },
+            OpSpec::TextPoke { page } => UserOp::TextPoke {
+                poking_mm: mm_ids["poking_mm"],
+                page: VMALLOC_START_VPN + page,
             },
             OpSpec::VunmapRange { start, npages } => UserOp::VunmapRange {
                 start: VMALLOC_START_VPN + start,
@@ -716,7 +725,10 @@ impl Scenario {
         }
         let mut mm_names: Vec<&str> = Vec::new();
         for (i, mm) in file.mms.iter().enumerate() {
-            if mm.name == "init_mm" || mm_names.contains(&mm.name.as_str()) {
+            if mm.name == "init_mm"
+                || mm.name == "poking_mm"
+                || mm_names.contains(&mm.name.as_str())
+            {
                 return Err(err(
                     &format!("mms[{i}].name"),
                     format!("duplicate or reserved mm name '{}'", mm.name),
@@ -801,15 +813,16 @@ impl Scenario {
                     OpSpec::Collapse { start, .. } if start % 512 != 0 => Some(format!(
                         "collapse start {start:#x} is not the first page of a 512-page group"
                     )),
-                    OpSpec::KernelTouch { .. } | OpSpec::VunmapRange { .. }
+                    OpSpec::KernelTouch { .. } | OpSpec::VunmapRange { .. } | OpSpec::TextPoke { .. }
                         if file.kernel.is_none() =>
                     {
-                        Some("kernel_touch and vunmap_range need [kernel] vmalloc pages".into())
+                        Some("kernel_touch, vunmap_range and text_poke need [kernel] vmalloc pages".into())
                     }
                     OpSpec::VunmapRange { npages: 0, .. } => Some("npages must be >= 1".into()),
                     OpSpec::Collapse { .. }
                     | OpSpec::KernelTouch { .. }
                     | OpSpec::VunmapRange { .. }
+                    | OpSpec::TextPoke { .. }
                     | OpSpec::Compute { .. }
                     | OpSpec::Loop { .. }
                     | OpSpec::Exit => None,
@@ -937,6 +950,21 @@ impl Scenario {
                     }
                 }
             }
+        }
+        let pokers = file
+            .tasks
+            .iter()
+            .filter(|t| {
+                t.program
+                    .iter()
+                    .any(|o| matches!(o, OpSpec::TextPoke { .. }))
+            })
+            .count();
+        if pokers > 1 {
+            return Err(err(
+                "tasks",
+                format!("{pokers} tasks run text_poke: its callers serialize on text_mutex, which is not modelled; give the pokes to one task"),
+            ));
         }
         if file.kernel.is_some() && file.features.pti {
             return Err(err(
@@ -1194,6 +1222,14 @@ impl Scenario {
                 m.map_pages(id, d.start, d.npages, false);
                 m.add_dax_file(id, d.start, d.npages);
             }
+        }
+        let pokes = |t: &TaskSpec| {
+            t.program
+                .iter()
+                .any(|o| matches!(o, OpSpec::TextPoke { .. }))
+        };
+        if f.tasks.iter().any(pokes) {
+            mm_ids.insert("poking_mm", m.add_poking_mm());
         }
         for t in &f.tasks {
             let prog = t.program.iter().map(|op| op.to_user_op(&mm_ids)).collect();

@@ -33,6 +33,15 @@ const MUTANTS: &[Pinned] = &[
         349,
     ),
     (
+        "text_poke",
+        "text_poke_skips_flush",
+        None,
+        "sc",
+        "INV-SYSRET",
+        30,
+        6541,
+    ),
+    (
         "kthread_use_mm",
         "kthread_unuse_mm_drops_lazy_ref",
         None,

@@ -71,6 +71,26 @@ fn before_v4_19_an_nmi_in_kthread_use_mm_reads_through_the_old_cr3() {
 }
 
 #[test]
+fn an_nmi_during_text_poke_reads_through_poking_mm_unless_checked() {
+    // poking_mm is loaded while current is the patching task: v4.18's handler reads the task's
+    // stack through poking_mm's page tables.
+    let r = run_on("text_poke", None, "sc", &["options.nmi_uaccess_okay=false"]);
+    assert_eq!(r.invariant.as_deref(), Some("INV-CTX"));
+    assert_eq!((r.counterexample.len(), r.states), (9, 200));
+    assert!(r.counterexample[8].text.contains("through CR3 = poking_mm"));
+    // The v4.19 check on v4.14's switch_mm (no LOADED_MM_SWITCHING before the CR3 write): the
+    // check alone is not the fix, the NMI passes it in the window and reads the same way.
+    let r = run_on("text_poke", None, "sc", &["options.lazy_tlb=tlb_gen"]);
+    assert_eq!(r.invariant.as_deref(), Some("INV-CTX"));
+    assert!(r
+        .counterexample
+        .last()
+        .unwrap()
+        .text
+        .contains("nmi_uaccess_okay(); __get_user"));
+}
+
+#[test]
 fn use_mm_with_interrupts_on_is_no_race_on_x86() {
     // Before v5.8 an IPI may arrive between use_mm's active_mm assignment and switch_mm
     // (38cf307c1f20): x86's flush_tlb_func reads cpu_tlbstate.loaded_mm, not active_mm, so the

@@ -38,6 +38,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // Global kernel mappings and flush_tlb_kernel_range.
     ("kernel_global", "sc", 315, 630),
     ("kernel_global", "tso", 710, 1792),
+    // text_poke through poking_mm, a temporary mm, with a user flush and an NMI around it.
+    ("text_poke", "sc", 122707, 271784),
+    ("text_poke", "tso", 187339, 476641),
     // A kernel thread borrowing an mm (kthread_use_mm) while its owner zaps and exits.
     ("kthread_use_mm", "sc", 9913, 23344),
     ("kthread_use_mm", "tso", 23103, 68379),

@@ -53,6 +53,7 @@ pub mod stack;
 pub mod state;
 pub mod switch_mm;
 pub mod syscalls;
+pub mod text_poke;
 pub mod tlb;
 pub mod user;
 

@@ -591,6 +591,11 @@ mutants! {
     /// `on_each_cpu()`: a CPU idle in lazy TLB mode keeps a Global kernel translation that the
     /// next task on it uses after the unmap returned.
     flush_tlb_kernel_range_skips_lazy = "",
+    /// Seeded (issue #42, temporary mms): `__text_poke()` clears the poking PTE and switches
+    /// back without `flush_tlb_mm_range(poking_mm, …)`: `tlb_gen` is not bumped, the next
+    /// poke's switch to `poking_mm` reuses its ASID without a flush, and its write goes through
+    /// the previous page's stale alias.
+    text_poke_skips_flush = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,

@@ -479,6 +479,11 @@ pub enum UserOp {
     KernelTouch {
         vpn: Vpn,
     },
+    /// `text_poke()` of kernel page `page` through `poking_mm` (`text_poke.rs`).
+    TextPoke {
+        poking_mm: MmId,
+        page: Vpn,
+    },
     /// `vunmap_range()`: clear kernel PTEs, then `flush_tlb_kernel_range()`.
     VunmapRange {
         start: Vpn,

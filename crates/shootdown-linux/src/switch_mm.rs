@@ -234,6 +234,7 @@ impl Machine {
                     s.pc = CatchUp;
                     return Flow::Next;
                 }
+                self.say(|| format!("leaving mm{}", s.prev));
                 s.pc = LeavePrev;
                 Flow::Next
             }

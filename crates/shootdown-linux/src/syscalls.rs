@@ -85,6 +85,15 @@ pub enum Syscall {
         old: Option<MmId>,
         irqs_off: bool,
     },
+    /// Kernel code's `text_poke()` of kernel page `page` through `poking_mm` = `mm`
+    /// (`text_poke.rs`); `prev` is the mm it switches back to.
+    TextPoke {
+        pc: crate::text_poke::TextPokePc,
+        mm: MmId,
+        page: Vpn,
+        prev: MmId,
+        irqs_off: bool,
+    },
     /// Kernel code's `vunmap_range(start, start + npages)` (`kernel_map.rs`).
     VunmapRange {
         pc: crate::kernel_map::VunmapPc,
@@ -241,6 +250,7 @@ impl Syscall {
             Syscall::Collapse { .. } => "khugepaged: collapse_huge_page",
             Syscall::KthreadUseMm { .. } => "kthread_use_mm",
             Syscall::VunmapRange { .. } => "vunmap_range",
+            Syscall::TextPoke { .. } => "text_poke",
             Syscall::KthreadUnuseMm { .. } => "kthread_unuse_mm",
         }
     }
@@ -300,6 +310,7 @@ impl Syscall {
             Syscall::Collapse { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUseMm { pc, .. } => format!("{pc:?}"),
             Syscall::VunmapRange { pc, .. } => format!("{pc:?}"),
+            Syscall::TextPoke { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUnuseMm { pc, .. } => format!("{pc:?}"),
         }
     }
@@ -315,6 +326,7 @@ impl Syscall {
                 pc: FdatasyncPc::TagUnlock | FdatasyncPc::EntryLocked | FdatasyncPc::ClearUnlock,
                 ..
             } | Syscall::KthreadUseMm { irqs_off: true, .. }
+                | Syscall::TextPoke { irqs_off: true, .. }
         )
     }
 }
@@ -409,6 +421,13 @@ impl Machine {
                 npages,
                 begin,
             } => return self.vunmap_range_step(cpu, pc, *start, *npages, begin, env),
+            Syscall::TextPoke {
+                pc,
+                mm,
+                page,
+                prev,
+                irqs_off,
+            } => return self.text_poke_step(cpu, pc, *mm, *page, prev, irqs_off, env),
             _ => {}
         }
         let mm = self.current_mm(cpu);
@@ -699,7 +718,8 @@ impl Machine {
             Syscall::Collapse { .. }
             | Syscall::KthreadUseMm { .. }
             | Syscall::KthreadUnuseMm { .. }
-            | Syscall::VunmapRange { .. } => {
+            | Syscall::VunmapRange { .. }
+            | Syscall::TextPoke { .. } => {
                 unreachable!("a kernel thread's path, handled above")
             }
             Syscall::SetAffinity { pc, cpu: target } => match *pc {

@@ -537,6 +537,18 @@ impl Machine {
                 self.kernel_access(cpu, vpn, env);
                 self.tasks[t].pc += 1;
             }
+            UserOp::TextPoke { poking_mm, page } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::TextPoke {
+                    pc: crate::text_poke::TextPokePc::SetPte,
+                    mm: poking_mm,
+                    page,
+                    prev: INIT_MM,
+                    irqs_off: false,
+                },
+                env,
+            ),
             UserOp::VunmapRange { start, npages } => self.enter_syscall(
                 cpu,
                 t,
@@ -831,6 +843,7 @@ fn user_op_text(op: &UserOp) -> Option<String> {
         UserOp::UseMm { mm } => format!("mmget_not_zero(mm{mm}); kthread_use_mm(mm{mm})"),
         UserOp::UnuseMm => "kthread_unuse_mm; mmput".into(),
         UserOp::KernelTouch { vpn } => format!("kernel code reads vmalloc page {vpn:#x}"),
+        UserOp::TextPoke { page, .. } => format!("text_poke(kernel page {page:#x})"),
         UserOp::VunmapRange { start, npages } => {
             format!("vunmap_range({start:#x}, {npages} page(s))")
         }

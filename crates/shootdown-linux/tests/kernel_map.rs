@@ -56,3 +56,48 @@ fn a_kernel_range_flush_reaches_every_cpu_idle_ones_included() {
     assert_eq!(c.get(Counter::TlbShootdowns), 3);
     assert!(!m.mms[INIT_MM as usize].space.leaf(page, false).present);
 }
+
+#[test]
+fn text_poke_flushes_its_alias_without_an_ipi() {
+    let topo = Topology::new(1, 2, 1).unwrap();
+    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
+    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let text = VMALLOC_START_VPN;
+    m.map_pages(INIT_MM, text, 2, true);
+    let mm = m.add_mm("mm1");
+    let poking_mm = m.add_poking_mm();
+    m.add_task(
+        "patcher",
+        mm,
+        0,
+        vec![
+            UserOp::TextPoke {
+                poking_mm,
+                page: text,
+            },
+            UserOp::TextPoke {
+                poking_mm,
+                page: text + 1,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(10),
+            },
+            UserOp::Exit,
+        ],
+    );
+    let st = TimedDriver::new(m.agents(), 1, 0).run(
+        &mut m,
+        Limits {
+            max_time: Time::from_ms(10),
+            max_steps: 1_000_000,
+        },
+    );
+    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    let c = m.counters();
+    // 22 pokes: each switches to poking_mm and back, and its flush IPIs no one; every poke
+    // after the first finds poking_mm's ASID slot a generation behind and flushes it.
+    assert_eq!(c.get(Counter::NrTlbRemoteFlush), 0);
+    assert_eq!(m.mms[poking_mm as usize].tlb_gen, 1 + 22);
+    assert!(c.get(Counter::FlushOnTaskSwitch) >= 22);
+}
