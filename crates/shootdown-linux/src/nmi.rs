@@ -86,7 +86,7 @@ impl Machine {
     fn perf_callchain_user<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
         let Some(mm) = self.nmi_current_mm(cpu) else {
             self.perf.counters.inc(Counter::NmiUaccessSkipped);
-            self.say(|| "perf NMI: current has no mm: no user callchain".into());
+            self.say(|| "perf_callchain_user: current has no mm: no user callchain".into());
             return;
         };
         if self.opts.nmi_uaccess_okay {
@@ -95,7 +95,7 @@ impl Machine {
                 self.perf.counters.inc(Counter::NmiUaccessSkipped);
                 self.say(|| {
                     format!(
-                        "perf NMI: nmi_uaccess_okay() is false (loaded_mm = {}, current->mm = mm{mm}): no user callchain",
+                        "perf_callchain_user: nmi_uaccess_okay() is false (loaded_mm = {}, current->mm = mm{mm}): no user callchain",
                         loaded_name(loaded)
                     )
                 });
@@ -111,7 +111,7 @@ impl Machine {
         } else {
             ""
         };
-        self.say(|| format!("perf NMI: {checked}__get_user of mm{mm}'s user stack page {vpn:#x}"));
+        self.say(|| format!("perf_callchain_user: {checked}__get_user of mm{mm}'s user stack page {vpn:#x}"));
         let cr3 = self.cpus[cpu].cr3_mm;
         if cr3 != mm {
             let name = self.tasks[self.cpus[cpu].curr as usize].name.clone();
