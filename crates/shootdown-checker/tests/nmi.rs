@@ -32,7 +32,8 @@ fn before_v4_19_an_nmi_reads_the_previous_task_through_the_next_mm() {
         let texts: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
         assert!(texts[8].contains("CR3 <- mm2"), "{texts:?}");
         assert!(
-            texts[9].starts_with("NMI: perf_callchain_user: __get_user of mm1's user stack page 0x10"),
+            texts[9]
+                .starts_with("NMI: perf_callchain_user: __get_user of mm1's user stack page 0x10"),
             "{texts:?}"
         );
     }

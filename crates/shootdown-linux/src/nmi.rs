@@ -29,7 +29,7 @@
 use crate::counters::Counter;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::state::{MmId, TaskState};
+use crate::state::MmId;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::pagetable::Vpn;
@@ -45,14 +45,10 @@ impl Machine {
         c.nmi_vpn = Some(vpn);
     }
 
-    /// `current->mm` as the NMI handler reads it: a kernel thread has none, and neither has a
-    /// task past `exit_mm()` (which cleared it before the exiting task's last `schedule()`).
+    /// `current->mm` as the NMI handler reads it: a kernel thread has none (unless it borrowed
+    /// one), and neither has a task past `exit_mm()` (`mm_refs.rs`).
     fn nmi_current_mm(&self, cpu: CpuId) -> Option<MmId> {
-        let t = &self.tasks[self.cpus[cpu].curr as usize];
-        if t.state == TaskState::Dead {
-            return None;
-        }
-        t.mm
+        self.tasks[self.cpus[cpu].curr as usize].mm
     }
 
     /// Take an NMI on `cpu`: perf's handler samples the interrupted task's user stack.
@@ -111,7 +107,9 @@ impl Machine {
         } else {
             ""
         };
-        self.say(|| format!("perf_callchain_user: {checked}__get_user of mm{mm}'s user stack page {vpn:#x}"));
+        self.say(|| {
+            format!("perf_callchain_user: {checked}__get_user of mm{mm}'s user stack page {vpn:#x}")
+        });
         let cr3 = self.cpus[cpu].cr3_mm;
         if cr3 != mm {
             let name = self.tasks[self.cpus[cpu].curr as usize].name.clone();
