@@ -41,6 +41,9 @@ pub struct ScenarioFile {
     /// and mms). Used for symmetry reduction.
     #[serde(default)]
     pub symmetric: Vec<Vec<usize>>,
+    /// Files the mms map through VMAs (`[[files]]`: `name`, `npages`, `device`; `vma.rs`).
+    #[serde(default)]
+    pub files: Vec<FileSpec>,
     #[serde(default)]
     pub mms: Vec<MmSpec>,
     #[serde(default)]
@@ -66,6 +69,31 @@ pub struct ScenarioFile {
     /// `[finding]`: the protocol as the kernel wrote it violates an invariant in this
     /// configuration (a documented finding, not a mutant). Absent: it verifies.
     pub finding: Option<FindingSpec>,
+}
+
+/// `[[files]]`: a regular file of `npages` pages (its page cache filled on first use) or,
+/// with `device`, a device whose memory its mmap maps VM_PFNMAP (`vma.rs`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    pub name: String,
+    pub npages: u64,
+    #[serde(default)]
+    pub device: bool,
+}
+
+/// `vmas = [{ start, npages, file, pgoff, populate }]` of an mm: a MAP_SHARED mapping of
+/// `file` from page offset `pgoff`, pre-faulted unless `populate = false`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmaSpec {
+    pub start: u64,
+    pub npages: u64,
+    pub file: String,
+    #[serde(default)]
+    pub pgoff: u64,
+    #[serde(default = "yes")]
+    pub populate: bool,
 }
 
 /// `[kernel]`: vmalloc'd pages, by page offset from `VMALLOC_START`.
@@ -363,6 +391,9 @@ pub struct MmSpec {
     /// in file order across mms for `fdatasync { file = N }`.
     #[serde(default)]
     pub dax: Vec<DaxSpec>,
+    /// MAP_SHARED mappings of `[[files]]` (`vma.rs`).
+    #[serde(default)]
+    pub vmas: Vec<VmaSpec>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -484,6 +515,27 @@ pub enum OpSpec {
         mm: String,
         start: u64,
     },
+    /// `mremap()` of `[start, start + npages)` to `new_start` (MREMAP_MAYMOVE | MREMAP_FIXED).
+    Mremap {
+        start: u64,
+        npages: u64,
+        new_start: u64,
+    },
+    /// `ftruncate()` of a regular file to `npages` pages.
+    Truncate {
+        file: String,
+        #[serde(default)]
+        npages: u64,
+    },
+    /// A driver revokes every mapping of a device file (`unmap_mapping_range`).
+    RevokeMapping {
+        file: String,
+    },
+    /// A driver's `migrate_vma` of the task's anonymous pages `[start, start + npages)`.
+    MigrateVma {
+        start: u64,
+        npages: u64,
+    },
     Event,
     Mark,
     CopyPages {
@@ -506,8 +558,25 @@ pub enum OpSpec {
 }
 
 impl OpSpec {
-    fn to_user_op(&self, mm_ids: &BTreeMap<&str, MmId>) -> UserOp {
+    fn to_user_op(&self, mm_ids: &BTreeMap<&str, MmId>, file_ids: &BTreeMap<&str, u32>) -> UserOp {
         match *self {
+            OpSpec::Mremap {
+                start,
+                npages,
+                new_start,
+            } => UserOp::Mremap {
+                start,
+                npages,
+                new_start,
+            },
+            OpSpec::Truncate { ref file, npages } => UserOp::Truncate {
+                file: file_ids[file.as_str()],
+                npages,
+            },
+            OpSpec::RevokeMapping { ref file } => UserOp::RevokeMapping {
+                file: file_ids[file.as_str()],
+            },
+            OpSpec::MigrateVma { start, npages } => UserOp::MigrateVma { start, npages },
             OpSpec::Collapse { ref mm, start } => UserOp::Collapse {
                 mm: mm_ids[mm.as_str()],
                 start,
@@ -735,6 +804,34 @@ impl Scenario {
                 ));
             }
             mm_names.push(&mm.name);
+            for (j, v) in mm.vmas.iter().enumerate() {
+                let key = format!("mms[{i}].vmas[{j}]");
+                if !file.files.iter().any(|f| f.name == v.file) {
+                    return Err(err(
+                        &format!("{key}.file"),
+                        format!("no file named '{}' in [[files]]", v.file),
+                    ));
+                }
+                if v.npages == 0 || v.npages > 512 {
+                    return Err(err(
+                        &format!("{key}.npages"),
+                        "must be between 1 and 512".into(),
+                    ));
+                }
+                let overlaps =
+                    |a: &VmaSpec| a.start < v.start + v.npages && v.start < a.start + a.npages;
+                if mm.vmas[..j].iter().any(overlaps)
+                    || mm
+                        .map
+                        .iter()
+                        .any(|r| r.start < v.start + v.npages && v.start < r.start + r.npages)
+                {
+                    return Err(err(
+                        &key,
+                        "overlaps another VMA or a mapped anonymous range of the mm".into(),
+                    ));
+                }
+            }
             for (j, r) in mm.map.iter().enumerate() {
                 if r.npages == 0 || r.npages > 4096 {
                     return Err(err(
@@ -745,6 +842,26 @@ impl Scenario {
             }
         }
         let dax_files: usize = file.mms.iter().map(|m| m.dax.len()).sum();
+        let mut file_names: Vec<&str> = Vec::new();
+        for (i, f) in file.files.iter().enumerate() {
+            if file_names.contains(&f.name.as_str()) {
+                return Err(err(
+                    &format!("files[{i}].name"),
+                    format!("duplicate file name '{}'", f.name),
+                ));
+            }
+            if f.npages == 0 || f.npages > 512 {
+                return Err(err(
+                    &format!("files[{i}].npages"),
+                    "must be between 1 and 512".into(),
+                ));
+            }
+            file_names.push(&f.name);
+        }
+        let device = |n: &str| file.files.iter().find(|f| f.name == n).map(|f| f.device);
+        // A range moved or migrated lies in one page-table page (`mremap.rs`,
+        // `migrate_device.rs`).
+        let one_table = |start: u64, npages: u64| start / 512 == (start + npages - 1) / 512;
         let mut task_names: Vec<&str> = Vec::new();
         for (i, t) in file.tasks.iter().enumerate() {
             if t.cpu >= file.cpus {
@@ -819,6 +936,29 @@ impl Scenario {
                         Some("kernel_touch, vunmap_range and text_poke need [kernel] vmalloc pages".into())
                     }
                     OpSpec::VunmapRange { npages: 0, .. } => Some("npages must be >= 1".into()),
+                    OpSpec::Truncate { file: f, .. } | OpSpec::RevokeMapping { file: f }
+                        if device(f).is_none() =>
+                    {
+                        Some(format!("no file named '{f}' in [[files]]"))
+                    }
+                    OpSpec::Truncate { file: f, .. } if device(f) == Some(true) => {
+                        Some(format!("'{f}' is a device file: a driver revokes its mappings (revoke_mapping), nothing truncates it"))
+                    }
+                    OpSpec::RevokeMapping { file: f } if device(f) == Some(false) => {
+                        Some(format!("'{f}' is a regular file: revoke_mapping is a device driver's (truncate it instead)"))
+                    }
+                    OpSpec::Mremap { npages, start, new_start } if *npages == 0 || !one_table(*start, *npages) || !one_table(*new_start, *npages) => {
+                        Some("mremap moves 1 or more pages within one 512-page page table at each end".into())
+                    }
+                    OpSpec::Mremap { npages, start, new_start } if start.abs_diff(*new_start) < *npages => {
+                        Some("the old and new ranges of an mremap overlap".into())
+                    }
+                    OpSpec::Mremap { npages, new_start, .. } if t.mm.as_ref().and_then(|n| file.mms.iter().find(|m| &m.name == n)).is_some_and(|m| m.vmas.iter().any(|v| v.start < new_start + npages && *new_start < v.start + v.npages)) => {
+                        Some("mremap's new range overlaps a VMA".into())
+                    }
+                    OpSpec::MigrateVma { npages, start } if *npages == 0 || !one_table(*start, *npages) => {
+                        Some("migrate_vma takes 1 or more pages within one 512-page page table".into())
+                    }
                     OpSpec::Collapse { .. }
                     | OpSpec::KernelTouch { .. }
                     | OpSpec::VunmapRange { .. }
@@ -1208,6 +1348,10 @@ impl Scenario {
                 m.map_pages(INIT_MM, VMALLOC_START_VPN + r.start, r.npages, r.writable);
             }
         }
+        let mut file_ids: BTreeMap<&str, u32> = BTreeMap::new();
+        for fl in &f.files {
+            file_ids.insert(&fl.name, m.add_file(&fl.name, fl.npages, fl.device));
+        }
         let mut mm_ids: BTreeMap<&str, MmId> = BTreeMap::new();
         for mm in &f.mms {
             let id = m.add_mm(&mm.name);
@@ -1222,6 +1366,10 @@ impl Scenario {
                 m.map_pages(id, d.start, d.npages, false);
                 m.add_dax_file(id, d.start, d.npages);
             }
+            for v in &mm.vmas {
+                let fid = file_ids[v.file.as_str()];
+                m.map_file(id, v.start, v.npages, fid, v.pgoff, v.populate);
+            }
         }
         let pokes = |t: &TaskSpec| {
             t.program
@@ -1232,7 +1380,11 @@ impl Scenario {
             mm_ids.insert("poking_mm", m.add_poking_mm());
         }
         for t in &f.tasks {
-            let prog = t.program.iter().map(|op| op.to_user_op(&mm_ids)).collect();
+            let prog = t
+                .program
+                .iter()
+                .map(|op| op.to_user_op(&mm_ids, &file_ids))
+                .collect();
             match &t.mm {
                 Some(mm) => m.add_task(&t.name, mm_ids[mm.as_str()], t.cpu, prog),
                 None => m.add_kthread(&t.name, t.cpu, prog),

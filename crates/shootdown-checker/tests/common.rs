@@ -79,3 +79,20 @@ pub fn docs_results_rows() -> Vec<DocRow> {
     assert!(rows.len() > 40, "{} rows", rows.len());
     rows
 }
+
+/// `check NAME --strategy bfs --set KEY=VALUE…` (a kernel version's form of the scenario).
+pub fn run_set(name: &str, mutant: Option<&str>, mm: &str, sets: &[&str]) -> CheckResult {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    check(
+        &scenario(name),
+        mutant,
+        mm,
+        None,
+        None,
+        0,
+        "bfs",
+        true,
+        &sets,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}

@@ -47,6 +47,14 @@ fn every_scenario_key_and_op_is_in_the_recipe() {
             format!("{HEAD}[[tasks]]\nname = \"t\"\ncpu = 0\nprogram = [{{ bogus = {{}} }}]\n"),
         ),
         (
+            "[[files]]",
+            format!("{HEAD}[[files]]\nname = \"f\"\nnpages = 1\nbogus = 1\n"),
+        ),
+        (
+            "mms.vmas",
+            format!("{HEAD}[[mms]]\nname = \"m\"\nvmas = [{{ start = 1, npages = 1, file = \"f\", bogus = 1 }}]\n"),
+        ),
+        (
             "[[setup]]",
             format!("{HEAD}[[setup]]\ncpu = 0\nbogus = 1\n"),
         ),

@@ -2,24 +2,11 @@
 //! kernel's forms before and after `nmi_uaccess_okay()` (4012e77a903d, v4.19), and of
 //! `kthread_use_mm()` before and after 38cf307c1f20 (v5.8).
 
-use shootdown_checker::check;
-use std::path::PathBuf;
+mod common;
+use common::run_set as run_on;
 
 fn run(mutant: Option<&str>, mm: &str, sets: &[&str]) -> shootdown_checker::CheckResult {
     run_on("nmi_uaccess", mutant, mm, sets)
-}
-
-fn run_on(
-    scenario: &str,
-    mutant: Option<&str>,
-    mm: &str,
-    sets: &[&str],
-) -> shootdown_checker::CheckResult {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../scenarios")
-        .join(format!("{scenario}.toml"));
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    check(&path, mutant, mm, None, None, 0, "bfs", true, &sets).unwrap()
 }
 
 #[test]

@@ -38,6 +38,14 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // Global kernel mappings and flush_tlb_kernel_range.
     ("kernel_global", "sc", 315, 630),
     ("kernel_global", "tso", 710, 1792),
+    // VMAs: mremap against truncate (CVE-2018-18281's race), migrate_vma against madvise,
+    // a driver revoking a VM_PFNMAP mapping.
+    ("mremap_truncate", "sc", 6388, 12449),
+    ("mremap_truncate", "tso", 13027, 32117),
+    ("migrate_vma_madvise", "sc", 3694, 7182),
+    ("migrate_vma_madvise", "tso", 6705, 15915),
+    ("pfnmap_revoke", "sc", 12489, 25879),
+    ("pfnmap_revoke", "tso", 17527, 40899),
     // text_poke through poking_mm, a temporary mm, with a user flush and an NMI around it.
     ("text_poke", "sc", 122707, 271784),
     ("text_poke", "tso", 187339, 476641),

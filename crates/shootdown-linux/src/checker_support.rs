@@ -247,6 +247,7 @@ impl Machine {
                 .map(|&(t, w)| (pt(t), w))
                 .collect();
         }
+        m.rename_i_mmap_waiters(&pt);
         for (c, pl) in self.page_lists.iter().enumerate() {
             m.page_lists[pc(c)] = *pl;
         }

@@ -161,6 +161,18 @@ counters! {
     /// NMIs whose `perf_callchain_user` returned before reading: `current` had no mm, or
     /// `nmi_uaccess_okay()` said no (mid-switch).
     NmiUaccessSkipped = "nmi.uaccess_skipped",
+    /// Faults past the end of a file or on a revoked device mapping (`VM_FAULT_SIGBUS`).
+    Sigbus = "sigbus",
+    /// `mremap()` calls that moved pages (`mremap.rs`), and PTEs moved.
+    Mremaps = "mremap",
+    MremapPtesMoved = "mremap.ptes_moved",
+    /// `unmap_mapping_range()` walks of a file's `i_mmap` (truncate, a driver's revoke), and
+    /// page-cache pages truncate freed.
+    UnmapMappingRange = "unmap_mapping_range",
+    TruncatedPages = "truncate.pages_freed",
+    /// `migrate_vma` pages migrated (`migrate_device.rs`), and migration-entry faults waited.
+    MigratedPages = "migrate_vma.pages",
+    MigrationEntryWaits = "migration_entry_wait",
     /// Workload events (the metric).
     Events = "events",
 }

@@ -22,7 +22,7 @@ use crate::kvm::VcpuRun;
 use crate::page_lists::{BulkPages, PageListLocked};
 use crate::paravirt::PvFlushTlbMulti;
 use crate::perf::{FrameHint, Peer, PeerHint};
-use crate::sched::{RwSemDown, Schedule};
+use crate::sched::{RwSemDown, Schedule, SemId};
 use crate::smp::{CallFunctionIrq, SmpCallMany};
 use crate::switch_mm::SwitchMm;
 use crate::syscalls::Syscall;
@@ -212,8 +212,17 @@ impl Frame {
             Frame::CallFunctionIrq(_) => "call_function_interrupt",
             Frame::SwitchMm(_) => "switch_mm_irqs_off",
             Frame::Schedule(_) => "__schedule",
-            Frame::RwSemDown(RwSemDown { write: true, .. }) => "down_write(mmap_sem)",
-            Frame::RwSemDown(_) => "down_read(mmap_sem)",
+            Frame::RwSemDown(RwSemDown {
+                write: true,
+                sem: SemId::MmapSem(_),
+                ..
+            }) => "down_write(mmap_sem)",
+            Frame::RwSemDown(RwSemDown {
+                sem: SemId::MmapSem(_),
+                ..
+            }) => "down_read(mmap_sem)",
+            Frame::RwSemDown(RwSemDown { write: true, .. }) => "i_mmap_lock_write",
+            Frame::RwSemDown(_) => "i_mmap_lock_read",
             Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
             Frame::VcpuRun(_) => "vcpu_run",
             Frame::MakeAllCpusRequest(_) => "kvm_make_all_cpus_request",

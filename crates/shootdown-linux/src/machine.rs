@@ -86,6 +86,8 @@ pub struct Machine {
     pub dax_files: Vec<DaxFile>,
     /// `(mm, start) -> index into dax_files`, to find the file a fault address belongs to.
     pub dax_index: BTreeMap<(MmId, Vpn), u32>,
+    /// Files mapped into mms through VMAs (`vma.rs`): their page cache, `i_mmap` and size.
+    pub files: Vec<crate::vma::File>,
     /// sysbench fileio's process-wide request generator, if a workload uses one.
     pub fileio: Option<FileioGen>,
     /// Last fresh page frame number handed out (`page_alloc.rs`).
@@ -117,6 +119,7 @@ shootdown_engine::state_fields!(Machine {
     spec_pages,
     dax_files,
     dax_index,
+    files,
     fileio,
     next_pfn,
     free_frames,

@@ -283,6 +283,11 @@ impl Machine {
             }
             ZapKind::Munmap => {
                 self.unmap_page_range(cpu, call, g, env);
+                // The file VMAs go (the PTEs were zapped first: their pages' frames were
+                // told apart from anonymous ones by the VMA).
+                if !self.mms[mm as usize].vmas.is_empty() {
+                    self.unmap_file_vmas(mm, start, npages);
+                }
                 // free_pgtables(): unlink page-table pages the range covers entirely.
                 let first = start.div_ceil(PTRS_PER_PT);
                 let last = (start + npages) / PTRS_PER_PT;

@@ -184,6 +184,35 @@ named_enum! {
 }
 
 named_enum! {
+    /// Where `move_ptes()` (mremap) flushes the old range (`mremap.rs`).
+    pub enum MremapTlbFlush {
+        /// v4.18 and earlier (since 5d1904204c99, v4.9): a moved *dirty* PTE is flushed before
+        /// the old PTL is dropped (after the new one); clean ones set `need_flush` and
+        /// `move_page_tables()` flushes once at its end, after every PTL is dropped. A
+        /// truncate can then zap the moved PTE at its new address, flush that, and free the
+        /// page while a CPU still caches the old address (CVE-2018-18281).
+        V4_18 = "v4_18",
+        /// v4.19+ (eb66ae030829, "mremap: properly flush TLB before releasing the page"): any
+        /// moved present PTE is flushed with both PTLs still held.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
+    /// Where `migrate_vma_collect_pmd()` flushes the PTEs it replaced by migration entries
+    /// (`migrate_device.rs`).
+    pub enum MigrateVmaFlush {
+        /// v4.14–v6.0: `flush_tlb_range()` after `pte_unmap_unlock()`. A racing
+        /// `madvise(MADV_DONTNEED)` then finds a non-present entry, flushes nothing and
+        /// returns while a CPU can still use the page.
+        V6_0 = "v6_0",
+        /// v6.1+ (60bae7370896, "mm/migrate_device.c: flush TLB while holding PTL"): the flush
+        /// is done before the PTL is dropped.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// How a kernel thread borrows an mm (`mm_refs.rs`).
     pub enum KthreadUseMm {
         /// v5.7 and earlier, mm/mmu_context.c `use_mm()`: `tsk->active_mm` and `tsk->mm` set
@@ -596,6 +625,23 @@ mutants! {
     /// poke's switch to `poking_mm` reuses its ASID without a flush, and its write goes through
     /// the previous page's stale alias.
     text_poke_skips_flush = "",
+    /// Seeded (issue #42, mremap): `move_ptes()` flushes the *new* range instead of the old
+    /// one: the CPUs that cached the old addresses keep them, and a truncate frees the page
+    /// under them.
+    move_ptes_flushes_new_range = "",
+    /// Seeded (issue #42, truncate): `truncate_pagecache()` truncates the page cache
+    /// (`truncate_inode_pages`) before `unmap_mapping_range()` zaps and flushes the mappings,
+    /// and frees each page without the `folio_mapped()` check (`truncate_cleanup_folio`'s
+    /// unmap): a page still mapped, and cached by CPUs, is freed.
+    truncate_frees_mapped_pages = "",
+    /// Seeded (issue #42, migrate_vma): `migrate_vma_collect_pmd()` installs the migration
+    /// entries without flushing at all: the copy is made and the source page freed while CPUs
+    /// can still write it.
+    migrate_vma_skips_collect_flush = "",
+    /// Seeded (issue #42, VM_PFNMAP): `zap_page_range_single()` skips `tlb_finish_mmu`'s flush
+    /// for a VM_PFNMAP VMA ("no struct pages to free"): a driver's revoke returns while a CPU
+    /// can still reach the device memory.
+    pfnmap_zap_skips_flush = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -700,6 +746,12 @@ options! {
     /// in HLT).
     perf_sample_hz: Count = Count(0),
         accepts = "samples per second per CPU (integer >= 0; 0 = no perf NMIs)";
+    /// mm: where mremap's `move_ptes()` flushes the moved PTEs' old addresses.
+    mremap_tlb_flush: MremapTlbFlush = MremapTlbFlush::Mainline,
+        accepts = format!("{} (move_ptes flushes under the PTLs: v4.19+)", names(MremapTlbFlush::NAMES));
+    /// mm: where `migrate_vma_collect_pmd()` flushes.
+    migrate_vma_flush: MigrateVmaFlush = MigrateVmaFlush::Mainline,
+        accepts = format!("{} (migrate_vma flushes under the PTL: v6.1+)", names(MigrateVmaFlush::NAMES));
     /// How kernel threads borrow an mm (`kthread_use_mm`).
     kthread_use_mm: KthreadUseMm = KthreadUseMm::Mainline,
         accepts = format!("{} (kthread_use_mm: interrupts on until switch_mm before v5.8)", names(KthreadUseMm::NAMES));

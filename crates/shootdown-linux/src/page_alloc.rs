@@ -156,6 +156,17 @@ impl Machine {
         }
     }
 
+    /// Free `frames` that no single unmap's flush covers (a page leaving the page cache, a
+    /// migration's source): `INV-FREEPAGE` if any TLB entry still maps one of them unflushed.
+    pub(crate) fn free_frames_checked(&mut self, frames: Vec<FrameRun>) {
+        if let Some(v) = self.entry_mapping_freed(&frames) {
+            self.violate(v);
+        }
+        for (pfn, n) in frames {
+            self.free_frames.insert(pfn, n);
+        }
+    }
+
     /// A TLB entry, on any CPU, that maps one of `frames` and is not covered by a returned
     /// flush begun after its PTE changed: the `INV-FREEPAGE` violation it makes.
     fn entry_mapping_freed(&self, frames: &[FrameRun]) -> Option<Violation> {

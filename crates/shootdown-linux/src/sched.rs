@@ -39,8 +39,15 @@ pub enum SchedulePc {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RwSemDown {
     pub pc: RwSemDownPc,
-    pub mm: MmId,
+    pub sem: SemId,
     pub write: bool,
+}
+
+/// Which `rw_semaphore`: an mm's `mmap_sem` or a file's `i_mmap_rwsem` (`vma.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SemId {
+    MmapSem(MmId),
+    IMmap(crate::vma::FileId),
 }
 
 /// The steps of `down_read()` / `down_write()`.
@@ -55,9 +62,18 @@ pub enum RwSemDownPc {
 impl RwSemDown {
     /// A call of `down_read(&mm->mmap_sem)` (or `down_write` with `write`).
     pub fn call(mm: MmId, write: bool) -> Frame {
+        Self::call_sem(SemId::MmapSem(mm), write)
+    }
+
+    /// A call of `i_mmap_lock_read(mapping)` / `i_mmap_lock_write` of file `file`.
+    pub fn i_mmap(file: crate::vma::FileId, write: bool) -> Frame {
+        Self::call_sem(SemId::IMmap(file), write)
+    }
+
+    fn call_sem(sem: SemId, write: bool) -> Frame {
         Frame::RwSemDown(RwSemDown {
             pc: RwSemDownPc::Try,
-            mm,
+            sem,
             write,
         })
     }
@@ -220,10 +236,11 @@ impl Machine {
         s: &mut RwSemDown,
         env: &mut E,
     ) -> Flow {
-        let (mm, write) = (s.mm, s.write);
+        let (sem_id, write) = (s.sem, s.write);
+        let name = self.sem_text(sem_id);
         let taken = || {
             format!(
-                "{} mmap_sem of mm{mm}",
+                "{} {name}",
                 if write { "write-locked" } else { "read-locked" }
             )
         };
@@ -231,10 +248,10 @@ impl Machine {
             self.summary(taken);
             return Flow::Return;
         }
-        self.touch_line(env, cpu, mmap_sem_line(mm), true);
+        self.touch_line(env, cpu, sem_line(sem_id), true);
         self.charge(env, |c| c.atomic_rmw);
         let me = self.cpus[cpu].curr;
-        let sem = &mut self.mms[mm as usize].mmap_sem;
+        let sem = self.sem_mut(sem_id);
         let free = !sem.writer && sem.waiters.is_empty() && (!write || sem.readers == 0);
         if free {
             if write {
@@ -247,18 +264,46 @@ impl Machine {
         }
         sem.waiters.push_back((me, write));
         self.tasks[me as usize].state = TaskState::Blocked;
-        self.perf.counters.inc(Counter::MmapSemContended);
-        self.say(|| format!("mmap_sem of mm{mm} contended: sleep"));
+        if let SemId::MmapSem(_) = sem_id {
+            self.perf.counters.inc(Counter::MmapSemContended);
+        }
+        self.say(|| format!("{name} contended: sleep"));
         s.pc = RwSemDownPc::Woken;
         Flow::Call(self.schedule_frame())
     }
 
+    /// How a counterexample names a semaphore.
+    fn sem_text(&self, sem: SemId) -> String {
+        match sem {
+            SemId::MmapSem(mm) => format!("mmap_sem of mm{mm}"),
+            SemId::IMmap(f) => format!("i_mmap_rwsem of file '{}'", self.files[f as usize].name),
+        }
+    }
+
+    fn sem_mut(&mut self, sem: SemId) -> &mut RwSem {
+        match sem {
+            SemId::MmapSem(mm) => &mut self.mms[mm as usize].mmap_sem,
+            SemId::IMmap(f) => &mut self.files[f as usize].i_mmap_rwsem,
+        }
+    }
+
+    /// `up_read()` / `up_write()` of `mm`'s `mmap_sem`.
+    pub(crate) fn rwsem_up<E: Env>(&mut self, cpu: CpuId, mm: MmId, write: bool, env: &mut E) {
+        self.rwsem_up_sem(cpu, SemId::MmapSem(mm), write, env)
+    }
+
     /// `up_read()` / `up_write()`: release and hand over to waiters in FIFO order (a writer, or a
     /// run of readers).
-    pub(crate) fn rwsem_up<E: Env>(&mut self, cpu: CpuId, mm: MmId, write: bool, env: &mut E) {
-        self.touch_line(env, cpu, mmap_sem_line(mm), true);
+    pub(crate) fn rwsem_up_sem<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        sem_id: SemId,
+        write: bool,
+        env: &mut E,
+    ) {
+        self.touch_line(env, cpu, sem_line(sem_id), true);
         self.charge(env, |c| c.atomic_rmw);
-        let sem = &mut self.mms[mm as usize].mmap_sem;
+        let sem = self.sem_mut(sem_id);
         if write {
             sem.writer = false;
         } else {
@@ -284,6 +329,14 @@ impl Machine {
         for t in woken {
             self.wake_up_process(cpu, t, env);
         }
+    }
+}
+
+/// The cache line of a semaphore's count.
+fn sem_line(sem: SemId) -> u64 {
+    match sem {
+        SemId::MmapSem(mm) => mmap_sem_line(mm),
+        SemId::IMmap(f) => (8u64 << 56) | f as u64,
     }
 }
 

@@ -59,6 +59,7 @@ impl Machine {
             flush_info: vec![None; n],
             spec_pages: Vec::new(),
             dax_files: Vec::new(),
+            files: Vec::new(),
             dax_index: BTreeMap::new(),
             fileio: None,
             next_pfn: 1 << 24,

@@ -55,6 +55,12 @@ pub struct Mm {
     /// `mm->mm_count`: references to the `mm_struct` and its page tables (one for all the
     /// users together, one per lazy-TLB `active_mm` and per `mmgrab`); `__mmdrop` at 0.
     pub mm_count: u32,
+    /// The file-backed VMAs (`vma.rs`), by start; anonymous memory has none.
+    pub vmas: Vec<crate::vma::Vma>,
+    /// Non-present PTEs that still name a page (migration entries, `migrate_device.rs`):
+    /// page -> the frame being migrated. Kept beside the page table, which holds only present
+    /// entries' frames.
+    pub swap_ptes: std::collections::BTreeMap<Vpn, u32>,
     pub name: String,
 }
 
@@ -71,6 +77,8 @@ shootdown_engine::state_fields!(Mm {
     ptl_held,
     mm_users,
     mm_count,
+    vmas,
+    swap_ptes,
 } fixed {
     name,
 });
@@ -90,6 +98,8 @@ impl Mm {
             ptl_held: Default::default(),
             mm_users: 0,
             mm_count: 1,
+            vmas: Vec::new(),
+            swap_ptes: Default::default(),
             name,
         }
     }
@@ -478,6 +488,29 @@ pub enum UserOp {
     /// Kernel code (in any task) reads a vmalloc'd kernel page (`kernel_map.rs`).
     KernelTouch {
         vpn: Vpn,
+    },
+    /// `mremap(start, npages, npages, MREMAP_MAYMOVE | MREMAP_FIXED, new_start)`
+    /// (`mremap.rs`).
+    Mremap {
+        start: Vpn,
+        npages: u64,
+        new_start: Vpn,
+    },
+    /// `ftruncate()` of file `file` (a `Machine::files` index) to `npages` pages
+    /// (`truncate.rs`).
+    Truncate {
+        file: u32,
+        npages: u64,
+    },
+    /// A driver revokes every mapping of device file `file` (`unmap_mapping_range`).
+    RevokeMapping {
+        file: u32,
+    },
+    /// A driver's `migrate_vma` of the caller's pages `[start, start + npages)`
+    /// (`migrate_device.rs`).
+    MigrateVma {
+        start: Vpn,
+        npages: u64,
     },
     /// `text_poke()` of kernel page `page` through `poking_mm` (`text_poke.rs`).
     TextPoke {

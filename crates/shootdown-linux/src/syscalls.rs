@@ -106,6 +106,12 @@ pub enum Syscall {
         pc: crate::mm_refs::UnuseMmPc,
         mm: MmId,
     },
+    /// `mremap()` moving pages (`mremap.rs`).
+    Mremap(Box<crate::mremap::Mremap>),
+    /// `ftruncate()` or a driver's revoke: `unmap_mapping_range()` (`truncate.rs`).
+    UnmapMapping(Box<crate::truncate::UnmapMapping>),
+    /// A driver's `migrate_vma` of the caller's pages (`migrate_device.rs`).
+    MigrateVma(Box<crate::migrate_device::MigrateVma>),
     /// khugepaged (a kernel thread): collapse group `pt` of `mm` into a PMD leaf.
     Collapse {
         pc: crate::khugepaged::CollapsePc,
@@ -252,6 +258,10 @@ impl Syscall {
             Syscall::VunmapRange { .. } => "vunmap_range",
             Syscall::TextPoke { .. } => "text_poke",
             Syscall::KthreadUnuseMm { .. } => "kthread_unuse_mm",
+            Syscall::Mremap(_) => "mremap",
+            Syscall::UnmapMapping(u) if u.truncate => "ftruncate",
+            Syscall::UnmapMapping(_) => "unmap_mapping_range (driver revoke)",
+            Syscall::MigrateVma(_) => "migrate_vma",
         }
     }
 
@@ -312,6 +322,9 @@ impl Syscall {
             Syscall::VunmapRange { pc, .. } => format!("{pc:?}"),
             Syscall::TextPoke { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUnuseMm { pc, .. } => format!("{pc:?}"),
+            Syscall::Mremap(m) => format!("{:?}", m.pc),
+            Syscall::UnmapMapping(u) => format!("{:?}", u.pc),
+            Syscall::MigrateVma(m) => format!("{:?}", m.pc),
         }
     }
 
@@ -373,7 +386,12 @@ impl Machine {
         env: &mut E,
     ) -> u64 {
         let mut n = 0;
-        let m = &mut self.mms[mm as usize];
+        let m: &mut Mm = &mut self.mms[mm as usize];
+        if !m.swap_ptes.is_empty() {
+            // zap_pte_range() clears non-present entries too (a migration entry: no flush,
+            // nothing was cached from it).
+            m.swap_ptes.retain(|&v, _| v < start || v >= start + npages);
+        }
         let keys: Vec<Vpn> = m
             .space
             .ptes
@@ -384,7 +402,12 @@ impl Machine {
         for v in keys {
             let pte = m.space.ptes.get_mut(v).expect("listed");
             if let Some(f) = frames.as_deref_mut() {
-                crate::page_alloc::push_run(f, pte.pfn, 1);
+                // A file's page (device memory, or a page still in the page cache) loses only
+                // this mapping's reference (`vma.rs`).
+                if m.vmas.is_empty() || !crate::vma::held_by_file(&self.files, &m.vmas, v, pte.pfn)
+                {
+                    crate::page_alloc::push_run(f, pte.pfn, 1);
+                }
             }
             pte.present = false;
             pte.writable = false;
@@ -428,6 +451,7 @@ impl Machine {
                 prev,
                 irqs_off,
             } => return self.text_poke_step(cpu, pc, *mm, *page, prev, irqs_off, env),
+            Syscall::UnmapMapping(u) => return self.unmap_mapping_step(cpu, u, env),
             _ => {}
         }
         let mm = self.current_mm(cpu);
@@ -470,13 +494,44 @@ impl Machine {
                         self.spin_unlock(env, cpu, Loc::XaLock(dax.expect("locked a DAX file")));
                     }
                     let pt = shootdown_hw::pagetable::pt_index(vpn);
-                    if dax.is_none() && self.huge_pmd_fault(cpu, mm, vpn, write, env) {
+                    if dax.is_none()
+                        && self.mms[mm as usize].vmas.is_empty()
+                        && self.huge_pmd_fault(cpu, mm, vpn, write, env)
+                    {
                         self.say(|| {
                             format!("fault on mm{mm} page {vpn:#x}: 2 MiB page (PMD leaf) for pages {:#x}..{:#x}", pt * PTRS_PER_PT, (pt + 1) * PTRS_PER_PT)
                         });
                         *pc = PageFaultPc::Done;
                         return Flow::Next;
                     }
+                    if self.mms[mm as usize].swap_ptes.contains_key(&vpn) {
+                        // migration_entry_wait(): the page is being migrated
+                        // (`migrate_device.rs`); sleep until its entry is restored under the
+                        // PTL, then fault again.
+                        self.perf.counters.inc(Counter::MigrationEntryWaits);
+                        self.summary(|| {
+                            format!("fault on mm{mm} page {vpn:#x}: migration entry: migration_entry_wait")
+                        });
+                        return Flow::Spin(spin_key(Loc::Ptl(mm, pt)));
+                    }
+                    let vma = self.vma_at(mm, vpn);
+                    let file_pfn = match vma.map(|v| self.filemap_fault(v, vpn)) {
+                        Some(None) => {
+                            // VM_FAULT_SIGBUS: past the end of the file (or a revoked device
+                            // mapping). The model's task abandons the access.
+                            let t = self.cpus[cpu].curr as usize;
+                            self.tasks[t].pc += 1;
+                            self.tasks[t].op_progress = 0;
+                            self.perf.counters.inc(Counter::Sigbus);
+                            self.say(|| {
+                                format!("fault on mm{mm} page {vpn:#x}: beyond the file: SIGBUS")
+                            });
+                            *pc = PageFaultPc::Done;
+                            return Flow::Next;
+                        }
+                        Some(pfn) => pfn,
+                        None => None,
+                    };
                     if self.ensure_table(mm, vpn) {
                         // __pte_alloc() -> pte_alloc_one(): a zeroed page for the new page
                         // table, then pmd_populate() under the PMD lock.
@@ -485,7 +540,7 @@ impl Machine {
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
                     if !pte.present {
                         self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
-                        pte.pfn = self.alloc_frame();
+                        pte.pfn = file_pfn.unwrap_or_else(|| self.alloc_frame());
                         pte.present = true;
                         pte.writable = write || dax.is_none();
                     } else if write && !pte.writable {
@@ -715,12 +770,15 @@ impl Machine {
                     Flow::Return
                 }
             },
+            Syscall::Mremap(m) => self.mremap_step(cpu, mm, m, env),
+            Syscall::MigrateVma(m) => self.migrate_vma_step(cpu, mm, m, env),
             Syscall::Collapse { .. }
             | Syscall::KthreadUseMm { .. }
             | Syscall::KthreadUnuseMm { .. }
             | Syscall::VunmapRange { .. }
+            | Syscall::UnmapMapping(_)
             | Syscall::TextPoke { .. } => {
-                unreachable!("a kernel thread's path, handled above")
+                unreachable!("a path on no mm of the caller's, handled above")
             }
             Syscall::SetAffinity { pc, cpu: target } => match *pc {
                 SetAffinityPc::Start => {

@@ -389,7 +389,12 @@ impl Machine {
             .get(task.pc as usize)
             .copied()
             .unwrap_or(UserOp::Exit);
-        if let Some(text) = self.perf.labels_on.then(|| user_op_text(&op)).flatten() {
+        if let Some(text) = self
+            .perf
+            .labels_on
+            .then(|| user_op_text(&op, &self.files))
+            .flatten()
+        {
             self.summary(|| text);
         }
         match op {
@@ -547,6 +552,40 @@ impl Machine {
                     prev: INIT_MM,
                     irqs_off: false,
                 },
+                env,
+            ),
+            UserOp::Mremap {
+                start,
+                npages,
+                new_start,
+            } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Mremap(Box::new(crate::mremap::Mremap::new(
+                    start, npages, new_start,
+                ))),
+                env,
+            ),
+            UserOp::Truncate { file, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::UnmapMapping(Box::new(crate::truncate::UnmapMapping::new(
+                    file, npages, true,
+                ))),
+                env,
+            ),
+            UserOp::RevokeMapping { file } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::UnmapMapping(Box::new(crate::truncate::UnmapMapping::new(file, 0, false))),
+                env,
+            ),
+            UserOp::MigrateVma { start, npages } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::MigrateVma(Box::new(crate::migrate_device::MigrateVma::new(
+                    start, npages,
+                ))),
                 env,
             ),
             UserOp::VunmapRange { start, npages } => self.enter_syscall(
@@ -805,7 +844,8 @@ impl Machine {
 
 /// How a counterexample names a user operation (None where its own step says what it did: an
 /// access, `exit`, `pause`, an instruction that exits to KVM, which names itself).
-fn user_op_text(op: &UserOp) -> Option<String> {
+fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
+    let file = |f: u32| &files[f as usize].name;
     Some(match *op {
         UserOp::Touch { .. }
         | UserOp::TouchRange { .. }
@@ -844,6 +884,20 @@ fn user_op_text(op: &UserOp) -> Option<String> {
         UserOp::UnuseMm => "kthread_unuse_mm; mmput".into(),
         UserOp::KernelTouch { vpn } => format!("kernel code reads vmalloc page {vpn:#x}"),
         UserOp::TextPoke { page, .. } => format!("text_poke(kernel page {page:#x})"),
+        UserOp::Mremap {
+            start,
+            npages,
+            new_start,
+        } => format!("mremap({start:#x}, {npages} page(s)) to {new_start:#x}"),
+        UserOp::Truncate { file: f, npages } => {
+            format!("ftruncate('{}', {npages} page(s))", file(f))
+        }
+        UserOp::RevokeMapping { file: f } => {
+            format!("driver: unmap_mapping_range('{}') (revoke)", file(f))
+        }
+        UserOp::MigrateVma { start, npages } => {
+            format!("driver: migrate_vma({start:#x}, {npages} page(s))")
+        }
         UserOp::VunmapRange { start, npages } => {
             format!("vunmap_range({start:#x}, {npages} page(s))")
         }
