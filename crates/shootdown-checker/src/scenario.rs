@@ -536,6 +536,8 @@ pub enum OpSpec {
         start: u64,
         npages: u64,
     },
+    /// An EFI runtime-service call through `efi_mm`, which the scenario then has.
+    EfiCall,
     Event,
     Mark,
     CopyPages {
@@ -577,6 +579,9 @@ impl OpSpec {
                 file: file_ids[file.as_str()],
             },
             OpSpec::MigrateVma { start, npages } => UserOp::MigrateVma { start, npages },
+            OpSpec::EfiCall => UserOp::EfiCall {
+                efi_mm: mm_ids["efi_mm"],
+            },
             OpSpec::Collapse { ref mm, start } => UserOp::Collapse {
                 mm: mm_ids[mm.as_str()],
                 start,
@@ -796,6 +801,7 @@ impl Scenario {
         for (i, mm) in file.mms.iter().enumerate() {
             if mm.name == "init_mm"
                 || mm.name == "poking_mm"
+                || mm.name == "efi_mm"
                 || mm_names.contains(&mm.name.as_str())
             {
                 return Err(err(
@@ -963,11 +969,12 @@ impl Scenario {
                     | OpSpec::KernelTouch { .. }
                     | OpSpec::VunmapRange { .. }
                     | OpSpec::TextPoke { .. }
+                    | OpSpec::EfiCall
                     | OpSpec::Compute { .. }
                     | OpSpec::Loop { .. }
                     | OpSpec::Exit => None,
                     _ if t.mm.is_none() => Some(
-                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, kernel_touch, vunmap_range, compute, loop and exit".into(),
+                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, kernel_touch, vunmap_range, text_poke, efi_call, compute, loop and exit".into(),
                     ),
                     _ => None,
                 };
@@ -1100,6 +1107,17 @@ impl Scenario {
                     .any(|o| matches!(o, OpSpec::TextPoke { .. }))
             })
             .count();
+        let efi_callers = file
+            .tasks
+            .iter()
+            .filter(|t| t.program.iter().any(|o| matches!(o, OpSpec::EfiCall)))
+            .count();
+        if efi_callers > 1 {
+            return Err(err(
+                "tasks",
+                format!("{efi_callers} tasks run efi_call: runtime calls serialize on efi_runtime_lock, which is not modelled; give the calls to one task"),
+            ));
+        }
         if pokers > 1 {
             return Err(err(
                 "tasks",
@@ -1378,6 +1396,10 @@ impl Scenario {
         };
         if f.tasks.iter().any(pokes) {
             mm_ids.insert("poking_mm", m.add_poking_mm());
+        }
+        let efi = |t: &TaskSpec| t.program.iter().any(|o| matches!(o, OpSpec::EfiCall));
+        if f.tasks.iter().any(efi) {
+            mm_ids.insert("efi_mm", m.add_efi_mm());
         }
         for t in &f.tasks {
             let prog = t

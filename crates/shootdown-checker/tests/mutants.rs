@@ -69,6 +69,15 @@ const MUTANTS: &[Pinned] = &[
         57,
     ),
     (
+        "efi_runtime",
+        "efi_leave_mm_restores_cr3",
+        None,
+        "sc",
+        "INV-STALE",
+        27,
+        2218,
+    ),
+    (
         "text_poke",
         "text_poke_skips_flush",
         None,

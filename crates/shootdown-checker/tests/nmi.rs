@@ -88,3 +88,17 @@ fn use_mm_with_interrupts_on_is_no_race_on_x86() {
         assert_eq!((r.verdict.as_str(), r.states), ("verified", states), "{mm}");
     }
 }
+
+#[test]
+fn before_v4_19_an_nmi_during_an_efi_call_reads_through_efi_mm() {
+    for (mm, states) in [("sc", 144), ("tso", 176)] {
+        let r = run_on("efi_runtime", None, mm, &["options.nmi_uaccess_okay=false"]);
+        assert_eq!(r.invariant.as_deref(), Some("INV-CTX"), "{mm}");
+        assert_eq!((r.counterexample.len(), r.states), (8, states), "{mm}");
+        assert!(
+            r.counterexample[7].text.contains("through CR3 = efi_mm"),
+            "{:?}",
+            r.counterexample[7]
+        );
+    }
+}

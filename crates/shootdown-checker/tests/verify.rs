@@ -46,6 +46,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("migrate_vma_madvise", "tso", 6705, 15915),
     ("pfnmap_revoke", "sc", 12489, 25879),
     ("pfnmap_revoke", "tso", 17527, 40899),
+    // An EFI runtime call on efi_mm while another thread zaps, with a perf NMI around it.
+    ("efi_runtime", "sc", 4761, 11073),
+    ("efi_runtime", "tso", 8998, 24912),
     // text_poke through poking_mm, a temporary mm, with a user flush and an NMI around it.
     ("text_poke", "sc", 122707, 271784),
     ("text_poke", "tso", 187339, 476641),

@@ -161,6 +161,8 @@ counters! {
     /// NMIs whose `perf_callchain_user` returned before reading: `current` had no mm, or
     /// `nmi_uaccess_okay()` said no (mid-switch).
     NmiUaccessSkipped = "nmi.uaccess_skipped",
+    /// EFI runtime-service calls through `efi_mm` (`efi.rs`).
+    EfiCalls = "efi.runtime_calls",
     /// Faults past the end of a file or on a revoked device mapping (`VM_FAULT_SIGBUS`).
     Sigbus = "sigbus",
     /// `mremap()` calls that moved pages (`mremap.rs`), and PTEs moved.

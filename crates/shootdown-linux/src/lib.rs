@@ -27,6 +27,7 @@ pub mod components;
 pub mod counters;
 pub mod debug;
 pub mod describe;
+pub mod efi;
 pub mod frame;
 pub mod host;
 pub mod huge_memory;

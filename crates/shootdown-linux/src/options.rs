@@ -642,6 +642,10 @@ mutants! {
     /// for a VM_PFNMAP VMA ("no struct pages to free"): a driver's revoke returns while a CPU
     /// can still reach the device memory.
     pfnmap_zap_skips_flush = "",
+    /// Seeded (issue #42, EFI): `efi_leave_mm()` goes back to the caller's mm by reloading
+    /// its ASID (NOFLUSH) and `loaded_mm` instead of `switch_mm()`: the flushes of that mm
+    /// that skipped this CPU while `efi_mm` was loaded are never caught up.
+    efi_leave_mm_restores_cr3 = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,

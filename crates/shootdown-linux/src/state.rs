@@ -512,6 +512,10 @@ pub enum UserOp {
         start: Vpn,
         npages: u64,
     },
+    /// An EFI runtime-service call through `efi_mm` (`efi.rs`).
+    EfiCall {
+        efi_mm: MmId,
+    },
     /// `text_poke()` of kernel page `page` through `poking_mm` (`text_poke.rs`).
     TextPoke {
         poking_mm: MmId,

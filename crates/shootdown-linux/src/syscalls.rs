@@ -106,6 +106,13 @@ pub enum Syscall {
         pc: crate::mm_refs::UnuseMmPc,
         mm: MmId,
     },
+    /// An EFI runtime-service call through `efi_mm` = `mm` (`efi.rs`); `prev` is the caller's
+    /// active mm.
+    EfiCall {
+        pc: crate::efi::EfiCallPc,
+        mm: MmId,
+        prev: MmId,
+    },
     /// `mremap()` moving pages (`mremap.rs`).
     Mremap(Box<crate::mremap::Mremap>),
     /// `ftruncate()` or a driver's revoke: `unmap_mapping_range()` (`truncate.rs`).
@@ -258,6 +265,7 @@ impl Syscall {
             Syscall::VunmapRange { .. } => "vunmap_range",
             Syscall::TextPoke { .. } => "text_poke",
             Syscall::KthreadUnuseMm { .. } => "kthread_unuse_mm",
+            Syscall::EfiCall { .. } => "efi_call_virt (EFI runtime service)",
             Syscall::Mremap(_) => "mremap",
             Syscall::UnmapMapping(u) if u.truncate => "ftruncate",
             Syscall::UnmapMapping(_) => "unmap_mapping_range (driver revoke)",
@@ -322,6 +330,7 @@ impl Syscall {
             Syscall::VunmapRange { pc, .. } => format!("{pc:?}"),
             Syscall::TextPoke { pc, .. } => format!("{pc:?}"),
             Syscall::KthreadUnuseMm { pc, .. } => format!("{pc:?}"),
+            Syscall::EfiCall { pc, .. } => format!("{pc:?}"),
             Syscall::Mremap(m) => format!("{:?}", m.pc),
             Syscall::UnmapMapping(u) => format!("{:?}", u.pc),
             Syscall::MigrateVma(m) => format!("{:?}", m.pc),
@@ -452,6 +461,9 @@ impl Machine {
                 irqs_off,
             } => return self.text_poke_step(cpu, pc, *mm, *page, prev, irqs_off, env),
             Syscall::UnmapMapping(u) => return self.unmap_mapping_step(cpu, u, env),
+            Syscall::EfiCall { pc, mm, prev } => {
+                return self.efi_call_step(cpu, pc, *mm, prev, env)
+            }
             _ => {}
         }
         let mm = self.current_mm(cpu);
@@ -777,6 +789,7 @@ impl Machine {
             | Syscall::KthreadUnuseMm { .. }
             | Syscall::VunmapRange { .. }
             | Syscall::UnmapMapping(_)
+            | Syscall::EfiCall { .. }
             | Syscall::TextPoke { .. } => {
                 unreachable!("a path on no mm of the caller's, handled above")
             }

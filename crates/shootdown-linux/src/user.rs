@@ -580,6 +580,16 @@ impl Machine {
                 Syscall::UnmapMapping(Box::new(crate::truncate::UnmapMapping::new(file, 0, false))),
                 env,
             ),
+            UserOp::EfiCall { efi_mm } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::EfiCall {
+                    pc: crate::efi::EfiCallPc::Enter,
+                    mm: efi_mm,
+                    prev: INIT_MM,
+                },
+                env,
+            ),
             UserOp::MigrateVma { start, npages } => self.enter_syscall(
                 cpu,
                 t,
@@ -895,6 +905,7 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
         UserOp::RevokeMapping { file: f } => {
             format!("driver: unmap_mapping_range('{}') (revoke)", file(f))
         }
+        UserOp::EfiCall { .. } => "EFI runtime service call (efivarfs)".into(),
         UserOp::MigrateVma { start, npages } => {
             format!("driver: migrate_vma({start:#x}, {npages} page(s))")
         }

@@ -101,3 +101,60 @@ fn text_poke_flushes_its_alias_without_an_ipi() {
     assert_eq!(m.mms[poking_mm as usize].tlb_gen, 1 + 22);
     assert!(c.get(Counter::FlushOnTaskSwitch) >= 22);
 }
+
+#[test]
+fn efi_calls_switch_to_efi_mm_and_catch_up_on_missed_flushes() {
+    let topo = Topology::new(1, 2, 1).unwrap();
+    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
+    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let mm = m.add_mm("mm1");
+    m.map_pages(mm, 0x10, 1, true);
+    let efi_mm = m.add_efi_mm();
+    m.add_task(
+        "efivarfs",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0x10,
+                write: true,
+            },
+            UserOp::EfiCall { efi_mm },
+            UserOp::Loop {
+                to: 0,
+                times: Some(20),
+            },
+            UserOp::Exit,
+        ],
+    );
+    m.add_task(
+        "zapper",
+        mm,
+        1,
+        vec![
+            UserOp::MadviseDontneed {
+                start: 0x10,
+                npages: 1,
+            },
+            UserOp::Compute { ns: 300 },
+            UserOp::Loop {
+                to: 0,
+                times: Some(40),
+            },
+            UserOp::Exit,
+        ],
+    );
+    let st = TimedDriver::new(m.agents(), 1, 0).run(
+        &mut m,
+        Limits {
+            max_time: Time::from_ms(10),
+            max_steps: 1_000_000,
+        },
+    );
+    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    let c = m.counters();
+    assert_eq!(c.get(Counter::EfiCalls), 21);
+    // efi_mm is loaded only inside the calls: each one switches to it and back.
+    assert_ne!(m.cpus[0].tlbstate.loaded_mm, efi_mm as u64);
+    assert!(c.get(Counter::Cr3Writes) >= 2 * 21);
+}
