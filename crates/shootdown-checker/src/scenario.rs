@@ -96,6 +96,59 @@ pub struct VmaSpec {
     pub populate: bool,
 }
 
+/// What is wrong with an `mremap` of `[start, start + npages)` to `new_start` by a task of
+/// `mm`, if anything: the old range lies inside one file VMA or outside all of them, and the
+/// new one is empty — no VMA, pre-mapped range or DAX file of the mm there, and no task of the
+/// mm touches it (MREMAP_FIXED's unmap of the destination is not modelled).
+fn mremap_ranges(
+    file: &ScenarioFile,
+    mm: Option<&str>,
+    start: u64,
+    npages: u64,
+    new_start: u64,
+) -> Option<String> {
+    let m = file.mms.iter().find(|m| Some(m.name.as_str()) == mm)?;
+    let overlaps = |a: u64, n: u64, b: u64, k: u64| a < b + k && b < a + n;
+    let inside = m
+        .vmas
+        .iter()
+        .any(|v| v.start <= start && start + npages <= v.start + v.npages);
+    if !inside
+        && m.vmas
+            .iter()
+            .any(|v| overlaps(start, npages, v.start, v.npages))
+    {
+        return Some("mremap's old range lies partly in a file VMA: move a range inside one VMA, or anonymous memory only".into());
+    }
+    let mapped = m
+        .vmas
+        .iter()
+        .any(|v| overlaps(new_start, npages, v.start, v.npages))
+        || m.map
+            .iter()
+            .any(|r| overlaps(new_start, npages, r.start, r.npages))
+        || m.dax
+            .iter()
+            .any(|d| overlaps(new_start, npages, d.start, d.npages));
+    let touched = file
+        .tasks
+        .iter()
+        .filter(|t| t.mm.as_deref() == mm)
+        .any(|t| {
+            t.program.iter().any(|op| match *op {
+                OpSpec::Touch { vpn, .. } => overlaps(new_start, npages, vpn, 1),
+                OpSpec::TouchRange {
+                    start, npages: n, ..
+                } => overlaps(new_start, npages, start, n),
+                OpSpec::TouchRandomBlock { start, span, .. } => {
+                    overlaps(new_start, npages, start, span)
+                }
+                _ => false,
+            })
+        });
+    (mapped || touched).then(|| "mremap's new range may be mapped (a VMA, a mapped range or a touch of the mm is there): MREMAP_FIXED's unmap of the destination is not modelled".into())
+}
+
 /// `[kernel]`: vmalloc'd pages, by page offset from `VMALLOC_START`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -818,10 +871,13 @@ impl Scenario {
                         format!("no file named '{}' in [[files]]", v.file),
                     ));
                 }
-                if v.npages == 0 || v.npages > 512 {
+                if v.npages == 0
+                    || v.npages > 512
+                    || v.start / 512 != (v.start + v.npages - 1) / 512
+                {
                     return Err(err(
                         &format!("{key}.npages"),
-                        "must be between 1 and 512".into(),
+                        "a VMA has 1 to 512 pages within one 512-page page table".into(),
                     ));
                 }
                 let overlaps =
@@ -959,8 +1015,8 @@ impl Scenario {
                     OpSpec::Mremap { npages, start, new_start } if start.abs_diff(*new_start) < *npages => {
                         Some("the old and new ranges of an mremap overlap".into())
                     }
-                    OpSpec::Mremap { npages, new_start, .. } if t.mm.as_ref().and_then(|n| file.mms.iter().find(|m| &m.name == n)).is_some_and(|m| m.vmas.iter().any(|v| v.start < new_start + npages && *new_start < v.start + v.npages)) => {
-                        Some("mremap's new range overlaps a VMA".into())
+                    OpSpec::Mremap { start, npages, new_start } => {
+                        mremap_ranges(&file, t.mm.as_deref(), *start, *npages, *new_start)
                     }
                     OpSpec::MigrateVma { npages, start } if *npages == 0 || !one_table(*start, *npages) => {
                         Some("migrate_vma takes 1 or more pages within one 512-page page table".into())

@@ -83,6 +83,30 @@ fn errors_name_the_key() {
         ("symmetric", GOOD.replace("cpus = 2", "cpus = 2\nsymmetric = [[0, 1]]"), "symmetric[0]"),
         ("loop", GOOD.replace("\"exit\"]", "{ loop = { to = 9 } }]"), "tasks[0].program[1]"),
         ("fdatasync_file", GOOD.replace("\"exit\"]", "{ fdatasync = { file = 1 } }]"), "tasks[0].program[1]"),
+        // mremap onto the pre-mapped page, truncate of a file that is not there, a VMA of one.
+        (
+            "mremap_dest",
+            GOOD.replace("\"exit\"]", "{ mremap = { start = 0x30, npages = 1, new_start = 0x10 } }]"),
+            "tasks[0].program[1]",
+        ),
+        (
+            "truncate_file",
+            GOOD.replace("\"exit\"]", "{ truncate = { file = \"data\" } }]"),
+            "tasks[0].program[1]",
+        ),
+        (
+            "vma_file",
+            GOOD.replace("map = [", "vmas = [{ start = 0x40, npages = 1, file = \"data\" }]\nmap = ["),
+            "mms[0].vmas[0].file",
+        ),
+        (
+            "device_truncate",
+            format!(
+                "{}\n[[files]]\nname = \"bar\"\nnpages = 1\ndevice = true\n",
+                GOOD.replace("\"exit\"]", "{ truncate = { file = \"bar\" } }]")
+            ),
+            "tasks[0].program[1]",
+        ),
     ];
     for (name, text, key) in cases {
         assert_eq!(key_of(name, text), *key, "case {name}");

@@ -165,7 +165,7 @@ counters! {
     EfiCalls = "efi.runtime_calls",
     /// Faults past the end of a file or on a revoked device mapping (`VM_FAULT_SIGBUS`).
     Sigbus = "sigbus",
-    /// `mremap()` calls that moved pages (`mremap.rs`), and PTEs moved.
+    /// `mremap()` calls (`mremap.rs`), and the PTEs they moved.
     Mremaps = "mremap",
     MremapPtesMoved = "mremap.ptes_moved",
     /// `unmap_mapping_range()` walks of a file's `i_mmap` (truncate, a driver's revoke), and

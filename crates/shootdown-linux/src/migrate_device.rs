@@ -5,9 +5,11 @@
 //!
 //! * **Collect** (`migrate_vma_collect_pmd`): under the PTL, each present PTE is replaced by a
 //!   migration entry (a non-present PTE naming the page: `Mm::swap_ptes`), then the range is
-//!   flushed. Before v6.1 the flush came after `pte_unmap_unlock()`, so a racing
-//!   `madvise(MADV_DONTNEED)` could find only non-present entries, flush nothing and return
-//!   while a CPU still used the page (60bae7370896; option `migrate_vma_flush`).
+//!   flushed. Until 60bae7370896 (2022) the flush came after `pte_unmap_unlock()`, so a
+//!   racing `madvise(MADV_DONTNEED)` could find only non-present entries, flush nothing and
+//!   return while a CPU still used the page (option `migrate_vma_flush`; from v5.19 an
+//!   anon-exclusive page was flushed under the PTL by `ptep_clear_flush()`, not modelled: the
+//!   `v5_18` form flushes every page after the unlock).
 //! * **Copy** (`migrate_vma_pages`): a destination page per source page, the contents copied.
 //! * **Finalize** (`remove_migration_ptes` + putback): under the PTL, each migration entry still
 //!   there becomes a PTE of the new page; an entry a racing zap removed leaves the new page
@@ -20,7 +22,8 @@
 //! Simplified: the destination is memory the CPU maps directly (system or device-coherent
 //! memory); device-private destinations (non-present device entries, migrated back on a CPU
 //! fault) are not modelled; `migrate_vma_unmap()`'s `try_to_migrate()` has nothing left to do
-//! for the pages the collect step unmapped itself; file pages are skipped (anonymous VMAs only).
+//! for the pages the collect step unmapped itself; file pages are skipped (anonymous VMAs only);
+//! `flush_tlb_batched_pending()` is not run in the collect step.
 
 use crate::counters::Counter;
 use crate::frame::Flow;
@@ -80,6 +83,15 @@ impl MigrateVma {
 }
 
 impl Machine {
+    /// `zap_pte_range()` clears non-present entries too: a migration entry goes without a
+    /// flush (no CPU cached a translation from it).
+    pub(crate) fn zap_migration_entries(&mut self, mm: MmId, start: Vpn, npages: u64) {
+        let m = &mut self.mms[mm as usize];
+        if !m.swap_ptes.is_empty() {
+            m.swap_ptes.retain(|&v, _| v < start || v >= start + npages);
+        }
+    }
+
     /// One step of a driver's `migrate_vma` of `[start, start + npages)` of `mm`.
     pub(crate) fn migrate_vma_step<E: Env>(
         &mut self,
@@ -133,7 +145,7 @@ impl Machine {
                         s.pc = MigrateVmaPc::CollectUnlock;
                         self.say(|| "flush_tlb_range with the PTL held".into());
                     }
-                    MigrateVmaFlush::V6_0 => {
+                    MigrateVmaFlush::V5_18 => {
                         self.spin_unlock(env, cpu, ptl);
                         s.pc = MigrateVmaPc::Copy;
                         self.say(|| "pte_unmap_unlock; then flush_tlb_range".into());

@@ -249,6 +249,7 @@ impl Machine {
     /// gather them.
     fn unmap_page_range<E: Env>(&mut self, cpu: CpuId, call: ZapCall, g: &mut Gather, env: &mut E) {
         let huge = self.huge_frames(call.mm, call.start, call.npages);
+        self.zap_migration_entries(call.mm, call.start, call.npages);
         g.cleared_pmds = self.zap_huge_pmds(call.mm, call.start, call.npages, env) as u32;
         let mut frames = Vec::new();
         g.changed = self.zap_range(call.mm, call.start, call.npages, Some(&mut frames), env);

@@ -15,7 +15,12 @@
 //! place. Simplified: the moved range lies in one page-table page at each end (`move_ptes()`
 //! runs once); the old range's page-table pages are kept (`free_pgtables()` of the old VMA is
 //! not modelled); a moved huge PMD (`move_huge_pmd`) is not modelled; the MMU-notifier calls
-//! of `move_page_tables()` matter to no modelled secondary MMU here.
+//! of `move_page_tables()` matter to no modelled secondary MMU here; `move_ptes()`'s
+//! `flush_tlb_batched_pending()` (v4.12+) is not run (a scenario with reclaim's batched unmap
+//! of the moved range would miss its flush); the destination is empty (MREMAP_FIXED's unmap of
+//! it is not modelled: the scenario parser refuses a destination that may be mapped). The
+//! model's PTE dirty bit is set by write faults only (hardware A/D bits are not modelled, #41):
+//! a page written only through the TLB counts as clean for v4.18's `force_flush`.
 
 use crate::counters::Counter;
 use crate::frame::Flow;
@@ -227,6 +232,7 @@ impl Machine {
         for i in 0..s.npages {
             let (old, new) = (s.start + i, s.new_start + i);
             let m = &mut self.mms[mm as usize];
+            debug_assert!(!m.space.pte(new).present, "mremap onto a mapped page");
             let Some(pte) = m.space.ptes.get_mut(old).filter(|p| p.present) else {
                 continue;
             };
@@ -277,7 +283,8 @@ impl Machine {
                 Flow::Call(self.move_ptes_flush(mm, s))
             }
             MremapTlbFlush::V4_18 => {
-                s.need_flush |= present;
+                // `else *need_flush = true`: whether or not a PTE was present.
+                s.need_flush = true;
                 if let Some(ptl) = s.new_ptl(mm) {
                     self.spin_unlock(env, cpu, ptl);
                 }

@@ -202,12 +202,14 @@ named_enum! {
     /// Where `migrate_vma_collect_pmd()` flushes the PTEs it replaced by migration entries
     /// (`migrate_device.rs`).
     pub enum MigrateVmaFlush {
-        /// v4.14–v6.0: `flush_tlb_range()` after `pte_unmap_unlock()`. A racing
+        /// v4.14–v5.18: `flush_tlb_range()` after `pte_unmap_unlock()`. A racing
         /// `madvise(MADV_DONTNEED)` then finds a non-present entry, flushes nothing and
-        /// returns while a CPU can still use the page.
-        V6_0 = "v6_0",
-        /// v6.1+ (60bae7370896, "mm/migrate_device.c: flush TLB while holding PTL"): the flush
-        /// is done before the PTL is dropped.
+        /// returns while a CPU can still use the page. (From v5.19, 6c287605fd56, an
+        /// anon-exclusive page is cleared with `ptep_clear_flush()` under the PTL; the window
+        /// stayed open for shared anonymous pages until the fix.)
+        V5_18 = "v5_18",
+        /// 60bae7370896 ("mm/migrate_device.c: flush TLB while holding PTL", September 2022,
+        /// also in the 5.19 stable series): the flush is done before the PTL is dropped.
         Mainline = "mainline",
     }
 }
@@ -755,7 +757,7 @@ options! {
         accepts = format!("{} (move_ptes flushes under the PTLs: v4.19+)", names(MremapTlbFlush::NAMES));
     /// mm: where `migrate_vma_collect_pmd()` flushes.
     migrate_vma_flush: MigrateVmaFlush = MigrateVmaFlush::Mainline,
-        accepts = format!("{} (migrate_vma flushes under the PTL: v6.1+)", names(MigrateVmaFlush::NAMES));
+        accepts = format!("{} (migrate_vma flushes under the PTL: 60bae7370896)", names(MigrateVmaFlush::NAMES));
     /// How kernel threads borrow an mm (`kthread_use_mm`).
     kthread_use_mm: KthreadUseMm = KthreadUseMm::Mainline,
         accepts = format!("{} (kthread_use_mm: interrupts on until switch_mm before v5.8)", names(KthreadUseMm::NAMES));

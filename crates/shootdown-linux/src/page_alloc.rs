@@ -142,22 +142,24 @@ impl Machine {
                 frames[0].0
             )
         });
+        // A file's page (in the page cache, device memory, or still mapped elsewhere) loses
+        // only this mapping's reference (`vma.rs`).
+        let frames = self.drop_file_refs(frames);
         // A returned flush of the whole range, begun after the zap, covers every entry.
-        let covered = self
+        if self
             .oracle
-            .flushed_since(mm, start, start + npages, zapped_before);
-        if !covered {
-            if let Some(v) = self.entry_mapping_freed(&frames) {
-                self.violate(v);
+            .flushed_since(mm, start, start + npages, zapped_before)
+        {
+            for (pfn, n) in frames {
+                self.free_frames.insert(pfn, n);
             }
-        }
-        for (pfn, n) in frames {
-            self.free_frames.insert(pfn, n);
+        } else {
+            self.free_frames_checked(frames);
         }
     }
 
-    /// Free `frames` that no single unmap's flush covers (a page leaving the page cache, a
-    /// migration's source): `INV-FREEPAGE` if any TLB entry still maps one of them unflushed.
+    /// Free `frames` no covering flush is known for (a page leaving the page cache, an unmap's
+    /// pages without one): `INV-FREEPAGE` if any TLB entry still maps one of them unflushed.
     pub(crate) fn free_frames_checked(&mut self, frames: Vec<FrameRun>) {
         if let Some(v) = self.entry_mapping_freed(&frames) {
             self.violate(v);

@@ -395,12 +395,7 @@ impl Machine {
         env: &mut E,
     ) -> u64 {
         let mut n = 0;
-        let m: &mut Mm = &mut self.mms[mm as usize];
-        if !m.swap_ptes.is_empty() {
-            // zap_pte_range() clears non-present entries too (a migration entry: no flush,
-            // nothing was cached from it).
-            m.swap_ptes.retain(|&v, _| v < start || v >= start + npages);
-        }
+        let m = &mut self.mms[mm as usize];
         let keys: Vec<Vpn> = m
             .space
             .ptes
@@ -411,12 +406,7 @@ impl Machine {
         for v in keys {
             let pte = m.space.ptes.get_mut(v).expect("listed");
             if let Some(f) = frames.as_deref_mut() {
-                // A file's page (device memory, or a page still in the page cache) loses only
-                // this mapping's reference (`vma.rs`).
-                if m.vmas.is_empty() || !crate::vma::held_by_file(&self.files, &m.vmas, v, pte.pfn)
-                {
-                    crate::page_alloc::push_run(f, pte.pfn, 1);
-                }
+                crate::page_alloc::push_run(f, pte.pfn, 1);
             }
             pte.present = false;
             pte.writable = false;

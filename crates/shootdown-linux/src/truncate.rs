@@ -7,16 +7,17 @@
 //! range (`tlb_gather_mmu`), clears its PTEs under the PTL (`unmap_single_vma`), and
 //! `tlb_finish_mmu()` flushes what it cleared from the VMA's mm. Truncation first lowers
 //! `i_size` (faults beyond it now SIGBUS), then unmaps, then `truncate_inode_pages()` takes the
-//! pages out of the page cache: a page no PTE maps any more is freed (`INV-FREEPAGE`
-//! checked) — the moment a CPU still caching it through an unflushed translation can write a
-//! page that already belongs to someone else.
+//! pages out of the page cache: a page no PTE maps and no mmu_gather still holds (another
+//! zap's, its flush pending) is freed (`INV-FREEPAGE` checked) — the moment a CPU still
+//! caching it through an unflushed translation can write a page that already belongs to
+//! someone else. Otherwise the last reference's holder frees it (`Machine::drop_file_refs`).
+//! `tlb_finish_mmu()` flushes the VMA's range even when its zap cleared nothing if another
+//! gather of the mm is in progress (`mm_tlb_flush_nested()`).
 //!
-//! Simplified: one PTL per VMA zap (the lock of the page-table page of its first page); the
-//! mmu_gather's nested-flush check and `flush_tlb_batched_pending()` are not run here; the
-//! second `unmap_mapping_range()` of truncation (for private COW pages) has nothing to do
-//! without MAP_PRIVATE mappings; a page a PTE still maps at `truncate_inode_pages()` is left for
-//! the zap that later unmaps it to free (`truncate_cleanup_folio()` would unmap it, which
-//! the model's faults beyond `i_size` make impossible but for a racing `mremap`).
+//! Simplified: a VMA lies in one page table, whose PTL its zap takes; `zap_pte_range()`'s
+//! flush of dirty shared PTEs under the PTL (`force_flush`) is the flush after it here;
+//! `flush_tlb_batched_pending()` is not run here; the second `unmap_mapping_range()` of
+//! truncation (for private COW pages) has nothing to do without MAP_PRIVATE mappings.
 
 use crate::counters::Counter;
 use crate::frame::Flow;
@@ -67,6 +68,8 @@ pub struct UnmapMapping {
     pub pages_done: bool,
     /// `i_mmap` was walked already.
     pub walked: bool,
+    /// The seeded mutant's frames, freed by the page-cache truncation while still mapped.
+    pub freed_early: Vec<u32>,
 }
 
 impl UnmapMapping {
@@ -81,11 +84,20 @@ impl UnmapMapping {
             zapped: None,
             pages_done: false,
             walked: false,
+            freed_early: Vec::new(),
         }
     }
 }
 
 impl Machine {
+    /// The pages of `mm`'s VMA at `vstart`, if it still maps file `f`, that map file pages at or
+    /// after page offset `from`.
+    fn file_range(&self, mm: MmId, vstart: Vpn, f: FileId, from: u64) -> Option<(Vpn, Vpn)> {
+        self.vma_by_start(mm, vstart)
+            .filter(|v| v.file == f)
+            .and_then(|v| v.range_from(from))
+    }
+
     /// One step of `ftruncate()` or a driver's revoke of its mappings.
     pub(crate) fn unmap_mapping_step<E: Env>(
         &mut self,
@@ -137,12 +149,7 @@ impl Machine {
                     s.pc = UnmapMappingPc::Unlock;
                     return Flow::Next;
                 };
-                let range = self.mms[mm as usize]
-                    .vmas
-                    .iter()
-                    .find(|v| v.start == vstart && v.file == f)
-                    .and_then(|v| v.range_from(s.from));
-                let Some((start, end)) = range else {
+                let Some((start, end)) = self.file_range(mm, vstart, f, s.from) else {
                     self.summary(|| {
                         format!("VMA mm{mm} {vstart:#x}: gone or nothing past the new size")
                     });
@@ -155,6 +162,7 @@ impl Machine {
                 }
                 // tlb_gather_mmu(): inc_tlb_flush_pending().
                 self.rmw(env, cpu, Loc::TlbFlushPending(mm), |n| n + 1);
+                self.zap_migration_entries(mm, start, end - start);
                 let mut frames = Vec::new();
                 let n = self.zap_range(mm, start, end - start, Some(&mut frames), env);
                 let t = &mut self.tasks[self.cpus[cpu].curr as usize];
@@ -168,19 +176,31 @@ impl Machine {
                 s.zapped = Some((mm, start, end));
                 s.pc = UnmapMappingPc::Flushed;
                 let pfnmap = self.files[f as usize].device_pfn.is_some();
-                if n == 0 || (pfnmap && self.opts.mutants.pfnmap_zap_skips_flush()) {
+                if n > 0 && pfnmap && self.opts.mutants.pfnmap_zap_skips_flush() {
                     return Flow::Next;
                 }
-                self.say(|| "tlb_finish_mmu: flush_tlb_range".into());
+                if n == 0 {
+                    // tlb_finish_mmu(): nothing gathered, but another gather of the mm may
+                    // have cleared these PTEs and still owe their flush.
+                    if self.load(env, cpu, Loc::TlbFlushPending(mm)) <= 1 {
+                        return Flow::Next;
+                    }
+                    self.say(|| "tlb_finish_mmu: mm_tlb_flush_nested: flush the range".into());
+                } else {
+                    self.say(|| "tlb_finish_mmu: flush_tlb_range".into());
+                }
                 Flow::Call(FlushMmRange::call(mm, start, end, false))
             }
             UnmapMappingPc::Flushed => {
                 let (mm, start, end) = s.zapped.take().expect("a VMA zapped");
                 let t = &mut self.tasks[self.cpus[cpu].curr as usize];
-                let (frames, zapped) = (
+                let (mut frames, zapped) = (
                     std::mem::take(&mut t.gathered),
                     std::mem::take(&mut t.zapped_before),
                 );
+                if !s.freed_early.is_empty() {
+                    frames.retain(|r| !s.freed_early.contains(&r.0));
+                }
                 self.free_user_frames(mm, start, end - start, zapped, frames);
                 self.rmw(env, cpu, Loc::TlbFlushPending(mm), |n| n - 1);
                 self.summary(|| {
@@ -209,9 +229,16 @@ impl Machine {
                 let mut freed = Vec::new();
                 for &(o, pfn) in &gone {
                     self.files[f as usize].pages.remove(&o);
-                    if !s.walked && self.opts.mutants.truncate_frees_mapped_pages()
-                        || !self.file_frame_mapped(f, pfn)
-                    {
+                    // A zap's mmu_gather still holding the page (its flush pending) frees it
+                    // when it is done.
+                    let gathered = self
+                        .tasks
+                        .iter()
+                        .any(|t| t.gathered.iter().any(|&(p, n)| p <= pfn && pfn < p + n));
+                    if !s.walked && self.opts.mutants.truncate_frees_mapped_pages() {
+                        s.freed_early.push(pfn);
+                        crate::page_alloc::push_run(&mut freed, pfn, 1);
+                    } else if !gathered && !self.file_frame_mapped(f, pfn) {
                         crate::page_alloc::push_run(&mut freed, pfn, 1);
                     }
                 }
@@ -234,12 +261,7 @@ impl Machine {
             UnmapMappingPc::Done => {
                 // From here no CPU may reach the revoked pages through any mapping of the file.
                 for &(mm, vstart) in &s.vmas {
-                    let range = self.mms[mm as usize]
-                        .vmas
-                        .iter()
-                        .find(|v| v.start == vstart && v.file == f)
-                        .and_then(|v| v.range_from(s.from));
-                    if let Some((a, b)) = range {
+                    if let Some((a, b)) = self.file_range(mm, vstart, f, s.from) {
                         self.oracle.syscall_returned(mm, a, b);
                     }
                 }

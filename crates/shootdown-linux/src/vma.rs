@@ -27,6 +27,7 @@
 //! had waited).
 
 use crate::machine::Machine;
+use crate::page_alloc::FrameRun;
 use crate::state::{MmId, RwSem, TaskId};
 use shootdown_hw::pagetable::{Pte, Vpn};
 use std::collections::BTreeMap;
@@ -75,8 +76,9 @@ pub struct File {
     /// `mapping->i_pages`: the page cache, page offset -> frame.
     pub pages: BTreeMap<u64, u32>,
     /// A device file: the first frame of its memory (VM_PFNMAP mappings of it map
-    /// `device_pfn + pgoff`).
+    /// `device_pfn + pgoff`) and how many frames it has.
     pub device_pfn: Option<u32>,
+    pub device_pages: u64,
     /// `mapping->i_mmap`: the VMAs mapping the file as `(mm, vma start)`, in traversal order.
     pub i_mmap: Vec<(MmId, Vpn)>,
     /// `mapping->i_mmap_rwsem`.
@@ -93,17 +95,6 @@ impl File {
     }
 }
 
-/// Whether frame `pfn`, mapped at `vpn` by an mm with file VMAs `vmas`, belongs to a file
-/// (device memory, or a page still in the page cache): a zap then drops only the mapping's
-/// reference and the frame is not freed.
-pub(crate) fn held_by_file(files: &[File], vmas: &[Vma], vpn: Vpn, pfn: u32) -> bool {
-    let Some(v) = vmas.iter().find(|v| v.contains(vpn)) else {
-        return false;
-    };
-    let f = &files[v.file as usize];
-    f.device_pfn.is_some() || f.pages.get(&v.pgoff_of(vpn)) == Some(&pfn)
-}
-
 impl Machine {
     /// A file of `npages` pages: a regular file (page cache filled on first use) or, with
     /// `device`, a device whose memory its mmap maps VM_PFNMAP. Returns its id.
@@ -114,6 +105,7 @@ impl Machine {
             size: npages,
             pages: BTreeMap::new(),
             device_pfn,
+            device_pages: if device { npages } else { 0 },
             i_mmap: Vec::new(),
             i_mmap_rwsem: RwSem::default(),
         });
@@ -251,10 +243,19 @@ impl Machine {
         Some(pfn)
     }
 
+    /// The VMA of `mm` that starts at `start`, if it is still there.
+    pub(crate) fn vma_by_start(&self, mm: MmId, start: Vpn) -> Option<Vma> {
+        self.mms[mm as usize]
+            .vmas
+            .iter()
+            .find(|v| v.start == start)
+            .copied()
+    }
+
     /// Whether a PTE in a VMA of `file` maps frame `pfn` (`folio_mapped()`).
     pub(crate) fn file_frame_mapped(&self, file: FileId, pfn: u32) -> bool {
         self.files[file as usize].i_mmap.iter().any(|&(mm, s)| {
-            let Some(v) = self.mms[mm as usize].vmas.iter().find(|v| v.start == s) else {
+            let Some(v) = self.vma_by_start(mm, s) else {
                 return false;
             };
             self.mms[mm as usize]
@@ -263,6 +264,32 @@ impl Machine {
                 .range(v.start..v.end())
                 .any(|(_, p)| p.present && p.pfn == pfn)
         })
+    }
+
+    /// The frames of `frames` whose last reference an unmap's free drops: those a file still
+    /// holds (its page cache, its device memory) or a PTE of one of its VMAs still maps lose
+    /// only that mapping's reference and stay allocated.
+    pub(crate) fn drop_file_refs(&self, frames: Vec<FrameRun>) -> Vec<FrameRun> {
+        if self.files.is_empty() {
+            return frames;
+        }
+        let held = |pfn: u32| {
+            self.files.iter().enumerate().any(|(i, f)| {
+                f.device_pfn
+                    .is_some_and(|b| b <= pfn && pfn < b + f.device_pages as u32)
+                    || f.pages.values().any(|&p| p == pfn)
+                    || self.file_frame_mapped(i as FileId, pfn)
+            })
+        };
+        let mut out = Vec::new();
+        for (first, n) in frames {
+            for pfn in first..first + n {
+                if !held(pfn) {
+                    crate::page_alloc::push_run(&mut out, pfn, 1);
+                }
+            }
+        }
+        out
     }
 
     /// The tasks waiting for `file`'s `i_mmap_rwsem`, renamed (symmetry reduction).
