@@ -60,3 +60,23 @@ fn before_the_fix_madvise_returns_over_a_migration_entry_unflushed() {
         );
     }
 }
+
+#[test]
+fn a_truncate_racing_a_munmap_of_the_page_waits_for_its_flush() {
+    // The munmap's mmu_gather holds the page until its flush: the truncate may not free it
+    // first (and its own zap, finding nothing, flushes anyway while the munmap's is pending).
+    let text = std::fs::read_to_string(common::scenario("mremap_truncate"))
+        .unwrap()
+        .replace(
+            "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
+            "{ munmap = { start = 0x10, npages = 1 } }",
+        );
+    let dir = std::env::temp_dir().join(format!("shootdown-vma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("munmap_truncate.toml");
+    std::fs::write(&path, text).unwrap();
+    for mm in ["sc", "tso"] {
+        let r = shootdown_checker::check(&path, None, mm, None, None, 0, "bfs", true, &[]).unwrap();
+        assert_eq!(r.verdict, "verified", "{mm}: {:?}", r.counterexample.last());
+    }
+}
