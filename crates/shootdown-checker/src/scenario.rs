@@ -1134,15 +1134,6 @@ impl Scenario {
                             ));
                         }
                     }
-                    if matches!(op, HostOpSpec::InvalidateGfns { .. }) && options.tdp_mmu {
-                        // The kernel runs kvm_tdp_mmu_unmap_gfn_range() on the TDP roots under
-                        // the rwlock; the model's notifier walks the legacy MMU's rmaps under
-                        // its spinlock. Refused rather than checked in the wrong form (#41).
-                        return Err(err(
-                            &format!("kvm.threads[{i}].program[{j}]"),
-                            "invalidate_gfns with tdp_mmu = true is not modelled: the TDP MMU's kvm_tdp_mmu_unmap_gfn_range is missing".into(),
-                        ));
-                    }
                     if let HostOpSpec::Loop { to, .. } = op {
                         if *to as usize >= t.program.len() {
                             return Err(err(

@@ -69,6 +69,15 @@ const MUTANTS: &[Pinned] = &[
         57,
     ),
     (
+        "kvm_tdp_notifier",
+        "tdp_notifier_skips_flush",
+        None,
+        "sc",
+        "INV-FLUSH-OWED",
+        20,
+        3462,
+    ),
+    (
         "efi_runtime",
         "efi_leave_mm_restores_cr3",
         None,

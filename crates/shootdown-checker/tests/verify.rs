@@ -46,6 +46,9 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("migrate_vma_madvise", "tso", 6705, 15915),
     ("pfnmap_revoke", "sc", 12489, 25879),
     ("pfnmap_revoke", "tso", 17527, 40899),
+    // The TDP MMU's MMU notifier (write lock, roots of both address spaces) against faults.
+    ("kvm_tdp_notifier", "sc", 42280, 118947),
+    ("kvm_tdp_notifier", "tso", 59252, 188360),
     // An EFI runtime call on efi_mm while another thread zaps, with a perf NMI around it.
     ("efi_runtime", "sc", 4761, 11073),
     ("efi_runtime", "tso", 8998, 24912),

@@ -146,6 +146,8 @@ counters! {
     KvmMtrrZapRequests = "kvm.mtrr_zap_requests",
     /// `kvm_zap_gfn_range()` executions (fewer than the requests with patch 9's list).
     KvmZapGfnRange = "kvm.zap_gfn_range",
+    /// KVM: MMU-notifier invalidations (`kvm_mmu_notifier_invalidate_range_start`), either MMU.
+    KvmMmuNotifierInvalidations = "kvm.mmu_notifier_invalidations",
     /// Nanoseconds vCPUs spent in those requests (seed 004's "zap cycles" at 3.1 GHz):
     /// waiting for `mmu_lock`, spinning on `mtrr_zapping`, zapping.
     KvmMtrrZapNs = "kvm.mtrr_zap_ns",

@@ -242,6 +242,7 @@ impl Frame {
                 crate::options::MemslotZap::SlotOnly => "kvm_mmu_invalidate_zap_pages_in_memslot",
                 crate::options::MemslotZap::ZapAll => "kvm_mmu_zap_all",
             },
+            Frame::ZapGfnRange(z) if z.notifier => "kvm_tdp_mmu_unmap_gfn_range",
             Frame::ZapGfnRange(_) => "kvm_zap_gfn_range",
             Frame::TdpMmuPageFault(_) => "kvm_tdp_page_fault",
             Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",

@@ -648,6 +648,10 @@ mutants! {
     /// its ASID (NOFLUSH) and `loaded_mm` instead of `switch_mm()`: the flushes of that mm
     /// that skipped this CPU while `efi_mm` was loaded are never caught up.
     efi_leave_mm_restores_cr3 = "",
+    /// Seeded (issue #41, the TDP MMU's MMU notifier): `invalidate_range_start` zaps the
+    /// range's leaf SPTEs in the TDP roots but returns without `kvm_flush_remote_tlbs`: the host
+    /// frees the pages while a vCPU's TLB still maps them.
+    tdp_notifier_skips_flush = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,

@@ -270,6 +270,9 @@ impl Machine {
             }
             Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu),
+            Frame::MmuNotifierInvalidate(s) if self.opts.tdp_mmu => {
+                s.pc == MmuNotifierPc::EndLock && self.mmu_rwlock_waits(cpu, s.lock, true)
+            }
             Frame::MmuNotifierInvalidate(s) => {
                 matches!(s.pc, MmuNotifierPc::StartLock | MmuNotifierPc::EndLock)
                     && self.mmu_lock_waits(cpu)

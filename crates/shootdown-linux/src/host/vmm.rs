@@ -109,6 +109,7 @@ impl Machine {
                         npages,
                         begin: 0,
                         flush: false,
+                        lock: Default::default(),
                     })),
                     env,
                 );

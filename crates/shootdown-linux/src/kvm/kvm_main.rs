@@ -6,6 +6,7 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::kvm::memslot::{Memslot, GEN_UPDATE_IN_PROGRESS, KVM_ADDRESS_SPACE_NUM};
+use crate::kvm::mmu::tdp_mmu::ZapGfnRange;
 use crate::kvm::mmu::zap::ZapMemslot;
 use crate::kvm::{mode, Kvm, Request, ThreadState, VcpuRun};
 use crate::machine::Machine;
@@ -404,6 +405,8 @@ pub struct MmuNotifierInvalidate {
     pub begin: u64,
     /// `kvm_unmap_hva_range()` zapped something: a flush is owed.
     pub flush: bool,
+    /// The TDP MMU: where `invalidate_range_end`'s `write_lock` is.
+    pub lock: crate::kvm::mmu::rwlock::RwlockWait,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -864,8 +867,26 @@ impl Machine {
         use MmuNotifierPc::*;
         let vm = self.vm_of(me);
         match s.pc {
+            StartLock if self.opts.tdp_mmu => {
+                self.perf.counters.inc(Counter::KvmMmuNotifierInvalidations);
+                // v5.13+: kvm_handle_hva_range() under write_lock(&kvm->mmu_lock), the TDP
+                // MMU's roots walked with yields (`tdp_mmu.rs`).
+                self.srcu_read_lock(me, env);
+                s.begin = self.oracle.tick();
+                s.pc = StartUnlock;
+                self.summary(|| "invalidate_range_start: srcu_read_lock; kvm_handle_hva_range (TDP MMU: write lock)".into());
+                Flow::Call(ZapGfnRange::notifier(s.gfn, s.gfn + s.npages))
+            }
+            EndLock if self.opts.tdp_mmu => {
+                if let Some(spin) = self.mmu_write_lock(me, &mut s.lock, env) {
+                    return spin;
+                }
+                s.pc = EndUnlock;
+                Flow::Next
+            }
             StartLock | EndLock => {
                 if s.pc == StartLock && !self.mmu_lock_queued(me) {
+                    self.perf.counters.inc(Counter::KvmMmuNotifierInvalidations);
                     self.srcu_read_lock(me, env);
                     s.begin = self.oracle.tick();
                 }
@@ -899,7 +920,9 @@ impl Machine {
                 Flow::Next
             }
             StartUnlock => {
-                self.mmu_lock_release(me, env);
+                if !self.opts.tdp_mmu {
+                    self.mmu_lock_release(me, env);
+                }
                 self.srcu_read_unlock(me, env);
                 self.oracle
                     .ept_gfns_invalidated(vm, s.gfn..s.gfn + s.npages, s.begin);
@@ -910,7 +933,11 @@ impl Machine {
             EndUnlock => {
                 self.rmw(env, me, Loc::MmuNotifierSeq(vm as u32), |q| q + 1);
                 self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c - 1);
-                self.mmu_lock_release(me, env);
+                if self.opts.tdp_mmu {
+                    self.mmu_write_unlock(me, env);
+                } else {
+                    self.mmu_lock_release(me, env);
+                }
                 self.say(|| {
                     "invalidate_range_end: mmu_notifier_seq++, mmu_notifier_count--".into()
                 });

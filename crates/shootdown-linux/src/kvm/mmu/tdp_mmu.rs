@@ -63,7 +63,10 @@ pub struct TdpRoot {
     pub refcount: u32,
 }
 
-/// `kvm_zap_gfn_range(kvm, start, end)`.
+/// `kvm_zap_gfn_range(kvm, start, end)`; with `notifier`, the TDP MMU's part of an MMU
+/// notifier's `invalidate_range_start` (`kvm_handle_hva_range` under the write lock:
+/// `kvm_mmu_invalidate_begin` of the range, `kvm_tdp_mmu_unmap_gfn_range` over the roots of each
+/// address space whose memslots map it, the flush; `invalidate_range_end` ends it later).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ZapGfnRange {
     pub pc: ZapGfnRangePc,
@@ -80,6 +83,8 @@ pub struct ZapGfnRange {
     /// K12 mutant: the flush owed for the roots walked before the current one, which the
     /// current root's yields do not see.
     pub prior_flush: bool,
+    /// An MMU notifier's unmap, not `kvm_zap_gfn_range`.
+    pub notifier: bool,
 }
 
 /// The steps of `kvm_zap_gfn_range()`.
@@ -127,7 +132,18 @@ impl ZapGfnRange {
             iter: TdpIter::default(),
             lock: RwlockWait::Fast,
             prior_flush: false,
+            notifier: false,
         }))
+    }
+
+    /// The TDP MMU's `invalidate_range_start` of gfns `[start, end)` (v5.13+: the notifier
+    /// holds `mmu_lock` for write; `kvm_tdp_mmu_unmap_gfn_range` zaps with `may_block`).
+    pub fn notifier(start: Gfn, end: Gfn) -> Frame {
+        let Frame::ZapGfnRange(mut z) = Self::call(start, end) else {
+            unreachable!("call builds a ZapGfnRange")
+        };
+        z.notifier = true;
+        Frame::ZapGfnRange(z)
     }
 }
 
@@ -273,6 +289,17 @@ impl Machine {
                 Flow::Next
             }
             Begin => {
+                if s.notifier {
+                    // kvm_mmu_invalidate_begin(kvm, start, end): faults in the range retry.
+                    self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
+                    self.kvm_mut(vm).mmu_invalidate_range = (s.start, s.end);
+                    let (a, b) = (s.start, s.end);
+                    self.say(|| {
+                        format!("invalidate_range_start(gfns {a:#x}..{b:#x}): kvm_mmu_invalidate_begin; kvm_tdp_mmu_unmap_gfn_range")
+                    });
+                    s.pc = NextRoot;
+                    return Flow::Next;
+                }
                 // kvm_mmu_invalidate_begin(kvm, 0, -1ul): every fault that raced retries. (K14:
                 // no mark at all.)
                 if !self.opts.mutants.zap_gfn_range_no_invalidate() {
@@ -396,6 +423,10 @@ impl Machine {
             }
             Flush => {
                 s.pc = End;
+                if s.notifier && s.flush && self.opts.mutants.tdp_notifier_skips_flush() {
+                    self.say(|| "zapped, but no flush before the pages go".into());
+                    s.flush = false;
+                }
                 if s.flush || s.prior_flush {
                     self.say(|| "kvm_flush_remote_tlbs_range (a full flush on VMX)".into());
                     s.flush = false;
@@ -403,6 +434,12 @@ impl Machine {
                     return Flow::Call(FlushRemoteTlbs::call());
                 }
                 Flow::Next
+            }
+            End if s.notifier => {
+                // invalidate_range_end ends the invalidation, under the lock again.
+                self.mmu_write_unlock(me, env);
+                self.say(|| "write_unlock(&kvm->mmu_lock)".into());
+                Flow::Return
             }
             End => {
                 let vm32 = vm as u32;
