@@ -80,3 +80,33 @@ fn a_truncate_racing_a_munmap_of_the_page_waits_for_its_flush() {
         assert_eq!(r.verdict, "verified", "{mm}: {:?}", r.counterexample.last());
     }
 }
+
+#[test]
+fn mremap_flushes_reclaims_pending_batch_before_moving() {
+    // reclaim_madvise with an mremap in place of the madvise: move_ptes finds the PTE reclaim
+    // cleared, moves nothing, and only its flush_tlb_batched_pending() makes it flush before it
+    // returns (A3, 3ea277194daa, names mremap among the calls it covers).
+    let text = std::fs::read_to_string(common::scenario("reclaim_madvise"))
+        .unwrap()
+        .replace(
+            "{ madvise_dontneed = { start = 0x10, npages = 1 } }",
+            "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
+        );
+    let dir = std::env::temp_dir().join(format!("shootdown-vma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("reclaim_mremap.toml");
+    std::fs::write(&path, text).unwrap();
+    let check = |mutant| {
+        shootdown_checker::check(&path, mutant, "sc", None, None, 0, "bfs", true, &[]).unwrap()
+    };
+    assert_eq!(check(None).verdict, "verified");
+    let r = check(Some("no_flush_tlb_batched_pending"));
+    assert_eq!(r.invariant.as_deref(), Some("INV-SYSRET"));
+    assert!(
+        r.counterexample
+            .iter()
+            .any(|s| s.text.contains("move_ptes: 0 PTE(s)")),
+        "{:?}",
+        r.counterexample
+    );
+}

@@ -104,22 +104,7 @@ impl Machine {
                 self.split_or_change_ptes(cpu, call, pc, g, env)
             }
             ZapPc::Batched => {
-                // The flush of the pending batch returned: mark it done, unless (mainline) a
-                // new batch was queued meanwhile.
-                let seen = g.batch;
-                match self.opts.batched_pending {
-                    BatchedPending::V4_13 => self.store(env, cpu, Loc::TlbFlushBatched(mm), 0),
-                    BatchedPending::Mainline => {
-                        let pending = seen & BATCH_PENDING_MASK;
-                        self.rmw(env, cpu, Loc::TlbFlushBatched(mm), |b| {
-                            if b == seen {
-                                pending | pending << BATCH_FLUSHED_SHIFT
-                            } else {
-                                b
-                            }
-                        });
-                    }
-                }
+                self.batched_pending_flushed(cpu, mm, g.batch, env);
                 self.split_or_change_ptes(cpu, call, pc, g, env)
             }
             ZapPc::Finish => {
@@ -172,9 +157,33 @@ impl Machine {
         }
     }
 
+    /// The flush `flush_tlb_batched_pending()` called returned: mark the batch (as read, `seen`)
+    /// done, unless (mainline) a new batch was queued meanwhile.
+    pub(crate) fn batched_pending_flushed<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        seen: u64,
+        env: &mut E,
+    ) {
+        match self.opts.batched_pending {
+            BatchedPending::V4_13 => self.store(env, cpu, Loc::TlbFlushBatched(mm), 0),
+            BatchedPending::Mainline => {
+                let pending = seen & BATCH_PENDING_MASK;
+                self.rmw(env, cpu, Loc::TlbFlushBatched(mm), |b| {
+                    if b == seen {
+                        pending | pending << BATCH_FLUSHED_SHIFT
+                    } else {
+                        b
+                    }
+                });
+            }
+        }
+    }
+
     /// `flush_tlb_batched_pending(mm)`, with the PTL held: `Some` is the call of the full flush
     /// (`flush_tlb_mm`) reclaim's pending batch needs; `g.batch` keeps what was read.
-    fn flush_tlb_batched_pending<E: Env>(
+    pub(crate) fn flush_tlb_batched_pending<E: Env>(
         &mut self,
         cpu: CpuId,
         mm: MmId,

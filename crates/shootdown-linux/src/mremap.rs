@@ -15,9 +15,7 @@
 //! place. Simplified: the moved range lies in one page-table page at each end (`move_ptes()`
 //! runs once); the old range's page-table pages are kept (`free_pgtables()` of the old VMA is
 //! not modelled); a moved huge PMD (`move_huge_pmd`) is not modelled; the MMU-notifier calls
-//! of `move_page_tables()` matter to no modelled secondary MMU here; `move_ptes()`'s
-//! `flush_tlb_batched_pending()` (v4.12+) is not run (a scenario with reclaim's batched unmap
-//! of the moved range would miss its flush); the destination is empty (MREMAP_FIXED's unmap of
+//! of `move_page_tables()` matter to no modelled secondary MMU here; the destination is empty (MREMAP_FIXED's unmap of
 //! it is not modelled: the scenario parser refuses a destination that may be mapped). The
 //! model's PTE dirty bit is set by write faults only (hardware A/D bits are not modelled, #41):
 //! a page written only through the TLB counts as clean for v4.18's `force_flush`.
@@ -46,8 +44,11 @@ pub enum MremapPc {
     Link,
     /// `move_ptes()`: allocate the new page table, take the old PTL.
     MovePtes,
-    /// Take the new PTL (a different page-table page), holding the old one.
+    /// Take the new PTL (a different page-table page), holding the old one; then
+    /// `flush_tlb_batched_pending()`.
     MoveNewPtl,
+    /// The flush of reclaim's pending batch returned: mark it done, move the PTEs.
+    Batched,
     /// The flush under the PTLs returned: drop them (the new one first).
     Unlock,
     /// v4.18: the dirty-PTE flush under the old PTL returned: drop it.
@@ -73,6 +74,8 @@ pub struct Mremap {
     pub vma: Option<Vma>,
     /// v4.18: clean present PTEs were moved and their flush is deferred.
     pub need_flush: bool,
+    /// `mm->tlb_flush_batched` as `flush_tlb_batched_pending()` read it.
+    pub gather: crate::syscalls::Gather,
 }
 
 impl Mremap {
@@ -84,6 +87,7 @@ impl Mremap {
             new_start,
             vma: None,
             need_flush: false,
+            gather: Default::default(),
         }
     }
 
@@ -160,13 +164,17 @@ impl Machine {
                     s.pc = MremapPc::MoveNewPtl;
                     return Flow::Next;
                 }
-                self.move_ptes(cpu, mm, s, env)
+                self.batched_then_move(cpu, mm, s, env)
             }
             MremapPc::MoveNewPtl => {
                 let ptl = s.new_ptl(mm).expect("a second page table");
                 if self.spin_trylock(env, cpu, ptl).is_none() {
                     return Flow::Spin(spin_key(ptl));
                 }
+                self.batched_then_move(cpu, mm, s, env)
+            }
+            MremapPc::Batched => {
+                self.batched_pending_flushed(cpu, mm, s.gather.batch, env);
                 self.move_ptes(cpu, mm, s, env)
             }
             MremapPc::Unlock => {
@@ -223,6 +231,22 @@ impl Machine {
                 Flow::Return
             }
         }
+    }
+
+    /// `move_ptes()` with the PTLs held: `flush_tlb_batched_pending()` first (v4.12+: reclaim
+    /// may have cleared PTEs of the mm and deferred their flush), then the move.
+    fn batched_then_move<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        s: &mut Mremap,
+        env: &mut E,
+    ) -> Flow {
+        if let Some(flush) = self.flush_tlb_batched_pending(cpu, mm, &mut s.gather, env) {
+            s.pc = MremapPc::Batched;
+            return flush;
+        }
+        self.move_ptes(cpu, mm, s, env)
     }
 
     /// `move_ptes()` with the PTLs held: move each PTE (`ptep_get_and_clear` at the old
