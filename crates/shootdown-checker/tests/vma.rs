@@ -5,6 +5,19 @@
 
 mod common;
 use common::run_set as run;
+use std::path::PathBuf;
+
+/// Scenario `base` with operation `from` replaced by `to`, written as `name` in a temporary
+/// directory.
+fn variant(base: &str, from: &str, to: &str, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(common::scenario(base)).unwrap();
+    assert!(text.contains(from), "{base} has no {from}");
+    let dir = std::env::temp_dir().join(format!("shootdown-vma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text.replace(from, to)).unwrap();
+    path
+}
 
 #[test]
 fn before_v4_19_mremap_lets_truncate_free_a_page_another_cpu_caches() {
@@ -65,16 +78,12 @@ fn before_the_fix_madvise_returns_over_a_migration_entry_unflushed() {
 fn a_truncate_racing_a_munmap_of_the_page_waits_for_its_flush() {
     // The munmap's mmu_gather holds the page until its flush: the truncate may not free it
     // first (and its own zap, finding nothing, flushes anyway while the munmap's is pending).
-    let text = std::fs::read_to_string(common::scenario("mremap_truncate"))
-        .unwrap()
-        .replace(
-            "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
-            "{ munmap = { start = 0x10, npages = 1 } }",
-        );
-    let dir = std::env::temp_dir().join(format!("shootdown-vma-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("munmap_truncate.toml");
-    std::fs::write(&path, text).unwrap();
+    let path = variant(
+        "mremap_truncate",
+        "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
+        "{ munmap = { start = 0x10, npages = 1 } }",
+        "munmap_truncate",
+    );
     for mm in ["sc", "tso"] {
         let r = shootdown_checker::check(&path, None, mm, None, None, 0, "bfs", true, &[]).unwrap();
         assert_eq!(r.verdict, "verified", "{mm}: {:?}", r.counterexample.last());
@@ -86,16 +95,12 @@ fn mremap_flushes_reclaims_pending_batch_before_moving() {
     // reclaim_madvise with an mremap in place of the madvise: move_ptes finds the PTE reclaim
     // cleared, moves nothing, and only its flush_tlb_batched_pending() makes it flush before it
     // returns (A3, 3ea277194daa, names mremap among the calls it covers).
-    let text = std::fs::read_to_string(common::scenario("reclaim_madvise"))
-        .unwrap()
-        .replace(
-            "{ madvise_dontneed = { start = 0x10, npages = 1 } }",
-            "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
-        );
-    let dir = std::env::temp_dir().join(format!("shootdown-vma-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("reclaim_mremap.toml");
-    std::fs::write(&path, text).unwrap();
+    let path = variant(
+        "reclaim_madvise",
+        "{ madvise_dontneed = { start = 0x10, npages = 1 } }",
+        "{ mremap = { start = 0x10, npages = 1, new_start = 0x30 } }",
+        "reclaim_mremap",
+    );
     let check = |mutant| {
         shootdown_checker::check(&path, mutant, "sc", None, None, 0, "bfs", true, &[]).unwrap()
     };
