@@ -96,6 +96,22 @@ pub struct VmaSpec {
     pub populate: bool,
 }
 
+/// How many tasks of the scenario run an op `op` says yes to.
+fn tasks_running(file: &ScenarioFile, op: fn(&OpSpec) -> bool) -> usize {
+    file.tasks
+        .iter()
+        .filter(|t| t.program.iter().any(op))
+        .count()
+}
+
+fn is_text_poke(op: &OpSpec) -> bool {
+    matches!(op, OpSpec::TextPoke { .. })
+}
+
+fn is_efi_call(op: &OpSpec) -> bool {
+    matches!(op, OpSpec::EfiCall)
+}
+
 /// What is wrong with an `mremap` of `[start, start + npages)` to `new_start` by a task of
 /// `mm`, if anything: the old range lies inside one file VMA or outside all of them, and the
 /// new one is empty — no VMA, pre-mapped range or DAX file of the mm there, and no task of the
@@ -1155,20 +1171,8 @@ impl Scenario {
                 }
             }
         }
-        let pokers = file
-            .tasks
-            .iter()
-            .filter(|t| {
-                t.program
-                    .iter()
-                    .any(|o| matches!(o, OpSpec::TextPoke { .. }))
-            })
-            .count();
-        let efi_callers = file
-            .tasks
-            .iter()
-            .filter(|t| t.program.iter().any(|o| matches!(o, OpSpec::EfiCall)))
-            .count();
+        let pokers = tasks_running(&file, is_text_poke);
+        let efi_callers = tasks_running(&file, is_efi_call);
         if efi_callers > 1 {
             return Err(err(
                 "tasks",
@@ -1446,16 +1450,10 @@ impl Scenario {
                 m.map_file(id, v.start, v.npages, fid, v.pgoff, v.populate);
             }
         }
-        let pokes = |t: &TaskSpec| {
-            t.program
-                .iter()
-                .any(|o| matches!(o, OpSpec::TextPoke { .. }))
-        };
-        if f.tasks.iter().any(pokes) {
+        if tasks_running(f, is_text_poke) > 0 {
             mm_ids.insert("poking_mm", m.add_poking_mm());
         }
-        let efi = |t: &TaskSpec| t.program.iter().any(|o| matches!(o, OpSpec::EfiCall));
-        if f.tasks.iter().any(efi) {
+        if tasks_running(f, is_efi_call) > 0 {
             mm_ids.insert("efi_mm", m.add_efi_mm());
         }
         for t in &f.tasks {

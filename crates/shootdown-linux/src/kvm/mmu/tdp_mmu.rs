@@ -122,6 +122,16 @@ pub enum ZapGfnRangePc {
 
 impl ZapGfnRange {
     pub fn call(start: Gfn, end: Gfn) -> Frame {
+        Self::frame(start, end, false)
+    }
+
+    /// The TDP MMU's `invalidate_range_start` of gfns `[start, end)` (v5.13+: the notifier
+    /// holds `mmu_lock` for write; `kvm_tdp_mmu_unmap_gfn_range` zaps with `may_block`).
+    pub fn notifier(start: Gfn, end: Gfn) -> Frame {
+        Self::frame(start, end, true)
+    }
+
+    fn frame(start: Gfn, end: Gfn, notifier: bool) -> Frame {
         Frame::ZapGfnRange(Box::new(ZapGfnRange {
             pc: ZapGfnRangePc::Lock,
             start,
@@ -132,18 +142,8 @@ impl ZapGfnRange {
             iter: TdpIter::default(),
             lock: RwlockWait::Fast,
             prior_flush: false,
-            notifier: false,
+            notifier,
         }))
-    }
-
-    /// The TDP MMU's `invalidate_range_start` of gfns `[start, end)` (v5.13+: the notifier
-    /// holds `mmu_lock` for write; `kvm_tdp_mmu_unmap_gfn_range` zaps with `may_block`).
-    pub fn notifier(start: Gfn, end: Gfn) -> Frame {
-        let Frame::ZapGfnRange(mut z) = Self::call(start, end) else {
-            unreachable!("call builds a ZapGfnRange")
-        };
-        z.notifier = true;
-        Frame::ZapGfnRange(z)
     }
 }
 
