@@ -1,17 +1,13 @@
 //! Global kernel mappings and `flush_tlb_kernel_range()` in the timed driver (`kernel_map.rs`).
 
-use shootdown_engine::timed::{Limits, Stop, TimedDriver};
-use shootdown_engine::{Model, Time};
-use shootdown_hw::{CostProfile, Features, Topology};
+mod common;
+use common::{machine, run_to_end};
 use shootdown_linux::kernel_map::VMALLOC_START_VPN;
 use shootdown_linux::*;
-use std::sync::Arc;
 
 #[test]
 fn a_kernel_range_flush_reaches_every_cpu_idle_ones_included() {
-    let topo = Topology::new(1, 4, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let mut m = machine(4);
     let page = VMALLOC_START_VPN + 7;
     m.map_pages(INIT_MM, page, 1, true);
     let mm = m.add_mm("mm1");
@@ -43,14 +39,7 @@ fn a_kernel_range_flush_reaches_every_cpu_idle_ones_included() {
             UserOp::Exit,
         ],
     );
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 1_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_end(&mut m, 10, 1_000_000);
     let c = m.counters();
     // on_each_cpu: the three other CPUs take the IPI, halted or not.
     assert_eq!(c.get(Counter::TlbShootdowns), 3);
@@ -59,9 +48,7 @@ fn a_kernel_range_flush_reaches_every_cpu_idle_ones_included() {
 
 #[test]
 fn text_poke_flushes_its_alias_without_an_ipi() {
-    let topo = Topology::new(1, 2, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let mut m = machine(2);
     let text = VMALLOC_START_VPN;
     m.map_pages(INIT_MM, text, 2, true);
     let mm = m.add_mm("mm1");
@@ -86,14 +73,7 @@ fn text_poke_flushes_its_alias_without_an_ipi() {
             UserOp::Exit,
         ],
     );
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 1_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_end(&mut m, 10, 1_000_000);
     let c = m.counters();
     // 22 pokes: each switches to poking_mm and back, and its flush IPIs no one; every poke
     // after the first finds poking_mm's ASID slot a generation behind and flushes it.
@@ -104,9 +84,7 @@ fn text_poke_flushes_its_alias_without_an_ipi() {
 
 #[test]
 fn efi_calls_switch_to_efi_mm_and_catch_up_on_missed_flushes() {
-    let topo = Topology::new(1, 2, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let mut m = machine(2);
     let mm = m.add_mm("mm1");
     m.map_pages(mm, 0x10, 1, true);
     let efi_mm = m.add_efi_mm();
@@ -144,14 +122,7 @@ fn efi_calls_switch_to_efi_mm_and_catch_up_on_missed_flushes() {
             UserOp::Exit,
         ],
     );
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(10),
-            max_steps: 1_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_end(&mut m, 10, 1_000_000);
     let c = m.counters();
     assert_eq!(c.get(Counter::EfiCalls), 21);
     // efi_mm is loaded only inside the calls: each one switches to it and back.

@@ -195,60 +195,53 @@ fn memslot_deletion_in_every_strategy_keeps_the_invariants() {
 fn tdp_mmu_notifier_invalidations_zap_and_flush() {
     // The TDP MMU's notifier takes the rwlock for write and walks its roots
     // (`kvm_tdp_mmu_unmap_gfn_range`), yielding to the faults of the two vCPUs.
-    {
-        let tdp = true;
-        let o = Options {
-            tdp_mmu: tdp,
-            ..Options::default()
-        };
-        let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
-        let mm = m.add_mm("g");
-        m.map_pages(mm, 0x100, 32, true);
-        for cpu in 0..2 {
-            m.add_task(
-                &format!("t{cpu}"),
-                mm,
-                cpu,
-                vec![
-                    UserOp::TouchRange {
-                        start: 0x100,
-                        npages: 32,
-                        write: true,
-                    },
-                    UserOp::Loop {
-                        to: 0,
-                        times: Some(40),
-                    },
-                    UserOp::Exit,
-                ],
-            );
-        }
-        m.add_host_thread(
-            "reclaim",
-            0,
-            3,
+    let o = Options {
+        tdp_mmu: true,
+        ..Options::default()
+    };
+    let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x100, 32, true);
+    for cpu in 0..2 {
+        m.add_task(
+            &format!("t{cpu}"),
+            mm,
+            cpu,
             vec![
-                HostOp::Compute { ns: 5_000 },
-                HostOp::InvalidateGfns {
-                    gfn: 0x100,
-                    npages: 16,
+                UserOp::TouchRange {
+                    start: 0x100,
+                    npages: 32,
+                    write: true,
                 },
-                HostOp::Loop {
+                UserOp::Loop {
                     to: 0,
-                    times: Some(9),
+                    times: Some(40),
                 },
-                HostOp::Exit,
+                UserOp::Exit,
             ],
         );
-        let (stop, _) = run(&mut m, 50);
-        assert_eq!(stop, Stop::Finished, "tdp_mmu = {tdp}\n{}", m.dump());
-        let c = m.counters();
-        assert_eq!(
-            c.get(Counter::KvmMmuNotifierInvalidations),
-            10,
-            "tdp_mmu = {tdp}"
-        );
-        assert!(c.get(Counter::KvmRemoteTlbFlush) >= 1, "tdp_mmu = {tdp}");
-        assert_eq!(c.get(Counter::KvmZapGfnRange), 0, "tdp_mmu = {tdp}");
     }
+    m.add_host_thread(
+        "reclaim",
+        0,
+        3,
+        vec![
+            HostOp::Compute { ns: 5_000 },
+            HostOp::InvalidateGfns {
+                gfn: 0x100,
+                npages: 16,
+            },
+            HostOp::Loop {
+                to: 0,
+                times: Some(9),
+            },
+            HostOp::Exit,
+        ],
+    );
+    let (stop, _) = run(&mut m, 50);
+    assert_eq!(stop, Stop::Finished, "{}", m.dump());
+    let c = m.counters();
+    assert_eq!(c.get(Counter::KvmMmuNotifierInvalidations), 10);
+    assert!(c.get(Counter::KvmRemoteTlbFlush) >= 1);
+    assert_eq!(c.get(Counter::KvmZapGfnRange), 0);
 }

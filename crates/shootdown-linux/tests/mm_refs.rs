@@ -1,16 +1,12 @@
 //! `mm_users` / `mm_count` and kernel threads borrowing an mm (`mm_refs.rs`) in the timed driver.
 
-use shootdown_engine::timed::{Limits, Stop, TimedDriver};
-use shootdown_engine::{Model, Time};
-use shootdown_hw::{CostProfile, Features, Topology};
+mod common;
+use common::{machine, run_to_end};
 use shootdown_linux::*;
-use std::sync::Arc;
 
 #[test]
 fn a_worker_borrows_an_mm_while_its_owner_zaps_it_and_the_counts_balance() {
-    let topo = Topology::new(1, 2, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    let mut m = Machine::new(topo, prof, Options::default(), MemoryModel::Sc);
+    let mut m = machine(2);
     let mm = m.add_mm("mm1");
     m.map_pages(mm, 0x10, 1, true);
     // A vhost-like worker: borrow, write the page, give it back, 20 times.
@@ -50,14 +46,7 @@ fn a_worker_borrows_an_mm_while_its_owner_zaps_it_and_the_counts_balance() {
         ],
     );
     assert_eq!(m.mms[mm as usize].mm_users, 1);
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(100),
-            max_steps: 10_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
+    run_to_end(&mut m, 100, 10_000_000);
     // Every borrow was given back and the owner is gone (the run ends at its exit, before its
     // last context switch); each task that runs on mm1 without owning it (an idle task, the
     // exited owner) holds one reference, so its page tables were never freed.

@@ -1,24 +1,21 @@
 //! perf's NMIs in the timed driver (`nmi.rs`): sampled at `perf_sample_hz` per running CPU,
 //! none while halted, each reading the interrupted task's user stack.
 
-use shootdown_engine::timed::{Limits, Stop, TimedDriver};
-use shootdown_engine::{Model, Time};
-use shootdown_hw::{CostProfile, Features, Topology};
+mod common;
+use common::{machine_with, run_to_end};
+use shootdown_engine::Time;
 use shootdown_linux::options::{AtLeastOne, Count};
 use shootdown_linux::*;
-use std::sync::Arc;
 
 /// cpu0 runs two tasks of two mms, each touching its page and computing 20 µs, 50 times, with a
 /// 100 µs time slice (so cpu0 switches mms often); cpu1 stays idle. The run's counters and end.
 fn run(hz: u64) -> (Counters, Time) {
-    let topo = Topology::new(1, 2, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
     let opts = Options {
         perf_sample_hz: Count(hz),
         sched_timeslice_us: AtLeastOne(100),
         ..Options::default()
     };
-    let mut m = Machine::new(topo, prof, opts, MemoryModel::Sc);
+    let mut m = machine_with(2, opts);
     for name in ["a", "b"] {
         let mm = m.add_mm(&format!("mm_{name}"));
         m.map_pages(mm, 0x10, 1, true);
@@ -36,15 +33,8 @@ fn run(hz: u64) -> (Counters, Time) {
         ];
         m.add_task(name, mm, 0, prog);
     }
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        &mut m,
-        Limits {
-            max_time: Time::from_ms(100),
-            max_steps: 10_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
-    (m.counters().clone(), st.end)
+    let end = run_to_end(&mut m, 100, 10_000_000);
+    (m.counters().clone(), end)
 }
 
 #[test]

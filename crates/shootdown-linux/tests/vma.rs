@@ -3,29 +3,9 @@
 //! (`migrate_device.rs`), and munmap of a file VMA (`vma.rs`). The oracle watches every run: a
 //! violation would stop it short of `Finished`.
 
-use shootdown_engine::timed::{Limits, Stop, TimedDriver};
-use shootdown_engine::Model;
-use shootdown_engine::Time;
-use shootdown_hw::{CostProfile, Features, Topology};
+mod common;
+use common::{machine, run_to_end};
 use shootdown_linux::*;
-use std::sync::Arc;
-
-fn machine(cpus: usize) -> Machine {
-    let topo = Topology::new(1, cpus, 1).unwrap();
-    let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
-    Machine::new(topo, prof, Options::default(), MemoryModel::Sc)
-}
-
-fn run(m: &mut Machine) {
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
-        m,
-        Limits {
-            max_time: Time::from_ms(50),
-            max_steps: 5_000_000,
-        },
-    );
-    assert_eq!(st.stop, Stop::Finished, "{st:?}");
-}
 
 /// A thread of `mm` on `cpu` that computes for `us` microseconds in 1 µs slices.
 fn busy(m: &mut Machine, mm: MmId, cpu: usize, us: u32) {
@@ -74,7 +54,7 @@ fn mremap_moves_a_file_mapping_and_flushes_the_other_thread() {
         ],
     );
     busy(&mut m, mm, 1, 200);
-    run(&mut m);
+    run_to_end(&mut m, 50, 5_000_000);
     let c = m.counters();
     assert_eq!(c.get(Counter::Mremaps), 22);
     assert_eq!(c.get(Counter::MremapPtesMoved), 88);
@@ -133,7 +113,7 @@ fn truncate_unmaps_frees_the_tail_and_later_reads_get_sigbus() {
         ],
     );
     let free_before = m.free_frames.len();
-    run(&mut m);
+    run_to_end(&mut m, 50, 5_000_000);
     let c = m.counters();
     assert_eq!(c.get(Counter::UnmapMappingRange), 1);
     assert_eq!(c.get(Counter::TruncatedPages), 2);
@@ -187,7 +167,7 @@ fn migrate_vma_moves_pages_to_new_frames_under_a_writer() {
             UserOp::Exit,
         ],
     );
-    run(&mut m);
+    run_to_end(&mut m, 50, 5_000_000);
     let c = m.counters();
     assert_eq!(c.get(Counter::MigratedPages), 20);
     // Each migration frees its four sources, which the next one allocates again: four frames
@@ -241,7 +221,7 @@ fn a_driver_revokes_a_pfnmap_mapping_and_munmap_keeps_device_frames() {
         ],
     );
     let free_before = m.free_frames.len();
-    run(&mut m);
+    run_to_end(&mut m, 50, 5_000_000);
     let c = m.counters();
     assert_eq!(c.get(Counter::UnmapMappingRange), 1);
     assert!(c.get(Counter::Sigbus) > 0);
