@@ -92,7 +92,8 @@ IPI_GROUP: Tuple[str, ...] = (
     "ipi_send_per_target",
     "ipi_latency_same_socket",
     "ipi_latency_cross_socket",
-    "irq_entry_exit",
+    "irq_entry",
+    "irq_exit",
 )
 GUEST_IPI_GROUP: Tuple[str, ...] = IPI_GROUP + ("vm_exit_entry",)
 
@@ -393,7 +394,8 @@ def fit_profile(host: Dict[str, Any], measured: Dict[str, Dict[str, Any]]) -> Ca
             + cost("context_switch")
             + cost("ipi_send")
             + cost("ipi_latency_same_socket")
-            + cost("irq_entry_exit")
+            + cost("irq_entry")
+            + cost("irq_exit")
         )
         _direct(
             cal,

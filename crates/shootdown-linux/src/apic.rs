@@ -12,7 +12,10 @@ use shootdown_engine::{Env, Park, Time};
 use shootdown_hw::CpuId;
 
 impl Machine {
-    /// Take the pending CALL_FUNCTION IPI: enter `call_function_interrupt`.
+    /// Take the pending CALL_FUNCTION IPI: enter `call_function_interrupt`
+    /// (`smp_call_function_interrupt`: `ipi_entering_ack_irq()` then the queue). Only the entry
+    /// (`irq_entry`) is charged here; the exit (`irq_exit`) comes after the handler has unlocked
+    /// the csds, so a waiting initiator does not wait for it.
     pub(crate) fn take_interrupt<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
         let c = &mut self.cpus[cpu];
         c.ipi_pending = false;
@@ -34,7 +37,7 @@ impl Machine {
         }
         if env.timed() {
             let costs = &self.perf.profile.costs;
-            let mut t = self.core_time(costs.irq_entry_exit);
+            let mut t = self.core_time(costs.irq_entry);
             if was_halted && self.opts.idle == Idle::Halt {
                 t += costs.idle_wakeup;
             }
@@ -144,7 +147,7 @@ impl Machine {
                 _ => c.ipi_latency_same_socket,
             };
             env.charge(c.ipi_send);
-            env.now() + env.elapsed() + lat + c.idle_wakeup + c.irq_entry_exit
+            env.now() + env.elapsed() + lat + c.idle_wakeup + c.irq_entry + c.irq_exit
         };
         env.wake(cpu, at);
     }

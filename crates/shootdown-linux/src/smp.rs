@@ -335,6 +335,11 @@ impl Machine {
             }
             Run => {
                 if s.i >= s.entries.len() {
+                    // `exiting_irq()` and the return path, after every csd is unlocked.
+                    if env.timed() {
+                        let t = self.core_time(self.perf.profile.costs.irq_exit);
+                        env.charge(t);
+                    }
                     self.summary(|| "return from interrupt".into());
                     return Flow::Return;
                 }
