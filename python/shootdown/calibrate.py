@@ -94,6 +94,8 @@ IPI_GROUP: Tuple[str, ...] = (
     "ipi_latency_cross_socket",
     "irq_entry",
     "irq_exit",
+    "irq_user_entry",
+    "irq_user_exit",
 )
 GUEST_IPI_GROUP: Tuple[str, ...] = IPI_GROUP + ("vm_exit_entry",)
 

@@ -87,13 +87,19 @@ cost_keys! {
     ipi_latency_same_socket,
     /// From ICR write to the handler starting on a CPU of the other socket.
     ipi_latency_cross_socket,
-    /// Interrupt entry on the receiving CPU up to its handler: vectoring, register save,
-    /// `irq_enter`, the EOI write (`ipi_entering_ack_irq`), PTI's kernel CR3.
+    /// Interrupt entry on the receiving CPU up to its handler, in either mode: vectoring,
+    /// register save, `irq_enter`, the EOI write (`ipi_entering_ack_irq`).
     irq_entry,
-    /// Interrupt exit after the handler: `irq_exit`, register restore, IRET, and on return to
-    /// user PTI's user CR3 and MDS's VERW. A CALL_FUNCTION initiator waiting on its csd has
-    /// been released before it (`csd_unlock` runs right after the function).
+    /// Interrupt exit after the handler, in either mode: `irq_exit`, register restore, IRET. A
+    /// CALL_FUNCTION initiator waiting on its csd has been released before it (`csd_unlock`
+    /// runs right after the function).
     irq_exit,
+    /// Extra interrupt entry work when the interrupt arrives in user mode (`swapgs`, PTI's
+    /// switch to the kernel CR3).
+    irq_user_entry,
+    /// Extra return work when the interrupt returns to user mode (PTI's user CR3, MDS's VERW,
+    /// `prepare_exit_to_usermode`).
+    irq_user_exit,
     /// An NMI: entry plus exit (the paranoid, nesting-safe path) and perf's overflow handler with its sample record, besides reading the user stack (a TLB lookup or walk).
     nmi_entry_exit,
     /// Extra latency before a halted (idle, not polling) CPU runs its interrupt handler.

@@ -14,9 +14,10 @@ use shootdown_hw::CpuId;
 impl Machine {
     /// Take the pending CALL_FUNCTION IPI: enter `call_function_interrupt`
     /// (`smp_call_function_interrupt`: `ipi_entering_ack_irq()` then the queue). Only the entry
-    /// (`irq_entry`) is charged here; the exit (`irq_exit`) comes after the handler has unlocked
-    /// the csds, so a waiting initiator does not wait for it.
+    /// (`irq_entry`, and `irq_user_entry` from user mode) is charged here; the exit comes after
+    /// the handler has unlocked the csds, so a waiting initiator does not wait for it.
     pub(crate) fn take_interrupt<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
+        let from_user = env.timed() && !self.in_kernel_mode(cpu);
         let c = &mut self.cpus[cpu];
         c.ipi_pending = false;
         let was_halted = std::mem::replace(&mut c.halted, false);
@@ -37,7 +38,11 @@ impl Machine {
         }
         if env.timed() {
             let costs = &self.perf.profile.costs;
-            let mut t = self.core_time(costs.irq_entry);
+            let mut t = self.core_time(if from_user {
+                costs.irq_entry + costs.irq_user_entry
+            } else {
+                costs.irq_entry
+            });
             if was_halted && self.opts.idle == Idle::Halt {
                 t += costs.idle_wakeup;
             }
@@ -52,7 +57,9 @@ impl Machine {
         }
         self.cpus[cpu]
             .irq_stack
-            .push(Frame::CallFunctionIrq(crate::smp::CallFunctionIrq::new()));
+            .push(Frame::CallFunctionIrq(crate::smp::CallFunctionIrq::new(
+                from_user,
+            )));
         Park::Run
     }
 

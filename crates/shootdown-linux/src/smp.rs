@@ -99,6 +99,9 @@ pub struct CallFunctionIrq {
     pub pc: CallFunctionIrqPc,
     pub entries: Vec<CsdKey>,
     pub i: usize,
+    /// The interrupt arrived in user mode, so it returns there (timed runs only: it prices
+    /// the return).
+    pub from_user: bool,
 }
 
 /// The steps of the CALL_FUNCTION handler.
@@ -119,18 +122,13 @@ impl CallFunctionIrq {
         self.entries.get(self.i)
     }
 
-    pub fn new() -> CallFunctionIrq {
+    pub fn new(from_user: bool) -> CallFunctionIrq {
         CallFunctionIrq {
             pc: CallFunctionIrqPc::DelAll,
             entries: Vec::new(),
             i: 0,
+            from_user,
         }
-    }
-}
-
-impl Default for CallFunctionIrq {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -337,7 +335,12 @@ impl Machine {
                 if s.i >= s.entries.len() {
                     // `exiting_irq()` and the return path, after every csd is unlocked.
                     if env.timed() {
-                        let t = self.core_time(self.perf.profile.costs.irq_exit);
+                        let c = &self.perf.profile.costs;
+                        let t = self.core_time(if s.from_user {
+                            c.irq_exit + c.irq_user_exit
+                        } else {
+                            c.irq_exit
+                        });
                         env.charge(t);
                     }
                     self.summary(|| "return from interrupt".into());

@@ -47,14 +47,6 @@ impl Machine {
         self.host.as_deref().is_some_and(|h| h.cfg.ple_gap > 0)
     }
 
-    /// Is the guest on vCPU `v` in kernel mode (an interrupt handler, a task in the kernel, or
-    /// a kernel thread)? PLE exits only at CPL 0, and `kvm_arch_vcpu_in_kernel` is this.
-    pub(crate) fn guest_in_kernel(&self, v: CpuId) -> bool {
-        let c = &self.cpus[v];
-        let t = &self.tasks[c.curr as usize];
-        !c.irq_stack.is_empty() || !t.stack.is_empty() || t.mm.is_none()
-    }
-
     /// The vCPU's window as a time, from its TSC ticks.
     fn ple_window_time(&self, v: CpuId) -> Time {
         let mhz = self.host_ref().cfg.tsc_mhz as f64;
@@ -98,7 +90,7 @@ impl Machine {
     /// PAUSE loop's window if it just began. The agent is woken when the window runs out, and
     /// then takes the exit ([`Machine::ple_exit_due`]).
     pub(crate) fn ple_on_spin<E: Env>(&mut self, v: CpuId, end: Time, env: &mut E) {
-        if !self.guest_in_kernel(v) {
+        if !self.in_kernel_mode(v) {
             // User-mode spins never exit: VMX ignores PAUSE loops at CPL > 0.
             return;
         }
@@ -133,7 +125,7 @@ impl Machine {
     /// was preempted in kernel mode is timed-driver state.)
     pub(crate) fn ple_may_exit(&self, v: CpuId) -> bool {
         self.ple_enabled()
-            && self.guest_in_kernel(v)
+            && self.in_kernel_mode(v)
             && self.step_blocked(v)
             && self.ple_candidate(v, false).is_some()
     }

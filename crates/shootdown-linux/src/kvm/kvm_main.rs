@@ -149,7 +149,7 @@ impl Machine {
             h.pcpus[p].rq.push_back(v as u32);
             // `kvm_arch_vcpu_put` of a preempted vCPU records its guest's mode (directed
             // yield's `kvm_arch_vcpu_in_kernel`).
-            let in_kernel = self.guest_in_kernel(v);
+            let in_kernel = self.in_kernel_mode(v);
             self.perf.host.preempted_in_kernel[v] = in_kernel;
             let t = env.now() + self.vm_exit_cost();
             self.fair_sched_out(v, t);
