@@ -326,11 +326,8 @@ impl Machine {
             if self.cpus[c].ipi_pending && self.irqs_enabled(c) {
                 env.wake(c, self.perf.cpu[c].ipi_arrival);
             }
-            // Likewise a host kick on its way to a vCPU that parks (the wake its sender asked
-            // for may have been merged into an earlier one of this agent).
-            if timed && c < self.cpus.len() && self.host.is_some() && self.kick_deliverable(c) {
-                env.wake(c, self.perf.cpu[c].kick_arrival);
-            }
+            // Likewise a host kick on its way to a vCPU that parks.
+            self.wake_for_kick(c, env);
             // A spinning CPU's cycles count: perf's next sample interrupts it.
             if timed && matches!(park, Park::Spin | Park::SpinOn(_)) {
                 self.wake_for_nmi(c, env);

@@ -321,6 +321,7 @@ impl Machine {
                 // The halt-poll ran out: the thread sleeps (`halt_poll.rs`).
                 self.halt_poll_give_up(v, p, env.now(), env);
             }
+            self.wake_for_kick(v, env);
             return Outcome {
                 park: Park::Halt,
                 kind: StepKind::Local,
@@ -341,6 +342,9 @@ impl Machine {
             }
         }
         let park = self.step_host_stack(v, env);
+        if matches!(park, Park::Spin | Park::SpinOn(_) | Park::Halt) {
+            self.wake_for_kick(v, env);
+        }
         Outcome {
             park,
             kind: StepKind::Shared,

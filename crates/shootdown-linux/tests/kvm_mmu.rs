@@ -192,11 +192,19 @@ fn memslot_deletion_in_every_strategy_keeps_the_invariants() {
 }
 
 #[test]
-fn tdp_mmu_notifier_invalidations_zap_and_flush() {
+fn mmu_notifier_invalidations_zap_and_flush_in_both_mmus() {
     // The TDP MMU's notifier takes the rwlock for write and walks its roots
-    // (`kvm_tdp_mmu_unmap_gfn_range`), yielding to the faults of the two vCPUs.
+    // (`kvm_tdp_mmu_unmap_gfn_range`), yielding to the faults of the two vCPUs; the legacy
+    // MMU's takes the spinlock and walks the rmaps, and its flush kicks vCPUs queued on that
+    // lock, which must take the kick there for the flush to finish.
+    for tdp_mmu in [true, false] {
+        notifier_invalidations(tdp_mmu);
+    }
+}
+
+fn notifier_invalidations(tdp_mmu: bool) {
     let o = Options {
-        tdp_mmu: true,
+        tdp_mmu,
         ..Options::default()
     };
     let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
@@ -239,7 +247,7 @@ fn tdp_mmu_notifier_invalidations_zap_and_flush() {
         ],
     );
     let (stop, _) = run(&mut m, 50);
-    assert_eq!(stop, Stop::Finished, "{}", m.dump());
+    assert_eq!(stop, Stop::Finished, "tdp_mmu = {tdp_mmu}: {}", m.dump());
     let c = m.counters();
     assert_eq!(c.get(Counter::KvmMmuNotifierInvalidations), 10);
     assert!(c.get(Counter::KvmRemoteTlbFlush) >= 1);

@@ -92,6 +92,17 @@ impl Machine {
             && (vc.thread != ThreadState::Running || vc.stack.is_empty() || !vc.irqs_off)
     }
 
+    /// Timed driver: vCPU agent `v`, which parks (spins, halts, or waits for its pCPU), is
+    /// woken when a deliverable kick IPI on its way arrives. The wake its sender asked for may
+    /// have been merged into an earlier one of this agent, which found the kick not yet
+    /// arrived and stepped on (in host code: queued on `mmu_lock`, whose holder waits for this
+    /// very kick in `kvm_make_all_cpus_request`).
+    pub(crate) fn wake_for_kick<E: Env>(&self, v: CpuId, env: &mut E) {
+        if env.timed() && v < self.cpus.len() && self.host.is_some() && self.kick_deliverable(v) {
+            env.wake(v, self.perf.cpu[v].kick_arrival);
+        }
+    }
+
     /// Action `HostIrq(v)`: the kick IPI exits a vCPU in the guest (acknowledged once
     /// `vcpu_run` enables interrupts); on a vCPU thread in host code, or a pCPU the thread is
     /// not running on, `ack_flush` runs at once.
