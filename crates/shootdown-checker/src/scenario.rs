@@ -152,7 +152,9 @@ fn mremap_ranges(
         .filter(|t| t.mm.as_deref() == mm)
         .any(|t| {
             t.program.iter().any(|op| match *op {
-                OpSpec::Touch { vpn, .. } => overlaps(new_start, npages, vpn, 1),
+                OpSpec::Touch { vpn, .. } | OpSpec::Exec { vpn } => {
+                    overlaps(new_start, npages, vpn, 1)
+                }
                 OpSpec::TouchRange {
                     start, npages: n, ..
                 } => overlaps(new_start, npages, start, n),
@@ -283,6 +285,8 @@ pub enum HostOpSpec {
     },
     /// VFIO assigns a device without snoop control (KVM zaps: seed 004's patch 5).
     AssignNoncoherentDma,
+    /// One run of the NX huge page recovery worker (`options.nx_huge_pages`).
+    NxRecover,
     Compute {
         ns: u64,
     },
@@ -377,6 +381,7 @@ impl HostOpSpec {
             HostOpSpec::MemslotDelete { id } => HostOp::MemslotDelete { id },
             HostOpSpec::InvalidateGfns { gfn, npages } => HostOp::InvalidateGfns { gfn, npages },
             HostOpSpec::AssignNoncoherentDma => HostOp::AssignNoncoherentDma,
+            HostOpSpec::NxRecover => HostOp::NxRecover,
             HostOpSpec::Compute { ns } => HostOp::Compute { ns },
             HostOpSpec::Loop { to, times } => HostOp::Loop { to, times },
             HostOpSpec::Exit => HostOp::Exit,
@@ -506,6 +511,10 @@ pub enum OpSpec {
         vpn: u64,
         #[serde(default)]
         write: bool,
+    },
+    /// An instruction fetch from a page.
+    Exec {
+        vpn: u64,
     },
     TouchRange {
         start: u64,
@@ -671,6 +680,7 @@ impl OpSpec {
                 npages,
             },
             OpSpec::Touch { vpn, write } => UserOp::Touch { vpn, write },
+            OpSpec::Exec { vpn } => UserOp::Exec { vpn },
             OpSpec::TouchRange {
                 start,
                 npages,
@@ -978,6 +988,9 @@ impl Scenario {
                         Some("use_mm while an mm is in use (unuse_mm it first)".into())
                     }
                     OpSpec::UnuseMm if !using => Some("unuse_mm without a use_mm before it".into()),
+                    OpSpec::Exec { .. } if kthread => {
+                        Some("a kernel thread does not execute user code (exec)".into())
+                    }
                     OpSpec::Touch { .. } if kthread && !using => Some(
                         "a kernel thread touches user memory only between use_mm and unuse_mm"
                             .into(),

@@ -78,6 +78,15 @@ const MUTANTS: &[Pinned] = &[
         3462,
     ),
     (
+        "kvm_nx_split",
+        "huge_spte_split_skips_flush",
+        None,
+        "sc",
+        "INV-FLUSH-OWED",
+        35,
+        23964,
+    ),
+    (
         "efi_runtime",
         "efi_leave_mm_restores_cr3",
         None,

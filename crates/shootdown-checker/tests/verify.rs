@@ -95,6 +95,15 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_noncoherent_fault", "sc", 2938, 5382),
     ("kvm_noncoherent_fault", "tso", 3891, 8116),
 ];
+/// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
+/// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it
+/// (`kvm_nx_split`). The shadow MMU's forms: `tests/nx_huge_pages.rs`.
+const NX_HUGE_PAGES: &[(&str, &str, u64, u64)] = &[
+    ("kvm_nx_recovery", "sc", 228411, 645702),
+    ("kvm_nx_recovery", "tso", 324633, 1013206),
+    ("kvm_nx_split", "sc", 666686, 1909392),
+    ("kvm_nx_split", "tso", 927505, 2952240),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -111,6 +120,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     KVM_MMU_SC,
     KVM_MMU_TSO,
     TDP_MMU,
+    NX_HUGE_PAGES,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -175,6 +185,11 @@ fn fixed_kvm_mmio_and_zap_yield_verify_tso() {
 #[test]
 fn fixed_tdp_mmu_and_memtype_zaps_verify() {
     verify(TDP_MMU);
+}
+
+#[test]
+fn fixed_nx_huge_pages_verify() {
+    verify(NX_HUGE_PAGES);
 }
 
 #[test]

@@ -45,11 +45,13 @@ pub enum SpteKind {
     None,
     /// A leaf: maps the entry's guest frames (4 KiB at level 1, 2 MiB at level 2) to host
     /// frames starting at `pfn`, with EPT memory type `memtype` (bits 2:0 the type, bit 3
-    /// IPAT: [`MT_WB_IPAT`] unless guest MTRRs are honoured).
+    /// IPAT: [`MT_WB_IPAT`] unless guest MTRRs are honoured). `exec`: the X bit (KVM clears
+    /// it in huge leaves under the iTLB multihit mitigation, `nx_huge_pages`).
     Leaf {
         pfn: u64,
         writable: bool,
         memtype: u8,
+        exec: bool,
     },
     /// A link to a lower-level table.
     Table(SpId),
@@ -257,6 +259,7 @@ mod tests {
                 pfn: 0x1000,
                 writable: true,
                 memtype: MT_WB_IPAT,
+                exec: true,
             },
             3,
         );

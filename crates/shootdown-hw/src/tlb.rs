@@ -45,6 +45,9 @@ pub struct EptUse {
     pub version: u32,
     /// The oracle epoch of the fill.
     pub filled: u64,
+    /// The leaf's X bit: an instruction fetch uses the entry only if it is set (a fetch
+    /// through a non-executable leaf walks, and exits).
+    pub exec: bool,
 }
 
 /// A cached translation.

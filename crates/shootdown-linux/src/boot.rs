@@ -13,7 +13,7 @@
 use crate::kvm::Exit;
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
-use crate::state::UserOp;
+use crate::state::{Access, UserOp};
 use shootdown_engine::{Env, Park};
 use shootdown_hw::CpuId;
 
@@ -34,7 +34,7 @@ impl Machine {
         let Some(gfn) = self.guest_word_pages[w as usize] else {
             return true;
         };
-        match self.user_access(cpu, gfn, false, env) {
+        match self.user_access(cpu, gfn, Access::Read, env) {
             Ok(()) => true,
             Err(crate::user::Fault::Exit(exit)) => {
                 self.vm_exit_to_kvm(cpu, exit, env);

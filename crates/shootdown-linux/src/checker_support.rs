@@ -197,6 +197,7 @@ impl Machine {
                 | Frame::ZapMemslot(_)
                 | Frame::ZapGfnRange(_)
                 | Frame::TdpMmuPageFault(_)
+                | Frame::NxRecover(_)
                 | Frame::MtrrZapRequest(_)
                 | Frame::NoncoherentDmaStart(_) => {}
                 Frame::BulkPages(_) | Frame::PageListLocked(_) => {}

@@ -146,6 +146,11 @@ counters! {
     KvmMtrrZapRequests = "kvm.mtrr_zap_requests",
     /// `kvm_zap_gfn_range()` executions (fewer than the requests with patch 9's list).
     KvmZapGfnRange = "kvm.zap_gfn_range",
+    /// KVM: page tables linked by an instruction fetch where a huge page was possible
+    /// (`nx_lpage_splits`, counted as they are tracked; `nx_huge_pages`).
+    KvmNxLpageSplits = "kvm.nx_lpage_splits",
+    /// KVM: split page tables the NX recovery worker zapped (`kvm_recover_nx_huge_pages`).
+    KvmNxRecovered = "kvm.nx_recovered",
     /// KVM: MMU-notifier invalidations (`kvm_mmu_notifier_invalidate_range_start`), either MMU.
     KvmMmuNotifierInvalidations = "kvm.mmu_notifier_invalidations",
     /// Nanoseconds vCPUs spent in those requests (seed 004's "zap cycles" at 3.1 GHz):

@@ -20,7 +20,7 @@
 use crate::frame::Flow;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::state::{MmId, TaskId};
+use crate::state::{Access, MmId, TaskId};
 use crate::switch_mm::SwitchMm;
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::Vpn;
@@ -82,7 +82,7 @@ impl Machine {
                 let pcid = self.kern_pcid(self.cpus[cpu].tlbstate.loaded_mm_asid);
                 self.summary(|| "the firmware's runtime service runs (interrupts on)".into());
                 if self
-                    .access_through_cr3(cpu, mm, pcid, EFI_RUNTIME_VPN, true, env)
+                    .access_through_cr3(cpu, mm, pcid, EFI_RUNTIME_VPN, Access::Write, env)
                     .is_err()
                 {
                     panic!("EFI: the runtime page is not mapped in efi_mm");

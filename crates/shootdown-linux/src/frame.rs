@@ -14,6 +14,7 @@ use crate::kvm::kvm_main::{
     SynchronizeSrcu,
 };
 use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
+use crate::kvm::mmu::nx_huge_pages::NxRecover;
 use crate::kvm::mmu::page::{CommitZap, MmuLoad, MmuUnload};
 use crate::kvm::mmu::tdp_mmu::{TdpMmuPageFault, ZapGfnRange};
 use crate::kvm::mmu::zap::ZapMemslot;
@@ -89,6 +90,8 @@ pub enum Frame {
     /// request an MTRR or CR0.CD change makes (patch 9's list).
     ZapGfnRange(Box<ZapGfnRange>),
     TdpMmuPageFault(Box<TdpMmuPageFault>),
+    /// Host (KVM, either MMU): the NX huge page recovery worker's zap.
+    NxRecover(Box<NxRecover>),
     MtrrZapRequest(Box<MtrrZapRequest>),
     NoncoherentDmaStart(NoncoherentDmaStart),
     /// Guest mm: faults and frees charged in bulk, and their page-list sections
@@ -122,6 +125,7 @@ shootdown_engine::clone_by_variants!(Frame {
     ZapMemslot,
     ZapGfnRange,
     TdpMmuPageFault,
+    NxRecover,
     MtrrZapRequest,
     NoncoherentDmaStart,
     BulkPages,
@@ -155,6 +159,7 @@ impl Frame {
             Frame::ZapMemslot(b) => boxed(&**b),
             Frame::ZapGfnRange(b) => boxed(&**b),
             Frame::TdpMmuPageFault(b) => boxed(&**b),
+            Frame::NxRecover(b) => boxed(&**b),
             Frame::MtrrZapRequest(b) => boxed(&**b),
             Frame::FlushFunc(_)
             | Frame::CallFunctionIrq(_)
@@ -245,6 +250,7 @@ impl Frame {
             Frame::ZapGfnRange(z) if z.notifier => "kvm_tdp_mmu_unmap_gfn_range",
             Frame::ZapGfnRange(_) => "kvm_zap_gfn_range",
             Frame::TdpMmuPageFault(_) => "kvm_tdp_page_fault",
+            Frame::NxRecover(_) => "kvm_recover_nx_huge_pages",
             Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",
             Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
             Frame::NoncoherentDmaStart(_) => "kvm_arch_register_noncoherent_dma",
@@ -280,6 +286,7 @@ impl Frame {
             Frame::ZapMemslot(s) => format!("{:?}", s.pc),
             Frame::ZapGfnRange(s) => format!("{:?}", s.pc),
             Frame::TdpMmuPageFault(s) => format!("{:?}", s.pc),
+            Frame::NxRecover(s) => format!("{:?}", s.pc),
             Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
             Frame::NoncoherentDmaStart(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),

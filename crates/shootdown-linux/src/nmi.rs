@@ -29,7 +29,7 @@
 use crate::counters::Counter;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::state::MmId;
+use crate::state::{Access, MmId};
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::pagetable::Vpn;
@@ -125,7 +125,7 @@ impl Machine {
         // switches to the kernel CR3 under PTI).
         let pcid = self.kern_pcid(self.cpus[cpu].tlbstate.loaded_mm_asid);
         if self
-            .access_through_cr3(cpu, mm, pcid, vpn, false, env)
+            .access_through_cr3(cpu, mm, pcid, vpn, Access::Read, env)
             .is_err()
         {
             self.say(|| {

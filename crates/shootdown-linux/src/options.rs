@@ -400,6 +400,19 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// How the NX huge page recovery worker (`kvm_recover_nx_huge_pages`) flushes for the TDP
+    /// MMU tables it zaps.
+    pub enum NxRecoveryFlush {
+        /// v5.10–v5.11 (`kvm_recover_nx_lpages`): the TDP MMU zap's "flush needed" is ignored
+        /// and only `kvm_mmu_commit_zap_page()` runs, which flushes for shadow pages alone; the
+        /// unlinked table is freed at once (fixed by 048f49809c52, v5.12).
+        V5_10 = "v5_10",
+        /// v5.12+: `kvm_mmu_remote_flush_or_zap(kvm, &invalid_list, flush)`.
+        Mainline = "mainline",
+    }
+}
+
 /// Width of the memslot generation kept in MMIO SPTEs (19 bits from v5.1, 20 before):
 /// scenarios narrow it so that a wrap takes a few updates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -652,6 +665,12 @@ mutants! {
     /// range's leaf SPTEs in the TDP roots but returns without `kvm_flush_remote_tlbs`: the host
     /// frees the pages while a vCPU's TLB still maps them.
     tdp_notifier_skips_flush = "",
+    /// Seeded (issue #41, NX huge pages): the fault that must replace a huge SPTE with a page
+    /// table (an instruction fetch under `nx_huge_pages`) drops the huge SPTE without its
+    /// flush (`drop_large_spte` / `tdp_mmu_zap_spte_atomic` without
+    /// `kvm_flush_remote_tlbs_gfn`): other vCPUs keep the huge translation after `mmu_lock`
+    /// is released.
+    huge_spte_split_skips_flush = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -835,6 +854,18 @@ options! {
     /// Host: the `mmu_lock` mode of `kvm_zap_gfn_range()`'s TDP walk (seed 004's patch 12).
     zap_gfn_range_lock: ZapLock = ZapLock::Write,
         accepts = format!("{} (patch 12: zap under the read lock)", names(ZapLock::NAMES));
+    /// Host: the iTLB multihit mitigation (`kvm.nx_huge_pages`, v5.4+; the kernel's `auto`
+    /// turns it on for CPUs with the erratum): huge SPTEs are not executable, and a fetch
+    /// maps its frame with 4 KiB SPTEs (`kvm/mmu/nx_huge_pages.rs`).
+    nx_huge_pages: bool = false,
+        accepts = "true | false (kvm.nx_huge_pages: no executable huge SPTEs)";
+    /// Host: `kvm.nx_huge_pages_recovery_ratio`: each run of the recovery worker zaps
+    /// 1/ratio of the tracked split pages, rounded up (0 = none).
+    nx_huge_pages_recovery_ratio: Count = Count(60),
+        accepts = "integer >= 0 (kvm.nx_huge_pages_recovery_ratio; 60 by default)";
+    /// Host: the recovery worker's flush for the TDP MMU tables it zaps.
+    nx_recovery_flush: NxRecoveryFlush = NxRecoveryFlush::Mainline,
+        accepts = format!("{} (the NX recovery's TDP flush: 048f49809c52)", names(NxRecoveryFlush::NAMES));
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

@@ -249,6 +249,7 @@ impl Machine {
             Frame::CommitZap(s) => self.commit_zap_step(cpu, s, env),
             Frame::ZapMemslot(s) => self.zap_memslot_step(cpu, s, env),
             Frame::ZapGfnRange(s) => self.zap_gfn_range_step(cpu, s, env),
+            Frame::NxRecover(s) => self.nx_recover_step(cpu, s, env),
             Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
             Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
@@ -289,6 +290,7 @@ impl Machine {
             }
             Frame::ZapMemslot(s) => self.zap_waits(cpu, s),
             Frame::ZapGfnRange(s) => self.zap_gfn_range_waits(cpu, s),
+            Frame::NxRecover(s) => self.nx_recover_waits(cpu, s),
             Frame::TdpMmuPageFault(s) => {
                 s.pc == crate::kvm::mmu::tdp_mmu::TdpMmuPageFaultPc::Lock
                     && self.mmu_rwlock_waits(cpu, s.lock, false)

@@ -381,6 +381,39 @@ shootdown_engine::state_fields!(Cpu {
     halted,
 } fixed {});
 
+/// What an access asks of a translation: a write needs the W bit, an instruction fetch the X
+/// bit (in a VM, of the EPT leaf: the guest's own pages are all executable in this model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Access {
+    Read,
+    Write,
+    Fetch,
+}
+
+impl Access {
+    pub fn from_write(write: bool) -> Access {
+        if write {
+            Access::Write
+        } else {
+            Access::Read
+        }
+    }
+    pub fn is_write(self) -> bool {
+        self == Access::Write
+    }
+    pub fn is_fetch(self) -> bool {
+        self == Access::Fetch
+    }
+    /// As a counterexample says it.
+    pub fn text(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::Fetch => "fetch",
+        }
+    }
+}
+
 /// What a user-mode task does next: its program is a list of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum UserOp {
@@ -388,6 +421,11 @@ pub enum UserOp {
     Touch {
         vpn: Vpn,
         write: bool,
+    },
+    /// Execute code from one page: an instruction fetch (a read that needs execute
+    /// permission: in a VM, the EPT leaf's X bit).
+    Exec {
+        vpn: Vpn,
     },
     /// Access `npages` consecutive pages, one step each.
     TouchRange {

@@ -21,7 +21,7 @@
 use crate::frame::Flow;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::state::{MmId, INIT_MM};
+use crate::state::{Access, MmId, INIT_MM};
 use crate::switch_mm::SwitchMm;
 use crate::tlb::FlushMmRange;
 use shootdown_engine::Env;
@@ -103,7 +103,7 @@ impl Machine {
                 let pcid = self.kern_pcid(self.cpus[cpu].tlbstate.loaded_mm_asid);
                 self.summary(|| format!("memcpy to poking_addr {POKING_VPN:#x}"));
                 if self
-                    .access_through_cr3(cpu, mm, pcid, POKING_VPN, true, env)
+                    .access_through_cr3(cpu, mm, pcid, POKING_VPN, Access::Write, env)
                     .is_err()
                 {
                     panic!("text_poke: the poking PTE is not present");

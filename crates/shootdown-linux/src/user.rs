@@ -93,7 +93,7 @@ impl Machine {
         &mut self,
         cpu: CpuId,
         vpn: Vpn,
-        write: bool,
+        access: Access,
         env: &mut E,
     ) -> Result<(), Fault> {
         let task = self.cpus[cpu].curr;
@@ -110,7 +110,7 @@ impl Machine {
         }
         self.perf.cpu[cpu].last_user_vpn = Some(vpn);
         let pcid = self.access_pcid(cpu);
-        self.access_through_cr3(cpu, mm, pcid, vpn, write, env)
+        self.access_through_cr3(cpu, mm, pcid, vpn, access, env)
     }
 
     /// The hardware's side of an access to `vpn` of `mm` (CR3's) under `pcid`: TLB hit
@@ -122,11 +122,18 @@ impl Machine {
         mm: MmId,
         pcid: u16,
         vpn: Vpn,
-        write: bool,
+        access: Access,
         env: &mut E,
     ) -> Result<(), Fault> {
+        let write = access.is_write();
         let hit = self.cpus[cpu].tlb.lookup(pcid, vpn);
-        if let Some(e) = hit.filter(|e| !(write && !e.writable && e.ept.is_some())) {
+        // A combined entry that lacks the permission is not used: the access walks (and a
+        // fetch through a non-executable EPT leaf exits). No iTLB/dTLB split is modelled.
+        let lacks_permission = |e: &TlbEntry| match e.ept {
+            Some(u) => (write && !e.writable) || (access.is_fetch() && !u.exec),
+            None => false,
+        };
+        if let Some(e) = hit.filter(|e| !lacks_permission(e)) {
             if write && !e.writable {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
                 return Err(Fault::PageFault);
@@ -162,7 +169,7 @@ impl Machine {
             return Err(Fault::PageFault);
         }
         let (ept, writable) = if self.has_kvm_mmu(cpu) {
-            let (u, w) = self.ept_translate(cpu, pte.pfn as u64, write)?;
+            let (u, w) = self.ept_translate(cpu, pte.pfn as u64, access)?;
             (Some(u), pte.writable && w)
         } else {
             (None, pte.writable)
@@ -200,7 +207,12 @@ impl Machine {
     /// a table its EPT paging-structure cache holds, if any). A walk through a freed EPT page is
     /// `INV-PTFREE`; a missing SPTE (or a read-only one, written) is an EPT violation, an MMIO
     /// SPTE an EPT misconfiguration.
-    fn ept_translate(&mut self, v: CpuId, gfn: u64, write: bool) -> Result<(EptUse, bool), Fault> {
+    fn ept_translate(
+        &mut self,
+        v: CpuId,
+        gfn: u64,
+        access: Access,
+    ) -> Result<(EptUse, bool), Fault> {
         let root = self.host_ref().vcpus[v]
             .root
             .expect("a vCPU in the guest has a root");
@@ -214,9 +226,9 @@ impl Machine {
                     invariant: "INV-PTFREE",
                     detail: format!("vcpu{v} walked gfn {gfn:#x} through freed EPT page #{sp}"),
                 });
-                Err(Fault::Exit(Exit::EptViolation { gfn, write }))
+                Err(Fault::Exit(Exit::EptViolation { gfn, access }))
             }
-            EptWalk::NotPresent { .. } => Err(Fault::Exit(Exit::EptViolation { gfn, write })),
+            EptWalk::NotPresent { .. } => Err(Fault::Exit(Exit::EptViolation { gfn, access })),
             EptWalk::Mmio { .. } => Err(Fault::Exit(Exit::EptMisconfig { gfn })),
             EptWalk::Leaf {
                 sp,
@@ -224,12 +236,11 @@ impl Machine {
                 level,
                 spte,
             } => {
-                let writable = matches!(
-                    spte.kind,
-                    shootdown_hw::ept::SpteKind::Leaf { writable: true, .. }
-                );
-                if write && !writable {
-                    return Err(Fault::Exit(Exit::EptViolation { gfn, write }));
+                let shootdown_hw::ept::SpteKind::Leaf { writable, exec, .. } = spte.kind else {
+                    unreachable!("a leaf walk ends at a leaf")
+                };
+                if (access.is_write() && !writable) || (access.is_fetch() && !exec) {
+                    return Err(Fault::Exit(Exit::EptViolation { gfn, access }));
                 }
                 self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);
                 let filled = self.oracle.now();
@@ -240,6 +251,7 @@ impl Machine {
                         idx,
                         version: spte.version,
                         filled,
+                        exec,
                     },
                     writable,
                 ))
@@ -257,7 +269,7 @@ impl Machine {
             .copied();
         let _ = env;
         match op {
-            Some(UserOp::Touch { .. }) => self.tasks[t].pc += 1,
+            Some(UserOp::Touch { .. } | UserOp::Exec { .. }) => self.tasks[t].pc += 1,
             Some(
                 UserOp::TouchRange { npages, .. }
                 | UserOp::TouchRandomBlock { npages, .. }
@@ -404,7 +416,10 @@ impl Machine {
                 self.tasks[t].pc += 1;
             }
             UserOp::Touch { vpn, write } => {
-                self.user_touch(cpu, vpn, write, true, env);
+                self.user_touch(cpu, vpn, Access::from_write(write), true, env);
+            }
+            UserOp::Exec { vpn } => {
+                self.user_touch(cpu, vpn, Access::Fetch, true, env);
             }
             UserOp::TouchRange {
                 start,
@@ -762,11 +777,12 @@ impl Machine {
         &mut self,
         cpu: CpuId,
         vpn: Vpn,
-        write: bool,
+        access: Access,
         advance: bool,
         env: &mut E,
     ) -> bool {
-        match self.user_access(cpu, vpn, write, env) {
+        let write = access.is_write();
+        match self.user_access(cpu, vpn, access, env) {
             Ok(()) => {
                 self.charge_interruptible(env, cpu, |c| c.user_touch_page);
                 if advance {
@@ -782,7 +798,11 @@ impl Machine {
                 self.say(|| {
                     format!(
                         "{} page {vpn:#x}: page fault",
-                        if write { "write to" } else { "read of" }
+                        match access {
+                            Access::Write => "write to",
+                            Access::Read => "read of",
+                            Access::Fetch => "fetch from",
+                        }
                     )
                 });
                 self.call(
@@ -814,7 +834,7 @@ impl Machine {
     ) {
         let first = self.tasks[t].op_started.is_none();
         let started = *self.tasks[t].op_started.get_or_insert(env.now());
-        if !self.user_touch(cpu, vpn, write, false, env) {
+        if !self.user_touch(cpu, vpn, Access::from_write(write), false, env) {
             return;
         }
         self.tasks[t].op_started = None;
@@ -846,7 +866,7 @@ impl Machine {
         npages: u64,
         env: &mut E,
     ) {
-        if self.user_touch(cpu, vpn, write, false, env) {
+        if self.user_touch(cpu, vpn, Access::from_write(write), false, env) {
             self.advance_multi(self.cpus[cpu].curr as usize, npages);
         }
     }
@@ -858,6 +878,7 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
     let file = |f: u32| &files[f as usize].name;
     Some(match *op {
         UserOp::Touch { .. }
+        | UserOp::Exec { .. }
         | UserOp::TouchRange { .. }
         | UserOp::TouchRegions { .. }
         | UserOp::TouchRandomBlock { .. }

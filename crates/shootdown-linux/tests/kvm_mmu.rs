@@ -253,3 +253,79 @@ fn notifier_invalidations(tdp_mmu: bool) {
     assert!(c.get(Counter::KvmRemoteTlbFlush) >= 1);
     assert_eq!(c.get(Counter::KvmZapGfnRange), 0);
 }
+
+/// NX huge pages (`nx_huge_pages`), in both MMUs: a vCPU that executes from a page of a huge
+/// slot and reads the page beside it splits the 2 MiB SPTE (a 4 KiB table, tracked), while the
+/// other reads through it; the recovery worker zaps the tracked table every 20 us and flushes,
+/// and the next fetch splits again.
+#[test]
+fn nx_huge_pages_split_on_fetch_and_recover_in_both_mmus() {
+    for tdp_mmu in [true, false] {
+        nx_recovery(tdp_mmu);
+    }
+}
+
+fn nx_recovery(tdp_mmu: bool) {
+    let o = Options {
+        tdp_mmu,
+        nx_huge_pages: true,
+        nx_huge_pages_recovery_ratio: Count(1),
+        ..Options::default()
+    };
+    let mut m = vm(2, o, vec![ram(0, 0, 0x400, true)]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x200, 4, true);
+    let fetcher = vec![
+        UserOp::Exec { vpn: 0x200 },
+        UserOp::Touch {
+            vpn: 0x201,
+            write: false,
+        },
+        UserOp::Compute { ns: 2_000 },
+        UserOp::Loop {
+            to: 0,
+            times: Some(60),
+        },
+        UserOp::Exit,
+    ];
+    let reader = vec![
+        UserOp::TouchRange {
+            start: 0x200,
+            npages: 4,
+            write: false,
+        },
+        UserOp::Compute { ns: 2_000 },
+        UserOp::Loop {
+            to: 0,
+            times: Some(60),
+        },
+        UserOp::Exit,
+    ];
+    m.add_task("fetcher", mm, 0, fetcher);
+    m.add_task("reader", mm, 1, reader);
+    m.add_host_thread(
+        "nx_recovery",
+        0,
+        3,
+        vec![
+            HostOp::Compute { ns: 20_000 },
+            HostOp::NxRecover,
+            HostOp::Loop {
+                to: 0,
+                times: Some(5),
+            },
+            HostOp::Exit,
+        ],
+    );
+    let (stop, _) = run(&mut m, 50);
+    assert_eq!(stop, Stop::Finished, "tdp_mmu = {tdp_mmu}: {}", m.dump());
+    let c = m.counters();
+    // Each recovery finds the table split since the last one and zaps it, with a flush; the
+    // next fetch splits again.
+    assert_eq!(c.get(Counter::KvmNxRecovered), 6, "tdp_mmu = {tdp_mmu}");
+    assert_eq!(c.get(Counter::KvmNxLpageSplits), 7, "tdp_mmu = {tdp_mmu}");
+    assert!(
+        c.get(Counter::KvmRemoteTlbFlush) >= 6,
+        "tdp_mmu = {tdp_mmu}"
+    );
+}

@@ -35,6 +35,9 @@ pub enum HostOp {
         gfn: Gfn,
         npages: u64,
     },
+    /// One run of the VM's NX huge page recovery worker (`kvm_nx_huge_page_recovery_worker`,
+    /// a kthread per VM): `kvm_recover_nx_huge_pages()`.
+    NxRecover,
     /// The VMM assigns a device without snoop control (VFIO registers it with KVM): KVM starts
     /// honouring the guest's memory types and zaps (seed 004's patch 5).
     AssignNoncoherentDma,

@@ -114,6 +114,11 @@ impl Machine {
                     env,
                 );
             }
+            HostOp::NxRecover => {
+                advance(self);
+                self.say(|| "kvm_nx_huge_page_recovery_worker: recover NX huge pages".into());
+                self.push_host_frame(a, crate::kvm::mmu::nx_huge_pages::NxRecover::call(), env);
+            }
             HostOp::AssignNoncoherentDma => {
                 advance(self);
                 self.say(|| "VFIO: assign a device without snoop control".into());

@@ -23,6 +23,7 @@ use crate::kvm::{mode, Request, ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMP
 use crate::machine::Machine;
 use crate::mem::{line_of, spin_key, Loc};
 use crate::options::KvmVersion;
+use crate::state::Access;
 use shootdown_engine::Env;
 use shootdown_hw::ept::Gfn;
 use shootdown_hw::tlb::ept_tag;
@@ -35,8 +36,9 @@ pub enum Exit {
     Preempted,
     /// A host IPI: a kick from `kvm_make_all_cpus_request()`.
     Kick,
-    /// An EPT violation: no SPTE for `gfn` (or a write to a read-only one).
-    EptViolation { gfn: Gfn, write: bool },
+    /// An EPT violation: no SPTE for `gfn` (or a write to a read-only one, a fetch from a
+    /// non-executable one).
+    EptViolation { gfn: Gfn, access: Access },
     /// An EPT misconfiguration: an MMIO SPTE for `gfn`.
     EptMisconfig { gfn: Gfn },
     /// WRMSR of an MTRR MSR (`host`: not an exit but the VMM's `KVM_SET_MSRS` from the vCPU
@@ -237,11 +239,8 @@ impl Machine {
                     Exit::Preempted => "preemption".to_string(),
                     Exit::Kick => "host IPI".to_string(),
                     Exit::Pause => "PAUSE loop".to_string(),
-                    Exit::EptViolation { gfn, write } => {
-                        format!(
-                            "EPT violation ({} gfn {gfn:#x})",
-                            if write { "write" } else { "read" }
-                        )
+                    Exit::EptViolation { gfn, access } => {
+                        format!("EPT violation ({} gfn {gfn:#x})", access.text())
                     }
                     Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
                     Exit::Wrmsr {
@@ -271,10 +270,10 @@ impl Machine {
                 });
                 s.pc = Emulate;
                 let handler = match s.exit {
-                    Exit::EptViolation { gfn, write } if self.opts.tdp_mmu => {
-                        Some(TdpMmuPageFault::call(gfn, write))
+                    Exit::EptViolation { gfn, access } if self.opts.tdp_mmu => {
+                        Some(TdpMmuPageFault::call(gfn, access))
                     }
-                    Exit::EptViolation { gfn, write } => Some(TdpPageFault::call(gfn, write)),
+                    Exit::EptViolation { gfn, access } => Some(TdpPageFault::call(gfn, access)),
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
@@ -392,8 +391,13 @@ impl Machine {
     /// `vcpu_run` from `Exited`.
     pub(crate) fn vm_exit_to_kvm<E: Env>(&mut self, v: CpuId, exit: Exit, env: &mut E) {
         self.say(|| match exit {
-            Exit::EptViolation { gfn, .. } => {
-                format!("gfn {gfn:#x}: no SPTE: EPT violation, VM exit")
+            Exit::EptViolation { gfn, access } => {
+                let why = match access {
+                    Access::Fetch => "no executable SPTE",
+                    Access::Write => "no writable SPTE",
+                    Access::Read => "no SPTE",
+                };
+                format!("gfn {gfn:#x}: {why}: EPT violation, VM exit")
             }
             Exit::EptMisconfig { gfn } => {
                 format!("gfn {gfn:#x}: MMIO SPTE: EPT misconfiguration, VM exit")

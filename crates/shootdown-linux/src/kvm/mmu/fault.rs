@@ -19,6 +19,7 @@ use crate::kvm::{mode, MmioCache};
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::KvmVersion;
+use crate::state::Access;
 use shootdown_engine::{Env, Violation};
 use shootdown_hw::ept::{
     ept_index, gfns_per_entry, EptWalk, Gfn, SpteKind, EPT_ROOT_LEVEL, MT_WB_IPAT,
@@ -53,6 +54,8 @@ pub struct TdpPageFault {
     pub pc: TdpPageFaultPc,
     pub gfn: Gfn,
     pub write: bool,
+    /// An instruction fetch (`fault->exec`).
+    pub exec: bool,
     /// `mmu_seq = kvm->mmu_notifier_seq` before the lookup.
     pub mmu_seq: u64,
     pub target: FaultTarget,
@@ -79,11 +82,12 @@ pub enum TdpPageFaultPc {
 }
 
 impl TdpPageFault {
-    pub fn call(gfn: Gfn, write: bool) -> Frame {
+    pub fn call(gfn: Gfn, access: Access) -> Frame {
         Frame::TdpPageFault(Box::new(TdpPageFault {
             pc: TdpPageFaultPc::Lookup,
             gfn,
-            write,
+            write: access.is_write(),
+            exec: access.is_fetch(),
             mmu_seq: 0,
             target: FaultTarget::NoSlot,
             derived: 0,
@@ -259,7 +263,23 @@ impl Machine {
             FaultTarget::NoSlot => Some(self.load_memslots_gen(v, env)),
             _ => None,
         };
-        self.map_gfn(vm, root, s.gfn, s.target, gen, s.derived, env)
+        // kvm_mmu_hugepage_adjust() / disallowed_hugepage_adjust() (`nx_huge_pages.rs`).
+        let mut target = s.target;
+        let mut nx = None;
+        if let FaultTarget::Ram { level, .. } = &mut target {
+            let (goal, f) = self.nx_hugepage_adjust(vm, root, s.gfn, *level, s.exec);
+            *level = goal;
+            nx = Some(f);
+        }
+        let before = self.table_at_level2(root, s.gfn);
+        let r = self.map_gfn(vm, root, s.gfn, target, gen, s.derived, env);
+        // link_shadow_page() of the table where the huge leaf would go: account it.
+        if let (Some(nx), Some(child)) = (nx, self.table_at_level2(root, s.gfn)) {
+            if before != Some(child) {
+                self.account_nx_huge_page(vm, child, nx, 2);
+            }
+        }
+        r
     }
 
     /// Map `gfn` under `root` (`__direct_map` with `mmu_lock` held): link the missing tables,
@@ -297,7 +317,7 @@ impl Machine {
                 // drop_large_spte(): a 2 MiB leaf where a table is now wanted.
                 SpteKind::Leaf { .. } => {
                     self.zap_spte(vm, sp, idx, env);
-                    flush = true;
+                    flush = !self.opts.mutants.huge_spte_split_skips_flush();
                 }
                 // Not shadow-present: simply overwritten by the link.
                 SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
@@ -320,6 +340,7 @@ impl Machine {
                     pfn: leaf_pfn,
                     writable,
                     memtype: MT_WB_IPAT,
+                    exec: self.spte_exec(level),
                 };
                 let old = self.ept.spte(sp, idx).kind;
                 if old == kind {
@@ -468,7 +489,7 @@ impl Machine {
                     )
                 });
                 s.pc = Done;
-                Flow::Call(TdpPageFault::call(gfn, false))
+                Flow::Call(TdpPageFault::call(gfn, Access::Read))
             }
             Done => Flow::Return,
         }

@@ -10,6 +10,8 @@
 //! * [`zap`] — what a memslot deletion zaps: `zap_all`, `fast_invalidate`, `slot_only`, and
 //!   `kvm_mmu_remote_flush_or_zap`;
 //! * [`lock`] — `mmu_lock`, with the oracle's check that no flush is owed when it is released;
+//! * [`nx_huge_pages`] — the iTLB multihit mitigation: no executable huge SPTEs, split pages
+//!   tracked and zapped again by the recovery worker, in both MMUs;
 //! * the TDP MMU (v5.10+, seed 004): [`rwlock`] (`mmu_lock` as a queued rwlock), [`tdp_iter`]
 //!   (the walk), [`tdp_mmu`] (roots, `kvm_zap_gfn_range`, the read-lock fault).
 //!
@@ -20,6 +22,7 @@
 
 pub mod fault;
 pub mod lock;
+pub mod nx_huge_pages;
 pub mod page;
 pub mod rwlock;
 pub mod spte;
@@ -49,6 +52,9 @@ pub struct ShadowPage {
     pub active: bool,
     /// Freed (`kvm_mmu_free_page`).
     pub freed: bool,
+    /// `sp->nx_huge_page_disallowed`: linked by an instruction fetch where a huge leaf could
+    /// have gone (`nx_huge_pages.rs`).
+    pub nx_huge_page_disallowed: bool,
 }
 
 /// One VM's MMU state (`kvm->arch`), all under `mmu_lock`.
@@ -75,6 +81,8 @@ pub struct KvmMmu {
     /// (a flush owed at an `mmu_lock` release is looked for only if the first is later).
     pub last_zap: u64,
     pub last_flush_begin: u64,
+    /// `kvm->arch.possible_nx_huge_pages`, oldest first (its length is `nx_lpage_splits`).
+    pub possible_nx_huge_pages: Vec<SpId>,
 }
 
 impl KvmMmu {
@@ -92,6 +100,7 @@ impl KvmMmu {
                 mmio_cached: false,
                 active: true,
                 freed: false,
+                nx_huge_page_disallowed: false,
             },
         );
     }

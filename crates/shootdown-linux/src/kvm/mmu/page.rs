@@ -155,6 +155,8 @@ impl Machine {
         if let Some((parent, idx)) = self.ept.page(sp).parent {
             self.zap_spte(vm, parent, idx, env);
         }
+        // An NX split page is no longer tracked for recovery.
+        self.unaccount_nx_huge_page(vm, sp);
         let mmu = &mut self.kvm_mut(vm).mmu;
         let p = mmu.pages.get_mut(&sp).expect("a shadow page of this VM");
         let was_valid = !p.invalid;

@@ -154,6 +154,7 @@ mod tests {
             pfn: 0x1000,
             writable: true,
             memtype: MT_WB_IPAT,
+            exec: true,
         };
         m.set(root, 0, SpteKind::Table(pdpt), 1);
         m.set(pdpt, 0, SpteKind::Table(pd), 1);

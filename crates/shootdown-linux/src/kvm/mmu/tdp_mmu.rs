@@ -27,17 +27,22 @@
 //! patch 12's zaps, whose freeze this step honours by retrying); a zapped table's subtree is
 //! freed right after its flush (the kernel frees it after an RCU grace period, which the
 //! atomic fault step cannot be inside); no shadow MMU beside the TDP MMU (the rmap part of
-//! `kvm_zap_gfn_range` finds nothing); no NX huge pages, no dirty logging, no 1 GiB leaves.
+//! `kvm_zap_gfn_range` finds nothing); no dirty logging, no 1 GiB leaves. NX huge pages:
+//! `nx_huge_pages.rs`; a huge SPTE in the way of a fault's table (a fetch under the
+//! mitigation, or MTRRs that narrowed the level) is zapped with its flush first
+//! (`tdp_mmu_zap_spte_atomic`), as before the in-place split of later kernels.
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::FlushRemoteTlbs;
 use crate::kvm::mmu::fault::{Emulation, FaultTarget};
+use crate::kvm::mmu::nx_huge_pages::NxFault;
 use crate::kvm::mmu::rwlock::RwlockWait;
 use crate::kvm::mmu::tdp_iter::TdpIter;
 use crate::machine::Machine;
 use crate::mem::Loc;
 use crate::options::ZapLock;
+use crate::state::Access;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::ept::{ept_index, gfns_per_entry, Gfn, SpId, SpteKind, EPT_ROOT_LEVEL};
@@ -153,6 +158,8 @@ pub struct TdpMmuPageFault {
     pub pc: TdpMmuPageFaultPc,
     pub gfn: Gfn,
     pub write: bool,
+    /// An instruction fetch (`fault->exec`).
+    pub exec: bool,
     /// `fault->mmu_seq`.
     pub mmu_seq: u64,
     pub target: FaultTarget,
@@ -160,6 +167,8 @@ pub struct TdpMmuPageFault {
     /// `kvm_arch_has_noncoherent_dma()` as the fault read it before taking the lock (for its
     /// maximum level: `kvm_tdp_page_fault` lowers it only when guest MTRRs are honoured).
     pub honors: bool,
+    /// A huge SPTE in the way of the fault's table, frozen while its flush runs.
+    pub frozen: Option<(SpId, u16)>,
 }
 
 /// The steps of the TDP MMU fault.
@@ -171,18 +180,23 @@ pub enum TdpMmuPageFaultPc {
     Lock,
     /// `is_page_fault_stale()`, `kvm_tdp_mmu_map()`, `read_unlock`.
     Map,
+    /// After the flush for a huge SPTE in the way: clear it, then the walk goes on
+    /// (`kvm_tdp_mmu_map()`), `read_unlock`.
+    ClearHuge,
 }
 
 impl TdpMmuPageFault {
-    pub fn call(gfn: Gfn, write: bool) -> Frame {
+    pub fn call(gfn: Gfn, access: Access) -> Frame {
         Frame::TdpMmuPageFault(Box::new(TdpMmuPageFault {
             pc: TdpMmuPageFaultPc::Lookup,
             gfn,
-            write,
+            write: access.is_write(),
+            exec: access.is_fetch(),
             mmu_seq: 0,
             target: FaultTarget::NoSlot,
             lock: RwlockWait::Fast,
             honors: false,
+            frozen: None,
         }))
     }
 }
@@ -247,7 +261,7 @@ impl Machine {
 
     /// Free a table unlinked by an atomic zap and every table below it (`handle_removed_pt`,
     /// then `tdp_mmu_free_sp_rcu_callback`).
-    fn tdp_mmu_free_subtree<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) {
+    pub(crate) fn tdp_mmu_free_subtree<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) {
         let children: Vec<SpId> = self
             .ept
             .page(sp)
@@ -263,6 +277,8 @@ impl Machine {
         }
         self.ept.free(sp);
         self.charge(env, |c| c.sp_free);
+        // tdp_mmu_unlink_sp(): a split page is no longer tracked for NX recovery.
+        self.unaccount_nx_huge_page(vm, sp);
         if let Some(p) = self.kvm_mut(vm).mmu.pages.get_mut(&sp) {
             p.freed = true;
             p.invalid = true;
@@ -433,6 +449,7 @@ impl Machine {
                     s.prior_flush = false;
                     return Flow::Call(FlushRemoteTlbs::call());
                 }
+                self.say(|| "nothing zapped: no flush".into());
                 Flow::Next
             }
             End if s.notifier => {
@@ -621,13 +638,77 @@ impl Machine {
                     });
                     return Flow::Return;
                 }
-                let what = self.kvm_tdp_mmu_map(v, s, env);
-                self.charge(env, |c| c.spte_install);
-                self.mmu_read_unlock(v, env);
-                self.say(|| format!("kvm_tdp_mmu_map: {what}; read_unlock(&kvm->mmu_lock)"));
-                Flow::Return
+                let (goal, _) = self.tdp_fault_goal(v, s);
+                if let Some((sp, idx)) = self.tdp_huge_leaf_in_the_way(v, gfn, goal) {
+                    // tdp_mmu_zap_spte_atomic(): freeze the huge SPTE, flush it from every
+                    // vCPU, clear it; the walk then links a table there.
+                    self.set_spte(vm, sp, idx, SpteKind::Frozen(None));
+                    self.charge(env, |c| c.spte_zap);
+                    s.frozen = Some((sp, idx));
+                    s.pc = ClearHuge;
+                    if self.opts.mutants.huge_spte_split_skips_flush() {
+                        self.say(|| format!("kvm_tdp_mmu_map: a huge SPTE where a table goes (EPT page #{sp} entry {idx}): freeze it, no flush"));
+                        return Flow::Next;
+                    }
+                    self.say(|| format!("kvm_tdp_mmu_map: a huge SPTE where a table goes (EPT page #{sp} entry {idx}): freeze it; kvm_flush_remote_tlbs_gfn"));
+                    return Flow::Call(FlushRemoteTlbs::call());
+                }
+                self.tdp_mmu_map_and_unlock(v, s, env)
+            }
+            ClearHuge => {
+                let (sp, idx) = s.frozen.take().expect("the frozen huge SPTE");
+                self.set_spte(vm, sp, idx, SpteKind::None);
+                self.say(|| format!("clear the frozen huge SPTE (EPT page #{sp} entry {idx})"));
+                self.tdp_mmu_map_and_unlock(v, s, env)
             }
         }
+    }
+
+    /// `kvm_tdp_mmu_map()`, then `read_unlock(&kvm->mmu_lock)`: the fault returns.
+    fn tdp_mmu_map_and_unlock<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &TdpMmuPageFault,
+        env: &mut E,
+    ) -> Flow {
+        let what = self.kvm_tdp_mmu_map(v, s, env);
+        self.charge(env, |c| c.spte_install);
+        self.mmu_read_unlock(v, env);
+        self.say(|| format!("kvm_tdp_mmu_map: {what}; read_unlock(&kvm->mmu_lock)"));
+        Flow::Return
+    }
+
+    /// The fault's goal level and NX state: the memslot's level, lowered for guest MTRRs
+    /// (`tdp_max_level`) and by `kvm_mmu_hugepage_adjust`/`disallowed_hugepage_adjust`.
+    fn tdp_fault_goal(&self, v: CpuId, s: &TdpMmuPageFault) -> (u8, NxFault) {
+        let FaultTarget::Ram { level, .. } = s.target else {
+            unreachable!("only RAM is mapped")
+        };
+        let req = self.tdp_max_level(v, s.gfn, level, s.honors);
+        match self.host_ref().vcpus[v].root {
+            Some(root) => self.nx_hugepage_adjust(self.vm_of(v), root, s.gfn, req, s.exec),
+            None => (
+                req,
+                NxFault {
+                    disallowed: false,
+                    req_level: req,
+                },
+            ),
+        }
+    }
+
+    /// A huge leaf on the walk of `gfn` from the vCPU's root above level `goal`.
+    fn tdp_huge_leaf_in_the_way(&self, v: CpuId, gfn: Gfn, goal: u8) -> Option<(SpId, u16)> {
+        let mut sp = self.host_ref().vcpus[v].root?;
+        for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
+            let idx = ept_index(l, gfn);
+            match self.ept.spte(sp, idx).kind {
+                SpteKind::Table(child) => sp = child,
+                SpteKind::Leaf { .. } => return Some((sp, idx)),
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// `kvm_tdp_mmu_map()`: walk from the vCPU's root, link missing tables and install the leaf
@@ -637,16 +718,11 @@ impl Machine {
         let Some(mut sp) = self.host_ref().vcpus[v].root else {
             return "no root: RET_PF_RETRY".into();
         };
-        let FaultTarget::Ram {
-            pfn,
-            writable,
-            level,
-        } = s.target
-        else {
+        let FaultTarget::Ram { pfn, writable, .. } = s.target else {
             unreachable!("Lookup returned for anything but RAM")
         };
         let gfn = s.gfn;
-        let goal = self.tdp_max_level(v, gfn, level, s.honors);
+        let (goal, nx) = self.tdp_fault_goal(v, s);
         for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
             let idx = ept_index(l, gfn);
             match self.ept.spte(sp, idx).kind {
@@ -655,6 +731,7 @@ impl Machine {
                 SpteKind::None | SpteKind::Mmio { .. } => {
                     let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, env);
                     self.set_spte(vm, sp, idx, SpteKind::Table(child));
+                    self.account_nx_huge_page(vm, child, nx, l);
                     sp = child;
                 }
                 // A huge leaf where a table is wanted (an MTRR change narrowed the level):
@@ -673,6 +750,7 @@ impl Machine {
             pfn: leaf_pfn,
             writable,
             memtype,
+            exec: self.spte_exec(goal),
         };
         let old = self.ept.spte(sp, idx).kind;
         if old == kind {
@@ -739,6 +817,7 @@ impl Machine {
                     pfn: pfn - (gfn % span),
                     writable,
                     memtype,
+                    exec: self.spte_exec(goal),
                 };
                 self.set_spte(vm, sp, idx, kind);
                 self.kvm_mut(vm)
