@@ -61,6 +61,10 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     // PLE exits and directed yield while a PV flush waits on a preempted vCPU.
     ("ple_pv_flush", "sc", 9554, 19654),
     ("ple_pv_flush", "tso", 10350, 22001),
+    // A CPU switching back into an mm whose cpumask still holds its bit (v6.13+'s lazy
+    // mm_cpumask) while another CPU flushes (83b0177a6c48's barrier).
+    ("lazy_cpumask_switch", "sc", 1523, 2947),
+    ("lazy_cpumask_switch", "tso", 3183, 7816),
     // Symmetry reduction (cpu0 and cpu1 interchangeable).
     ("symmetric_flushers", "sc", 65529, 139235),
     ("symmetric_flushers", "tso", 92108, 218810),

@@ -5,7 +5,6 @@
 use crate::frame::Frame;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::options::LazyTlb;
 use crate::sched::SchedulePc;
 use crate::smp::CallFunctionIrqPc;
 use crate::state::*;
@@ -55,7 +54,7 @@ impl Machine {
             },
             Frame::SwitchMm(s) => {
                 s.pc == SwitchMmPc::Start
-                    && matches!(self.opts.lazy_tlb, LazyTlb::IsLazy | LazyTlb::Mainline)
+                    && self.opts.lazy_tlb.has_is_lazy()
                     && self.opts.is_lazy_write_conditional
                     && own(Loc::IsLazy(cpu as u32)) == 0
             }
@@ -65,7 +64,7 @@ impl Machine {
                 }
                 let loaded = own(Loc::LoadedMm(cpu as u32));
                 let trims = s.info.mm.is_some_and(|m| m as u64 != loaded)
-                    && self.opts.lazy_tlb == LazyTlb::Mainline
+                    && self.opts.lazy_tlb.trims_lazily()
                     && !s.local;
                 // TlbGen reads our own cpumask bit, which only we write: still local; Legacy
                 // with a lazy CPU calls leave_mm (a push): local too.

@@ -242,10 +242,40 @@ named_enum! {
         /// flushes skip them (`tlb_is_not_lazy`) unless page tables were freed, when they switch
         /// to init_mm.
         IsLazy = "is_lazy",
-        /// Current mainline (V5): `should_flush_tlb()`, `LOADED_MM_SWITCHING`, switching away
-        /// keeps the old mm's cpumask bit (trimmed lazily by flush IPIs, at most once per
-        /// second).
+        /// v6.13 (209954cbc7d0, "Update mm_cpumask lazily"): switching away keeps the old mm's
+        /// cpumask bit; a flush IPIs every non-lazy CPU of the mask (`tlb_is_not_lazy`), and one
+        /// that reaches a CPU running another mm clears that CPU's bit; the bit is set only if
+        /// clear, so with it already set no locked instruction orders the switch's stores
+        /// (`is_lazy = false`) before its `tlb_gen` load. Simplified: `LOADED_MM_SWITCHING` is
+        /// announced where v6.17 does (first), not after the `tlb_gen` read as v6.13 did; the
+        /// other later changes of the mainline form (e.g. `flush_tlb_func`'s up-to-date skip)
+        /// are kept: only the cpumask rules differ.
+        V6_13 = "v6_13",
+        /// v6.17, before 83b0177a6c48: `should_flush_tlb()` (6db2526c1d69, v6.14) skips CPUs
+        /// running another mm unless the flush trims (`should_trim_cpumask`: at most once a
+        /// second per mm), `LOADED_MM_SWITCHING` first; still no `smp_mb()` when the bit is
+        /// already set, so the `loaded_mm` store can pass the `tlb_gen` load under TSO.
+        V6_17 = "v6_17",
+        /// Current mainline (V5, v6.18+): v6.17's rules plus `smp_mb()` in `switch_mm_irqs_off`
+        /// when the cpumask bit was already set (83b0177a6c48).
         Mainline = "mainline",
+    }
+}
+
+impl LazyTlb {
+    /// Lazy CPUs stay in `mm_cpumask` with `cpu_tlbstate_shared.is_lazy` set.
+    pub fn has_is_lazy(self) -> bool {
+        !matches!(self, LazyTlb::Legacy | LazyTlb::TlbGen)
+    }
+    /// Switching away keeps the old mm's cpumask bit, and flush IPIs to a CPU running another
+    /// mm clear it (v6.13+).
+    pub fn trims_lazily(self) -> bool {
+        matches!(self, LazyTlb::V6_13 | LazyTlb::V6_17 | LazyTlb::Mainline)
+    }
+    /// `should_flush_tlb()` with `should_trim_cpumask()`'s once-a-second trim (6db2526c1d69,
+    /// v6.14+).
+    pub fn trims_once_a_second(self) -> bool {
+        matches!(self, LazyTlb::V6_17 | LazyTlb::Mainline)
     }
 }
 
@@ -546,7 +576,8 @@ mutants! {
     /// owed (drops the `new_tlb_gen == local_tlb_gen + 1` condition).
     partial_flush_when_full_owed = "",
     /// Mainline `switch_mm_irqs_off` without the explicit `smp_mb()` when the cpumask bit is
-    /// already set (only visible under TSO).
+    /// already set (only visible under TSO): the barrier 83b0177a6c48 added in v6.18
+    /// (`lazy_tlb = "v6_17"` is that kernel's whole form).
     switch_mm_no_barrier = "",
     /// K1 (CVE-2019-3016 part a, before 8c6de56a42e0): `kvm_steal_time_set_preempted()` writes
     /// `KVM_VCPU_PREEMPTED` over the guest's steal-time byte on every `vcpu_put`, ignoring the
@@ -888,7 +919,7 @@ mod tests {
         assert_eq!(
             o.set("lazy_tlb", &OptValue::Str("lazier".into()))
                 .unwrap_err(),
-            "unknown value 'lazier' (expected legacy | tlb_gen | is_lazy | mainline)"
+            "unknown value 'lazier' (expected legacy | tlb_gen | is_lazy | v6_13 | v6_17 | mainline)"
         );
         o.set(
             "mutant",

@@ -39,7 +39,9 @@ pub struct Mm {
     pub mmap_sem: RwSem,
     /// Page-table pages unlinked and waiting to be freed after the flush.
     pub tables_to_free: Vec<PtPageId>,
-    /// Mainline lazy cpumask trimming: the next time (in ns) a flush may trim.
+    /// `mm->context.next_trim_cpumask` (v6.14+ lazy cpumask trimming): the next time (in ns)
+    /// a flush may trim; `init_new_context` sets it a second (HZ) after the mm's creation,
+    /// here time 0.
     pub next_trim_ns: u64,
     /// `mm->tlb_flush_pending`: mmu_gathers (or `change_protection`s) in progress.
     pub tlb_flush_pending: u64,
@@ -92,7 +94,7 @@ impl Mm {
             space: AddressSpace::default(),
             mmap_sem: RwSem::default(),
             tables_to_free: Vec::new(),
-            next_trim_ns: 0,
+            next_trim_ns: 1_000_000_000,
             tlb_flush_pending: 0,
             tlb_flush_batched: 0,
             ptl_held: Default::default(),

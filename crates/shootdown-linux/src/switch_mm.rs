@@ -29,8 +29,8 @@ pub struct SwitchMm {
 /// `switch_mm_gen_before_cpumask` mutant):
 /// * v4.12: `Start` → `ReadGen` → `JoinNext` → `LoadCr3` → `ClearPrev`;
 /// * seed 002 (`tlb_gen`): `Start` → `LeavePrev` → `JoinNext` → `ReadGen` → `LoadCr3`;
-/// * v4.20+ (`is_lazy`, mainline): the same, `LeavePrev` announcing `LOADED_MM_SWITCHING` in
-///   mainline;
+/// * v4.20+ (`is_lazy`, `v6_13`, `v6_17`, mainline): the same, `LeavePrev` announcing
+///   `LOADED_MM_SWITCHING` from v6.13's form on;
 /// * returning to the same mm from lazy mode: `Start` → `CatchUp` (→ `LoadCr3`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SwitchMmPc {
@@ -38,10 +38,11 @@ pub enum SwitchMmPc {
     Start,
     /// Same mm, leaving lazy mode: did we miss a flush?
     CatchUp,
-    /// Leave the previous mm: clear our bit in its cpumask (or, mainline, announce
+    /// Leave the previous mm: clear our bit in its cpumask (or, v6.13+, announce
     /// `LOADED_MM_SWITCHING` and keep it).
     LeavePrev,
-    /// Join `next`: set our bit in its cpumask (mainline: or `smp_mb()` if it is set).
+    /// Join `next`: set our bit in its cpumask (v6.13+: only if clear; mainline: else
+    /// `smp_mb()`).
     JoinNext,
     /// Read `next->context.tlb_gen` (and choose the ASID).
     ReadGen,
@@ -153,7 +154,9 @@ impl Machine {
         match self.opts.lazy_tlb {
             LazyTlb::Legacy => self.switch_mm_v412(cpu, s, env),
             LazyTlb::TlbGen => self.switch_mm_tlb_gen(cpu, s, env),
-            LazyTlb::IsLazy | LazyTlb::Mainline => self.switch_mm_is_lazy(cpu, s, env),
+            LazyTlb::IsLazy | LazyTlb::V6_13 | LazyTlb::V6_17 | LazyTlb::Mainline => {
+                self.switch_mm_is_lazy(cpu, s, env)
+            }
         }
     }
 
@@ -290,10 +293,12 @@ impl Machine {
         }
     }
 
-    /// v4.20–v5.12 "lazier" (V3), Nadav's v5.13 (V4) and mainline (V5).
+    /// v4.20–v6.12 "lazier" (V3, V4 with Nadav's v5.13 changes) and the lazily updated
+    /// cpumask of v6.13, v6.17 and mainline (V5): switching away keeps the old mm's bit and
+    /// announces `LOADED_MM_SWITCHING` first.
     fn switch_mm_is_lazy<E: Env>(&mut self, cpu: CpuId, s: &mut SwitchMm, env: &mut E) -> Flow {
         let next = s.next;
-        let mainline = self.opts.lazy_tlb == LazyTlb::Mainline;
+        let keeps_bit = self.opts.lazy_tlb.trims_lazily();
         let gen_first = self.opts.mutants.switch_mm_gen_before_cpumask();
         use SwitchMmPc::*;
         match s.pc {
@@ -332,8 +337,8 @@ impl Machine {
                 Flow::Next
             }
             LeavePrev => {
-                if mainline {
-                    // Mainline: announce SWITCHING first; the old mm keeps our bit (trimmed lazily).
+                if keeps_bit {
+                    // v6.13+: announce SWITCHING first; the old mm keeps our bit (trimmed lazily).
                     self.announce_switching(cpu, env);
                 } else if s.prev != INIT_MM as u64 {
                     self.set_bit(env, cpu, s.prev as MmId, false);
@@ -345,9 +350,9 @@ impl Machine {
             }
             JoinNext => {
                 if next != INIT_MM {
-                    if !mainline || !self.bit(env, cpu, next) {
+                    if !keeps_bit || !self.bit(env, cpu, next) {
                         self.set_bit(env, cpu, next, true);
-                    } else if !self.opts.mutants.switch_mm_no_barrier() {
+                    } else if !self.switch_mm_skips_barrier() {
                         self.say(|| format!("cpu{cpu} already in mm_cpumask(mm{next}): smp_mb()"));
                         self.fence(cpu);
                     } else {
@@ -367,7 +372,7 @@ impl Machine {
                 s.asid = asid;
                 s.need_flush = need_flush;
                 self.say(|| format!("read mm{next}.tlb_gen = {}; choose_new_asid -> {asid} (need_flush={need_flush})", s.gen));
-                if !mainline {
+                if !keeps_bit {
                     self.announce_switching(cpu, env);
                 }
                 s.pc = if gen_first { JoinNext } else { LoadCr3 };
@@ -380,6 +385,13 @@ impl Machine {
             }
             PublishLoadedMm => self.publish_loaded_mm(cpu, s, env),
         }
+    }
+
+    /// v6.13–v6.17 (and the seeded mutant): no `smp_mb()` in `switch_mm_irqs_off` when the
+    /// CPU's bit in the next mm's cpumask is already set (83b0177a6c48 added it).
+    fn switch_mm_skips_barrier(&self) -> bool {
+        matches!(self.opts.lazy_tlb, LazyTlb::V6_13 | LazyTlb::V6_17)
+            || self.opts.mutants.switch_mm_no_barrier()
     }
 
     /// `this_cpu_write(cpu_tlbstate.loaded_mm, LOADED_MM_SWITCHING)` before the CR3 write
@@ -412,7 +424,7 @@ impl Machine {
                     self.rmw(env, cpu, Loc::CpumaskBit(mm, cpu as u32), |_| 0);
                 }
             }
-            LazyTlb::IsLazy | LazyTlb::Mainline => {
+            LazyTlb::IsLazy | LazyTlb::V6_13 | LazyTlb::V6_17 | LazyTlb::Mainline => {
                 self.say(|| "enter_lazy_tlb: is_lazy = true".into());
                 self.store(env, cpu, Loc::IsLazy(cpu as u32), 1);
             }

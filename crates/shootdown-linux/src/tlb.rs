@@ -379,10 +379,10 @@ impl Machine {
         match self.opts.lazy_tlb {
             // v4.12 and Andy's rework: every CPU in the mask (lazy ones are not in it in V1).
             LazyTlb::Legacy | LazyTlb::TlbGen => CallCond::All,
-            LazyTlb::IsLazy if freed => CallCond::All,
-            LazyTlb::IsLazy => CallCond::NotLazy,
-            LazyTlb::Mainline if freed => CallCond::All,
-            LazyTlb::Mainline => CallCond::ShouldFlush,
+            _ if freed => CallCond::All,
+            // v4.20–v6.13: `tlb_is_not_lazy`.
+            LazyTlb::IsLazy | LazyTlb::V6_13 => CallCond::NotLazy,
+            LazyTlb::V6_17 | LazyTlb::Mainline => CallCond::ShouldFlush,
         }
     }
 
@@ -440,7 +440,7 @@ impl Machine {
                         });
                         g
                     };
-                    if self.opts.lazy_tlb == LazyTlb::Mainline && env.timed() {
+                    if self.opts.lazy_tlb.trims_once_a_second() && env.timed() {
                         // should_trim_cpumask(): at most once a second per mm.
                         let now_ns = env.now().0 / 1000;
                         let m = &mut self.mms[s.mm as usize];
@@ -697,7 +697,7 @@ impl Machine {
         let lazy_tlb = self.opts.lazy_tlb;
         if let Some(m) = f.mm {
             if m as u64 != loaded {
-                if lazy_tlb == LazyTlb::Mainline && !s.local {
+                if lazy_tlb.trims_lazily() && !s.local {
                     // Stale cpumask bit: remove ourselves (lazy cpumask trimming).
                     self.rmw(env, cpu, Loc::CpumaskBit(m, cpu as u32), |_| 0);
                     self.perf.counters.inc(Counter::CpumaskTrimmed);
@@ -725,7 +725,7 @@ impl Machine {
                     return Flow::Return; // lazy: not in mm_cpumask, catch up at switch
                 }
             }
-            LazyTlb::IsLazy | LazyTlb::Mainline => {
+            LazyTlb::IsLazy | LazyTlb::V6_13 | LazyTlb::V6_17 | LazyTlb::Mainline => {
                 if self.load(env, cpu, Loc::IsLazy(cpu as u32)) != 0 {
                     // Lazy and page tables were freed: stop referencing them at all.
                     self.perf.counters.inc(Counter::LeaveMm);
@@ -736,7 +736,7 @@ impl Machine {
         }
         s.asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         s.local_gen = self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen;
-        if lazy_tlb == LazyTlb::Mainline
+        if lazy_tlb.trims_lazily()
             && (f.new_tlb_gen != TLB_GENERATION_INVALID || self.opts.mutants.batch_flush_gen_zero())
             && f.new_tlb_gen <= s.local_gen
         {
