@@ -238,7 +238,8 @@ named_enum! {
         /// CPU's bit in `mm_cpumask`; `(ctx_id, tlb_gen)` tells on switch-back whether a flush
         /// was missed.
         TlbGen = "tlb_gen",
-        /// v4.20–v5.x (V3/V4, Rik van Riel): lazy CPUs stay in the mask with `is_lazy` set;
+        /// v4.20–v5.x (V3/V4, Rik van Riel; its cpumask rule, clearing the old mm's bit at a
+        /// switch, lasted until v6.12): lazy CPUs stay in the mask with `is_lazy` set;
         /// flushes skip them (`tlb_is_not_lazy`) unless page tables were freed, when they switch
         /// to init_mm.
         IsLazy = "is_lazy",

@@ -868,7 +868,7 @@ fn flushes_while_switching_back_and_forth(lazy_tlb: LazyTlb) -> Counters {
     m.counters().clone()
 }
 
-/// The `mm_cpumask` forms since v6.12 (#43): v6.12 (`is_lazy`) clears the bit when cpu1
+/// The `mm_cpumask` forms since v6.12 (#43): v6.12 (`is_lazy`'s rule) clears the bit when cpu1
 /// switches to mm2, so no flush of mm1 reaches it there; v6.13 keeps the bit and IPIs cpu1
 /// (which trims it) after each of its switches to mm2, the regression 6db2526c1d69 answered;
 /// v6.17 and mainline skip a CPU running another mm (no trim in the run's first second).

@@ -734,9 +734,9 @@ impl Machine {
                     self.account_nx_huge_page(vm, child, nx, l);
                     sp = child;
                 }
-                // A huge leaf where a table is wanted (an MTRR change narrowed the level):
-                // the kernel splits or zaps it (with a flush); here the fault is retried after
-                // zapping it.
+                // A huge leaf where a table is wanted: the fault's `Map` step has zapped any such
+                // leaf with its flush before this walk (`tdp_huge_leaf_in_the_way`), so only a
+                // change between the two would land here; the fault then retries.
                 SpteKind::Leaf { .. } => {
                     return format!("gfn {gfn:#x}: a huge SPTE where a table goes: RET_PF_RETRY")
                 }
