@@ -31,10 +31,11 @@ impl Machine {
         }
     }
 
-    /// Is `cpu` in kernel mode (an interrupt handler, a task in the kernel, or a kernel thread
-    /// — with or without a borrowed mm — or the idle task)? For a vCPU this is `kvm_arch_vcpu_in_kernel` (PLE exits only at CPL
-    /// 0); for an interrupt it decides whether entry and return switch CR3 under PTI and the
-    /// return clears buffers (`swapgs_restore_regs_and_return_to_usermode` vs `retint_kernel`).
+    /// Is `cpu` in kernel mode (an interrupt handler, a task in the kernel, a kernel thread —
+    /// with or without a borrowed mm — or the idle task)? For a vCPU this is
+    /// `kvm_arch_vcpu_in_kernel` (PLE exits only at CPL 0); for an interrupt it decides whether
+    /// entry and return switch CR3 under PTI and the return clears buffers
+    /// (`swapgs_restore_regs_and_return_to_usermode` vs `retint_kernel`).
     pub(crate) fn in_kernel_mode(&self, cpu: CpuId) -> bool {
         let c = &self.cpus[cpu];
         let t = &self.tasks[c.curr as usize];

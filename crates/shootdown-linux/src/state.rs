@@ -406,6 +406,14 @@ impl Access {
     pub fn is_fetch(self) -> bool {
         self == Access::Fetch
     }
+    /// Does a translation with these permissions serve this access?
+    pub fn allowed_by(self, writable: bool, exec: bool) -> bool {
+        match self {
+            Access::Read => true,
+            Access::Write => writable,
+            Access::Fetch => exec,
+        }
+    }
     /// As a counterexample says it.
     pub fn text(self) -> &'static str {
         match self {

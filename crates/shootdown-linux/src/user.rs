@@ -129,9 +129,9 @@ impl Machine {
         let hit = self.cpus[cpu].tlb.lookup(pcid, vpn);
         // A combined entry that lacks the permission is not used: the access walks (and a
         // fetch through a non-executable EPT leaf exits). No iTLB/dTLB split is modelled.
-        let lacks_permission = |e: &TlbEntry| match e.ept {
-            Some(u) => (write && !e.writable) || (access.is_fetch() && !u.exec),
-            None => false,
+        let lacks_permission = |e: &TlbEntry| {
+            e.ept
+                .is_some_and(|u| !access.allowed_by(e.writable, u.exec))
         };
         if let Some(e) = hit.filter(|e| !lacks_permission(e)) {
             if write && !e.writable {
@@ -239,7 +239,7 @@ impl Machine {
                 let shootdown_hw::ept::SpteKind::Leaf { writable, exec, .. } = spte.kind else {
                     unreachable!("a leaf walk ends at a leaf")
                 };
-                if (access.is_write() && !writable) || (access.is_fetch() && !exec) {
+                if !access.allowed_by(writable, exec) {
                     return Err(Fault::Exit(Exit::EptViolation { gfn, access }));
                 }
                 self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);

@@ -271,10 +271,13 @@ impl Machine {
             *level = goal;
             nx = Some(f);
         }
+        let Some(nx) = nx.filter(|f| f.disallowed) else {
+            return self.map_gfn(vm, root, s.gfn, target, gen, s.derived, env);
+        };
         let before = self.table_at_level2(root, s.gfn);
         let r = self.map_gfn(vm, root, s.gfn, target, gen, s.derived, env);
         // link_shadow_page() of the table where the huge leaf would go: account it.
-        if let (Some(nx), Some(child)) = (nx, self.table_at_level2(root, s.gfn)) {
+        if let Some(child) = self.table_at_level2(root, s.gfn) {
             if before != Some(child) {
                 self.account_nx_huge_page(vm, child, nx, 2);
             }

@@ -23,9 +23,10 @@
 //! Simplifications: the worker runs when its host thread's program says (no period, no
 //! `need_resched` lock break); the TDP recovery clears only the SPTE that links the table
 //! (`handle_removed_pt` also marks each child SPTE removed), so a walk through a cached pointer
-//! to the table still finds its leaves until the flush, which comes before the free; no dirty-logging check (`kvm_slot_dirty_track_enabled`); the
-//! `nx_huge_pages` parameter is fixed for the run (no toggling, which zaps everything); the
-//! guest's own page tables allow execution everywhere.
+//! to the table still finds its leaves until the flush, which comes before the free; no
+//! dirty-logging check (`kvm_slot_dirty_track_enabled`); the `nx_huge_pages` parameter is
+//! fixed for the run (no toggling, which zaps everything); the guest's own page tables allow
+//! execution everywhere.
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};

@@ -638,7 +638,7 @@ impl Machine {
                     });
                     return Flow::Return;
                 }
-                let (goal, _) = self.tdp_fault_goal(v, s);
+                let (goal, nx) = self.tdp_fault_goal(v, s);
                 if let Some((sp, idx)) = self.tdp_huge_leaf_in_the_way(v, gfn, goal) {
                     // tdp_mmu_zap_spte_atomic(): freeze the huge SPTE, flush it from every
                     // vCPU, clear it; the walk then links a table there.
@@ -653,25 +653,29 @@ impl Machine {
                     self.say(|| format!("kvm_tdp_mmu_map: a huge SPTE where a table goes (EPT page #{sp} entry {idx}): freeze it; kvm_flush_remote_tlbs_gfn"));
                     return Flow::Call(FlushRemoteTlbs::call());
                 }
-                self.tdp_mmu_map_and_unlock(v, s, env)
+                self.tdp_mmu_map_and_unlock(v, s, goal, nx, env)
             }
             ClearHuge => {
                 let (sp, idx) = s.frozen.take().expect("the frozen huge SPTE");
                 self.set_spte(vm, sp, idx, SpteKind::None);
                 self.say(|| format!("clear the frozen huge SPTE (EPT page #{sp} entry {idx})"));
-                self.tdp_mmu_map_and_unlock(v, s, env)
+                let (goal, nx) = self.tdp_fault_goal(v, s);
+                self.tdp_mmu_map_and_unlock(v, s, goal, nx, env)
             }
         }
     }
 
-    /// `kvm_tdp_mmu_map()`, then `read_unlock(&kvm->mmu_lock)`: the fault returns.
+    /// `kvm_tdp_mmu_map()` at the fault's goal level, then `read_unlock(&kvm->mmu_lock)`: the
+    /// fault returns.
     fn tdp_mmu_map_and_unlock<E: Env>(
         &mut self,
         v: CpuId,
         s: &TdpMmuPageFault,
+        goal: u8,
+        nx: NxFault,
         env: &mut E,
     ) -> Flow {
-        let what = self.kvm_tdp_mmu_map(v, s, env);
+        let what = self.kvm_tdp_mmu_map(v, s, goal, nx, env);
         self.charge(env, |c| c.spte_install);
         self.mmu_read_unlock(v, env);
         self.say(|| format!("kvm_tdp_mmu_map: {what}; read_unlock(&kvm->mmu_lock)"));
@@ -713,7 +717,14 @@ impl Machine {
 
     /// `kvm_tdp_mmu_map()`: walk from the vCPU's root, link missing tables and install the leaf
     /// at the fault's level (see the module's simplifications). Returns what it did.
-    fn kvm_tdp_mmu_map<E: Env>(&mut self, v: CpuId, s: &TdpMmuPageFault, env: &mut E) -> String {
+    fn kvm_tdp_mmu_map<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &TdpMmuPageFault,
+        goal: u8,
+        nx: NxFault,
+        env: &mut E,
+    ) -> String {
         let vm = self.vm_of(v);
         let Some(mut sp) = self.host_ref().vcpus[v].root else {
             return "no root: RET_PF_RETRY".into();
@@ -722,7 +733,6 @@ impl Machine {
             unreachable!("Lookup returned for anything but RAM")
         };
         let gfn = s.gfn;
-        let (goal, nx) = self.tdp_fault_goal(v, s);
         for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
             let idx = ept_index(l, gfn);
             match self.ept.spte(sp, idx).kind {
