@@ -213,9 +213,16 @@ pub struct KvmSpec {
     /// The host's physical-address width: the TDP MMU's walks end at gfn 2^(bits - 12)
     /// (`tdp_mmu_max_gfn_exclusive`; 46 by default, scenarios narrow it to keep walks short).
     pub host_phys_bits: Option<u32>,
-    /// A second address space (SMM) whose TDP MMU root exists beside the normal one.
+    /// A second address space (SMM): its memslots are `smm_memslots`, and with the TDP MMU its
+    /// root exists beside the normal one from the start. vCPUs enter and leave SMM with the
+    /// `smi` and `rsm` ops.
     #[serde(default)]
     pub smm: bool,
+    /// Memslots of address space 1 (SMM) when the run starts (needs `smm`; default: the same
+    /// as address space 0's, as QEMU's `smram` address space aliases the normal map). A slot
+    /// with the base and size of one of address space 0's aliases its host memory; any other
+    /// (SMRAM) has its own.
+    pub smm_memslots: Option<Vec<MemslotSpec>>,
     /// Every vCPU's MTRRs when the run starts (default: disabled).
     pub mtrrs: Option<MtrrsSpec>,
     /// Every vCPU's CR0.CD when the run starts.
@@ -266,7 +273,10 @@ pub struct HostThreadSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum HostOpSpec {
+    /// `as_id = 1`: a slot of SMM's address space, with host memory of its own.
     MemslotCreate {
+        #[serde(default)]
+        as_id: u8,
         id: u16,
         base: u64,
         npages: u64,
@@ -276,6 +286,8 @@ pub enum HostOpSpec {
         huge: bool,
     },
     MemslotDelete {
+        #[serde(default)]
+        as_id: u8,
         id: u16,
     },
     InvalidateGfns {
@@ -361,24 +373,67 @@ fn slot_pfn(base: u64) -> u64 {
     0x10_0000 + base
 }
 
+/// The host frame behind a memslot of SMM's address space at `base` that aliases none of
+/// address space 0's (SMRAM): memory of its own.
+fn smram_pfn(base: u64) -> u64 {
+    0x20_0000 + base
+}
+
+/// Check one address space's memslots (`key` names the list): sizes, unique ids, no overlap.
+fn check_memslots(key: &str, slots: &[MemslotSpec]) -> Result<(), (String, String)> {
+    let mut ids: Vec<u16> = Vec::new();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for (i, sl) in slots.iter().enumerate() {
+        let key = format!("{key}[{i}]");
+        if let Some((k, why)) = bad_slot(sl.base, sl.npages) {
+            return Err((format!("{key}.{k}"), why));
+        }
+        if ids.contains(&sl.id) {
+            return Err((
+                format!("{key}.id"),
+                format!("duplicate memslot id {}", sl.id),
+            ));
+        }
+        let r = (sl.base, sl.base + sl.npages);
+        if let Some(o) = ranges.iter().find(|o| o.0 < r.1 && r.0 < o.1) {
+            return Err((
+                key,
+                format!(
+                    "gfns {:#x}..{:#x} overlap another memslot's {:#x}..{:#x}",
+                    r.0, r.1, o.0, o.1
+                ),
+            ));
+        }
+        ids.push(sl.id);
+        ranges.push(r);
+    }
+    Ok(())
+}
+
 impl HostOpSpec {
     fn to_host_op(&self) -> HostOp {
         match *self {
             HostOpSpec::MemslotCreate {
+                as_id,
                 id,
                 base,
                 npages,
                 readonly,
                 huge,
             } => HostOp::MemslotCreate {
+                as_id,
                 id,
                 base_gfn: base,
                 npages,
                 readonly,
                 huge,
-                pfn: slot_pfn(base),
+                pfn: if as_id == 1 {
+                    smram_pfn(base)
+                } else {
+                    slot_pfn(base)
+                },
             },
-            HostOpSpec::MemslotDelete { id } => HostOp::MemslotDelete { id },
+            HostOpSpec::MemslotDelete { as_id, id } => HostOp::MemslotDelete { as_id, id },
             HostOpSpec::InvalidateGfns { gfn, npages } => HostOp::InvalidateGfns { gfn, npages },
             HostOpSpec::AssignNoncoherentDma => HostOp::AssignNoncoherentDma,
             HostOpSpec::NxRecover => HostOp::NxRecover,
@@ -630,6 +685,10 @@ pub enum OpSpec {
     SetCr0Cd {
         cd: bool,
     },
+    /// The guest raises an SMI on its vCPU, which enters SMM (`[kvm] smm`).
+    Smi,
+    /// RSM: the vCPU leaves SMM.
+    Rsm,
     Loop {
         to: u16,
         times: Option<u32>,
@@ -723,6 +782,8 @@ impl OpSpec {
             OpSpec::CopyPages { pages } => UserOp::CopyPages { pages },
             OpSpec::Wrmsr { msr, value } => UserOp::Wrmsr { msr, value },
             OpSpec::SetCr0Cd { cd } => UserOp::SetCr0Cd { cd },
+            OpSpec::Smi => UserOp::Smi,
+            OpSpec::Rsm => UserOp::Rsm,
             OpSpec::Loop { to, times } => UserOp::Loop { to, times },
             OpSpec::Exit => UserOp::Exit,
         }
@@ -1127,34 +1188,28 @@ impl Scenario {
             if let Some(mt) = &k.mtrrs {
                 mtrr_state(mt).map_err(|(key, r)| err(&format!("kvm.mtrrs.{key}"), r))?;
             }
-            let mut ids: Vec<u16> = Vec::new();
-            let mut ranges: Vec<(u64, u64)> = Vec::new();
-            for (i, sl) in k.memslots.iter().enumerate() {
-                let key = format!("kvm.memslots[{i}]");
-                if let Some((k, why)) = bad_slot(sl.base, sl.npages) {
-                    return Err(err(&format!("{key}.{k}"), why));
-                }
-                if ids.contains(&sl.id) {
+            check_memslots("kvm.memslots", &k.memslots).map_err(|(key, r)| err(&key, r))?;
+            if let Some(slots) = &k.smm_memslots {
+                if !k.smm {
                     return Err(err(
-                        &format!("{key}.id"),
-                        format!("duplicate memslot id {}", sl.id),
+                        "kvm.smm_memslots",
+                        "SMM's memslots need smm = true".into(),
                     ));
                 }
-                let r = (sl.base, sl.base + sl.npages);
-                if let Some(o) = ranges.iter().find(|o| o.0 < r.1 && r.0 < o.1) {
-                    return Err(err(
-                        &key,
-                        format!(
-                            "gfns {:#x}..{:#x} overlap another memslot's {:#x}..{:#x}",
-                            r.0, r.1, o.0, o.1
-                        ),
-                    ));
-                }
-                ids.push(sl.id);
-                ranges.push(r);
+                check_memslots("kvm.smm_memslots", slots).map_err(|(key, r)| err(&key, r))?;
             }
             for (i, t) in k.threads.iter().enumerate() {
                 for (j, op) in t.program.iter().enumerate() {
+                    if let HostOpSpec::MemslotCreate { as_id, .. }
+                    | HostOpSpec::MemslotDelete { as_id, .. } = op
+                    {
+                        if *as_id > 1 || (*as_id == 1 && !k.smm) {
+                            return Err(err(
+                                &format!("kvm.threads[{i}].program[{j}].as_id"),
+                                format!("address space {as_id} does not exist (0, or 1 with smm = true)"),
+                            ));
+                        }
+                    }
                     if matches!(op, HostOpSpec::MemslotDelete { .. }) && options.tdp_mmu {
                         // kvm_arch_flush_shadow_memslot() zaps the TDP MMU's roots
                         // (kvm_tdp_mmu_zap_leafs / invalidating the roots); the model's slot zap
@@ -1183,6 +1238,13 @@ impl Scenario {
                     }
                 }
             }
+        }
+        let smm_users = tasks_running(&file, |op| matches!(op, OpSpec::Smi | OpSpec::Rsm));
+        if smm_users > 0 && !file.kvm.as_ref().is_some_and(|k| k.smm) {
+            return Err(err(
+                "tasks",
+                "smi and rsm need SMM's address space: [kvm] smm = true".into(),
+            ));
         }
         let pokers = tasks_running(&file, is_text_poke);
         let efi_callers = tasks_running(&file, is_efi_call);
@@ -1402,20 +1464,42 @@ impl Scenario {
             }
         };
         if let Some(k) = &f.kvm {
-            let slots = k
+            let slot = |s: &MemslotSpec, pfn: u64| Memslot {
+                id: s.id,
+                base_gfn: s.base,
+                npages: s.npages,
+                readonly: s.readonly,
+                invalid: false,
+                huge: s.huge,
+                pfn,
+            };
+            let slots: Vec<Memslot> = k
                 .memslots
                 .iter()
-                .map(|s| Memslot {
-                    id: s.id,
-                    base_gfn: s.base,
-                    npages: s.npages,
-                    readonly: s.readonly,
-                    invalid: false,
-                    huge: s.huge,
-                    pfn: slot_pfn(s.base),
-                })
+                .map(|s| slot(s, slot_pfn(s.base)))
                 .collect();
-            m.enable_kvm_mmu(0, slots);
+            m.enable_kvm_mmu(0, slots.clone());
+            if k.smm {
+                let smm_slots = match &k.smm_memslots {
+                    None => slots,
+                    Some(list) => list
+                        .iter()
+                        .map(|s| {
+                            let alias = k
+                                .memslots
+                                .iter()
+                                .any(|n| (n.base, n.npages) == (s.base, s.npages));
+                            let pfn = if alias {
+                                slot_pfn(s.base)
+                            } else {
+                                smram_pfn(s.base)
+                            };
+                            slot(s, pfn)
+                        })
+                        .collect(),
+                };
+                m.enable_smm(0, smm_slots);
+            }
             let mtrrs = match &k.mtrrs {
                 Some(mt) => mtrr_state(mt).expect("checked at load"),
                 None => MtrrState::default(),

@@ -87,6 +87,33 @@ const MUTANTS: &[Pinned] = &[
         23964,
     ),
     (
+        "kvm_smm",
+        "smm_change_keeps_root",
+        None,
+        "sc",
+        "INV-ADDR-SPACE",
+        5,
+        40,
+    ),
+    (
+        "kvm_smm",
+        "smm_fault_uses_as0",
+        None,
+        "sc",
+        "INV-ADDR-SPACE",
+        21,
+        9060,
+    ),
+    (
+        "kvm_smm",
+        "sp_role_ignores_smm",
+        None,
+        "sc",
+        "INV-ADDR-SPACE",
+        13,
+        1520,
+    ),
+    (
         "efi_runtime",
         "efi_leave_mm_restores_cr3",
         None,
@@ -362,6 +389,9 @@ const MUTANTS: &[Pinned] = &[
 /// findings): (scenario, memory model, invariant, counterexample steps, states).
 const FINDINGS: &[(&str, &str, &str, usize, u64)] = &[
     ("kvm_mmio_wrap", "sc", "INV-MMIO", 55, 9269),
+    // In SMM, the MMIO cache is validated against address space 0's generation.
+    ("kvm_smm_mmio", "sc", "INV-MMIO", 32, 1091),
+    ("kvm_smm_mmio", "tso", "INV-MMIO", 34, 2201),
     // Seed 004's patch 9 as posted (docs/design/kernel-model.md §5.2's suspected window), alone and with
     // patch 10, under both memory models.
     ("kvm_mtrr_zap_list", "sc", "INV-MEMTYPE", 57, 11264),

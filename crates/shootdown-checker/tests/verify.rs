@@ -108,6 +108,12 @@ const NX_HUGE_PAGES: &[(&str, &str, u64, u64)] = &[
     ("kvm_nx_split", "sc", 666686, 1909392),
     ("kvm_nx_split", "tso", 927505, 2952240),
 ];
+/// SMM (the shadow MMU): a vCPU entering and leaving SMM around SMRAM, against a normal-mode
+/// vCPU and a reclaim (`kvm_smm`). The TDP MMU's form: `tests/smm.rs`.
+const SMM: &[(&str, &str, u64, u64)] = &[
+    ("kvm_smm", "sc", 232126, 630651),
+    ("kvm_smm", "tso", 349681, 1046233),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -125,6 +131,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     KVM_MMU_TSO,
     TDP_MMU,
     NX_HUGE_PAGES,
+    SMM,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -194,6 +201,11 @@ fn fixed_tdp_mmu_and_memtype_zaps_verify() {
 #[test]
 fn fixed_nx_huge_pages_verify() {
     verify(NX_HUGE_PAGES);
+}
+
+#[test]
+fn fixed_smm_verifies() {
+    verify(SMM);
 }
 
 #[test]

@@ -62,6 +62,15 @@ impl Machine {
                 self.tasks[t].pc += 1;
                 self.vm_exit_to_kvm(cpu, Exit::Cr0Cd { cd }, env);
             }
+            UserOp::Smi | UserOp::Rsm => {
+                self.tasks[t].pc += 1;
+                let exit = if op == UserOp::Smi {
+                    Exit::Smi
+                } else {
+                    Exit::Rsm
+                };
+                self.vm_exit_to_kvm(cpu, exit, env);
+            }
             UserOp::GuestSpinLock { lock } => {
                 if !self.touch_guest_word(cpu, lock, env) {
                     return Park::Run;

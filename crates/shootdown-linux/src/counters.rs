@@ -151,6 +151,8 @@ counters! {
     KvmNxLpageSplits = "kvm.nx_lpage_splits",
     /// KVM: split page tables the NX recovery worker zapped (`kvm_recover_nx_huge_pages`).
     KvmNxRecovered = "kvm.nx_recovered",
+    /// KVM: SMM entries and exits (`kvm_smm_changed`: SMIs taken and RSMs emulated).
+    KvmSmmTransitions = "kvm.smm_transitions",
     /// KVM: MMU-notifier invalidations (`kvm_mmu_notifier_invalidate_range_start`), either MMU.
     KvmMmuNotifierInvalidations = "kvm.mmu_notifier_invalidations",
     /// Nanoseconds vCPUs spent in those requests (seed 004's "zap cycles" at 3.1 GHz):

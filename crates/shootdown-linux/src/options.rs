@@ -703,6 +703,19 @@ mutants! {
     /// `kvm_flush_remote_tlbs_gfn`): other vCPUs keep the huge translation after `mmu_lock`
     /// is released.
     huge_spte_split_skips_flush = "",
+    /// Seeded (issue #41, SMM): `kvm_smm_changed()` sets or clears `HF_SMM_MASK` without
+    /// `kvm_mmu_reset_context()`: the vCPU keeps the root of the role it left, so in SMM its
+    /// faults fill SMRAM's frames into the normal address space's EPT (and out of SMM the
+    /// reverse).
+    smm_change_keeps_root = "",
+    /// Seeded (issue #41, SMM): the fault path looks the gfn up with `gfn_to_memslot(kvm, gfn)`
+    /// (address space 0) instead of `kvm_vcpu_gfn_to_memslot()`: a vCPU in SMM maps the normal
+    /// address space's frame, not SMRAM, into its SMM root.
+    smm_fault_uses_as0 = "",
+    /// Seeded (issue #41, SMM; the shadow MMU): `kvm_mmu_get_page()`'s hash lookup compares the
+    /// gfn and level but not the role's `smm` bit, so a vCPU entering SMM gets the normal
+    /// address space's root and tables (the role bit 699023e23965 added).
+    sp_role_ignores_smm = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,

@@ -293,6 +293,11 @@ impl Machine {
         }
     }
 
+    /// Give VM `vm` SMM's address space with memslots `slots` (`kvm/smm.rs`).
+    pub fn enable_smm(&mut self, vm: usize, slots: Vec<Memslot>) {
+        self.kvm_mut(vm).enable_smm(slots);
+    }
+
     /// Say whether VM `vm` has non-coherent DMA (an assigned device without snoop control), so
     /// that KVM honours its memory types (seed 004).
     pub fn set_noncoherent_dma(&mut self, vm: usize, on: bool) {
@@ -339,10 +344,10 @@ impl Machine {
             self.perf.counters = crate::counters::Counters::new();
             return;
         }
-        let root = self.kvm_mmu_get_page(vm, 0, shootdown_hw::ept::EPT_ROOT_LEVEL, &mut env);
+        let root = self.kvm_mmu_get_page(vm, 0, shootdown_hw::ept::EPT_ROOT_LEVEL, 0, &mut env);
         let mut gfn = start;
         while gfn < start + npages {
-            let target = self.fault_target(vm, gfn, false);
+            let target = self.fault_target(vm, 0, gfn, false);
             let step = match target {
                 FaultTarget::Ram { level: 2, .. } => shootdown_hw::ept::gfns_per_entry(2),
                 _ => 1,

@@ -281,6 +281,9 @@ impl Machine {
                 s.pc == MmuLoadPc::Lock && self.mmu_rwlock_waits(cpu, s.lock, true)
             }
             Frame::MmuLoad(s) => s.pc == MmuLoadPc::Lock && self.mmu_lock_waits(cpu),
+            Frame::MmuUnload(s) if self.opts.tdp_mmu => {
+                s.pc == MmuUnloadPc::Lock && self.mmu_rwlock_waits(cpu, s.lock, true)
+            }
             Frame::MmuUnload(s) => s.pc == MmuUnloadPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuNotifierInvalidate(s) if self.opts.tdp_mmu => {
                 s.pc == MmuNotifierPc::EndLock && self.mmu_rwlock_waits(cpu, s.lock, true)

@@ -603,6 +603,11 @@ pub enum UserOp {
     SetCr0Cd {
         cd: bool,
     },
+    /// The guest raises an SMI on its own vCPU (a write to the APM control port): the vCPU
+    /// enters SMM (`kvm/smm.rs`).
+    Smi,
+    /// RSM: the vCPU leaves SMM.
+    Rsm,
     /// Boot: take a guest spinlock (a [`crate::Machine::add_guest_word`] word).
     GuestSpinLock {
         lock: u32,

@@ -148,6 +148,7 @@ impl Machine {
                 if let Err(v) = self.oracle.check_ept_use(vm, vpn, u, &self.ept) {
                     self.violate(v);
                 }
+                self.check_address_space(cpu, u, None);
             }
             self.say(|| {
                 format!(
@@ -236,7 +237,13 @@ impl Machine {
                 level,
                 spte,
             } => {
-                let shootdown_hw::ept::SpteKind::Leaf { writable, exec, .. } = spte.kind else {
+                let shootdown_hw::ept::SpteKind::Leaf {
+                    pfn,
+                    writable,
+                    exec,
+                    ..
+                } = spte.kind
+                else {
                     unreachable!("a leaf walk ends at a leaf")
                 };
                 if !access.allowed_by(writable, exec) {
@@ -244,17 +251,17 @@ impl Machine {
                 }
                 self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);
                 let filled = self.oracle.now();
-                Ok((
-                    EptUse {
-                        gfn,
-                        sp,
-                        idx,
-                        version: spte.version,
-                        filled,
-                        exec,
-                    },
-                    writable,
-                ))
+                let u = EptUse {
+                    gfn,
+                    sp,
+                    idx,
+                    version: spte.version,
+                    filled,
+                    exec,
+                };
+                let host_pfn = pfn + gfn % shootdown_hw::ept::gfns_per_entry(level);
+                self.check_address_space(v, &u, Some(host_pfn));
+                Ok((u, writable))
             }
         }
     }
@@ -708,6 +715,8 @@ impl Machine {
             UserOp::Wrmsr { .. }
             | UserOp::SetMsr { .. }
             | UserOp::SetCr0Cd { .. }
+            | UserOp::Smi
+            | UserOp::Rsm
             | UserOp::GuestSpinLock { .. }
             | UserOp::GuestSpinUnlock { .. }
             | UserOp::Rendezvous { .. } => return self.boot_op_step(cpu, t, op, env),
@@ -885,6 +894,8 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
         | UserOp::Wrmsr { .. }
         | UserOp::SetMsr { .. }
         | UserOp::SetCr0Cd { .. }
+        | UserOp::Smi
+        | UserOp::Rsm
         | UserOp::Exit
         | UserOp::Pause => return None,
         UserOp::Compute { ns } => format!("compute {ns} ns"),

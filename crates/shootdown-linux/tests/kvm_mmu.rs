@@ -168,8 +168,9 @@ fn memslot_deletion_in_every_strategy_keeps_the_invariants() {
                 3,
                 vec![
                     HostOp::Compute { ns: 20_000 },
-                    HostOp::MemslotDelete { id: 1 },
+                    HostOp::MemslotDelete { as_id: 0, id: 1 },
                     HostOp::MemslotCreate {
+                        as_id: 0,
                         id: 1,
                         base_gfn: 0x400,
                         npages: 0x10,
@@ -177,7 +178,7 @@ fn memslot_deletion_in_every_strategy_keeps_the_invariants() {
                         huge: false,
                         pfn: 0x900000,
                     },
-                    HostOp::MemslotDelete { id: 1 },
+                    HostOp::MemslotDelete { as_id: 0, id: 1 },
                     HostOp::Exit,
                 ],
             );
@@ -326,6 +327,96 @@ fn nx_recovery(tdp_mmu: bool) {
     assert_eq!(c.get(Counter::KvmNxLpageSplits), 7, "tdp_mmu = {tdp_mmu}");
     assert!(
         c.get(Counter::KvmRemoteTlbFlush) >= 6,
+        "tdp_mmu = {tdp_mmu}"
+    );
+}
+
+/// SMM (`kvm/smm.rs`), in both MMUs: vCPU 0 enters SMM, writes SMRAM — a slot of address space
+/// 1 with host memory of its own, over gfns where the normal address space has other RAM — and
+/// leaves, 21 times, while vCPU 1 writes the same gfns in normal mode and the host invalidates
+/// them in both address spaces. Each transition resets the MMU (SMM's root is its own); the
+/// oracle checks that every access reaches its own address space's frame (`INV-ADDR-SPACE`).
+#[test]
+fn smm_transitions_switch_address_spaces_in_both_mmus() {
+    for tdp_mmu in [true, false] {
+        smm_transitions(tdp_mmu);
+    }
+}
+
+fn smm_transitions(tdp_mmu: bool) {
+    let o = Options {
+        tdp_mmu,
+        ..Options::default()
+    };
+    let mut m = vm(
+        2,
+        o,
+        vec![ram(0, 0, 0x200, false), ram(1, 0x200, 0x200, false)],
+    );
+    let smram = Memslot {
+        pfn: 0x200200,
+        ..ram(1, 0x200, 0x10, false)
+    };
+    m.enable_smm(0, vec![ram(0, 0, 0x200, false), smram]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x200, 0x10, true);
+    let touch = UserOp::TouchRange {
+        start: 0x200,
+        npages: 0x10,
+        write: true,
+    };
+    let smm_user = vec![
+        UserOp::Smi,
+        touch,
+        UserOp::Rsm,
+        touch,
+        UserOp::Compute { ns: 1_000 },
+        UserOp::Loop {
+            to: 0,
+            times: Some(20),
+        },
+        UserOp::Exit,
+    ];
+    let normal = vec![
+        touch,
+        UserOp::Compute { ns: 1_000 },
+        UserOp::Loop {
+            to: 0,
+            times: Some(40),
+        },
+        UserOp::Exit,
+    ];
+    m.add_task("smm", mm, 0, smm_user);
+    m.add_task("normal", mm, 1, normal);
+    m.add_host_thread(
+        "reclaim",
+        0,
+        3,
+        vec![
+            HostOp::Compute { ns: 7_000 },
+            HostOp::InvalidateGfns {
+                gfn: 0x200,
+                npages: 0x10,
+            },
+            HostOp::Loop {
+                to: 0,
+                times: Some(4),
+            },
+            HostOp::Exit,
+        ],
+    );
+    let (stop, _) = run(&mut m, 50);
+    assert_eq!(stop, Stop::Finished, "tdp_mmu = {tdp_mmu}: {}", m.dump());
+    let c = m.counters();
+    assert_eq!(c.get(Counter::KvmSmmTransitions), 42, "tdp_mmu = {tdp_mmu}");
+    assert_eq!(
+        c.get(Counter::KvmMmuNotifierInvalidations),
+        5,
+        "tdp_mmu = {tdp_mmu}"
+    );
+    // Each gfn faults at least once per address space (SMM's root has its own SPTEs).
+    assert!(
+        c.get(Counter::KvmEptViolations) >= 0x20,
         "tdp_mmu = {tdp_mmu}"
     );
 }

@@ -139,6 +139,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         }
         for _ in 0..toggles {
             prog.push(HostOp::MemslotCreate {
+                as_id: 0,
                 id: 1,
                 base_gfn: ROM_GFN,
                 npages: rom_pages,
@@ -149,7 +150,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             prog.push(HostOp::Compute {
                 ns: (toggle_us * 1000.0) as u64,
             });
-            prog.push(HostOp::MemslotDelete { id: 1 });
+            prog.push(HostOp::MemslotDelete { as_id: 0, id: 1 });
         }
     }
     prog.push(HostOp::Exit);

@@ -14,9 +14,10 @@ use shootdown_hw::store_buffer::StoreBuffer;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum HostOp {
     /// `KVM_SET_USER_MEMORY_REGION` creating memslot `id` over guest frames
-    /// `[base_gfn, base_gfn + npages)` of address space 0, backed by host frames from `pfn`
-    /// (the VMM maps a BAR or a ROM).
+    /// `[base_gfn, base_gfn + npages)` of address space `as_id` (`mem->slot >> 16`: 1 is SMM's),
+    /// backed by host frames from `pfn` (the VMM maps a BAR, a ROM, or SMRAM).
     MemslotCreate {
+        as_id: u8,
         id: u16,
         base_gfn: Gfn,
         npages: u64,
@@ -24,8 +25,10 @@ pub enum HostOp {
         huge: bool,
         pfn: u64,
     },
-    /// `KVM_SET_USER_MEMORY_REGION` with no pages: delete memslot `id` of address space 0.
+    /// `KVM_SET_USER_MEMORY_REGION` with no pages: delete memslot `id` of address space
+    /// `as_id`.
     MemslotDelete {
+        as_id: u8,
         id: u16,
     },
     /// An MMU-notifier invalidation of the host pages behind guest frames

@@ -46,6 +46,7 @@ impl Machine {
         let advance = |m: &mut Machine| m.host_mut().threads[t].pc += 1;
         match op {
             HostOp::MemslotCreate {
+                as_id,
                 id,
                 base_gfn,
                 npages,
@@ -57,7 +58,8 @@ impl Machine {
                 self.charge(env, |c| c.vmm_memslot_update);
                 self.say(|| {
                     format!(
-                        "KVM_SET_USER_MEMORY_REGION: create slot {id} (gfns {base_gfn:#x}..{:#x})",
+                        "KVM_SET_USER_MEMORY_REGION: create slot {}{id} (gfns {base_gfn:#x}..{:#x})",
+                        as_text(as_id),
                         base_gfn + npages
                     )
                 });
@@ -70,27 +72,33 @@ impl Machine {
                     huge,
                     pfn,
                 };
-                self.push_host_frame(a, set_memory_region(MemslotChange::Create, slot), env);
+                self.push_host_frame(
+                    a,
+                    set_memory_region(MemslotChange::Create, as_id, slot),
+                    env,
+                );
             }
-            HostOp::MemslotDelete { id } => {
+            HostOp::MemslotDelete { as_id, id } => {
                 advance(self);
                 self.charge(env, |c| c.vmm_memslot_update);
-                let slot = self.kvm(vm).address_spaces[0]
-                    .active_set()
-                    .slots
-                    .iter()
-                    .find(|s| s.id == id)
-                    .cloned();
+                let slot = self
+                    .kvm(vm)
+                    .address_spaces
+                    .get(as_id as usize)
+                    .and_then(|s| s.active_set().slots.iter().find(|s| s.id == id).cloned());
+                let space = as_text(as_id);
                 match slot {
                     Some(slot) => {
-                        self.say(|| format!("KVM_SET_USER_MEMORY_REGION: delete slot {id}"));
+                        self.say(|| format!("KVM_SET_USER_MEMORY_REGION: delete slot {space}{id}"));
                         self.push_host_frame(
                             a,
-                            set_memory_region(MemslotChange::Delete, slot),
+                            set_memory_region(MemslotChange::Delete, as_id, slot),
                             env,
                         );
                     }
-                    None => self.say(|| format!("slot {id} does not exist: nothing to delete")),
+                    None => {
+                        self.say(|| format!("slot {space}{id} does not exist: nothing to delete"))
+                    }
                 }
             }
             HostOp::InvalidateGfns { gfn, npages } => {
@@ -156,10 +164,20 @@ impl Machine {
     }
 }
 
-fn set_memory_region(change: MemslotChange, slot: Memslot) -> Frame {
+fn set_memory_region(change: MemslotChange, as_id: u8, slot: Memslot) -> Frame {
     Frame::SetMemoryRegion(Box::new(SetMemoryRegion {
         pc: SetMemoryRegionPc::Lock,
         change,
+        as_id,
         slot,
     }))
+}
+
+/// How a counterexample names a slot's address space ("" for the normal one).
+fn as_text(as_id: u8) -> &'static str {
+    if as_id == 1 {
+        "SMM:"
+    } else {
+        ""
+    }
 }

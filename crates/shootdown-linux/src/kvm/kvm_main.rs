@@ -74,13 +74,16 @@ impl Machine {
     }
 
     /// `srcu_read_lock(&kvm->srcu)`: read the index, the per-CPU counter increment and its full
-    /// barrier. The oracle notes which memslots the section sees at least.
+    /// barrier. The oracle notes which memslots of each address space the section sees at least.
     pub(crate) fn srcu_read_lock<E: Env>(&mut self, agent: usize, env: &mut E) {
         let vm = self.vm_of(agent);
         let idx = self.load(env, agent, Loc::SrcuIdx(vm as u32));
         self.rmw(env, agent, Loc::SrcuReader(agent as u32), |_| idx + 1);
         if agent < self.cpus.len() {
-            let sees = self.kvm(vm).address_spaces[0].active_set().version;
+            let mut sees = [0; KVM_ADDRESS_SPACE_NUM as usize];
+            for (s, a) in sees.iter_mut().zip(&self.kvm(vm).address_spaces) {
+                *s = a.active_set().version;
+            }
             self.host_mut().vcpus[agent].srcu_sees = sees;
         }
     }
@@ -375,6 +378,8 @@ pub enum MemslotChange {
 pub struct SetMemoryRegion {
     pub pc: SetMemoryRegionPc,
     pub change: MemslotChange,
+    /// The slot's address space (`mem->slot >> 16`).
+    pub as_id: u8,
     pub slot: Memslot,
 }
 
@@ -757,7 +762,8 @@ impl Machine {
         self.value_seen_by(me, loc) != 0
     }
 
-    /// One step of `__kvm_set_memory_region()` (CREATE or DELETE of a slot of address space 0).
+    /// One step of `__kvm_set_memory_region()` (CREATE or DELETE of a slot of address space
+    /// `s.as_id`).
     pub(crate) fn set_memory_region_step<E: Env>(
         &mut self,
         me: usize,
@@ -781,12 +787,13 @@ impl Machine {
                 Flow::Next
             }
             InstallInvalid => {
-                self.build_inactive_set(vm, |slots| {
+                let a = s.as_id as usize;
+                self.build_inactive_set(vm, a, |slots| {
                     for sl in slots.iter_mut().filter(|sl| sl.id == id) {
                         sl.invalid = true;
                     }
                 });
-                if let Some(sl) = self.kvm(vm).address_spaces[0]
+                if let Some(sl) = self.kvm(vm).address_spaces[a]
                     .active_set()
                     .slots
                     .iter()
@@ -796,17 +803,22 @@ impl Machine {
                 }
                 self.say(|| format!("copy the memslots with slot {id} KVM_MEMSLOT_INVALID"));
                 s.pc = FlushShadow;
-                Flow::Call(install_memslots(0))
+                Flow::Call(install_memslots(a as u32))
             }
             FlushShadow => {
                 s.pc = InstallFinal;
                 self.summary(|| "kvm_arch_flush_shadow_memslot".into());
-                Flow::Call(ZapMemslot::call(self.opts.memslot_zap, s.slot.clone()))
+                Flow::Call(ZapMemslot::call(
+                    self.opts.memslot_zap,
+                    s.as_id,
+                    s.slot.clone(),
+                ))
             }
             InstallFinal => {
                 let slot = s.slot.clone();
                 let change = s.change;
-                self.build_inactive_set(vm, |slots| match change {
+                let a = s.as_id as usize;
+                self.build_inactive_set(vm, a, |slots| match change {
                     MemslotChange::Delete => slots.retain(|sl| sl.id != slot.id),
                     MemslotChange::Create => {
                         slots.retain(|sl| sl.id != slot.id);
@@ -823,11 +835,11 @@ impl Machine {
                     ),
                 });
                 s.pc = Done;
-                Flow::Call(install_memslots(0))
+                Flow::Call(install_memslots(a as u32))
             }
             Done => {
                 if s.change == MemslotChange::Delete {
-                    self.check_memslot_deleted(vm, &s.slot);
+                    self.check_memslot_deleted(vm, s.as_id, &s.slot);
                 }
                 self.store(env, me, Loc::SlotsLock(vm as u32), 0);
                 self.say(|| "mutex_unlock(&kvm->slots_lock); return".into());
@@ -844,10 +856,10 @@ impl Machine {
         holder != 0 && holder != me as u64 + 1
     }
 
-    /// Fill the inactive set of address space 0 from the active one, changed by `f` (under
-    /// `slots_lock`, while readers may still use the active set).
-    fn build_inactive_set(&mut self, vm: usize, f: impl FnOnce(&mut Vec<Memslot>)) {
-        let a = &mut self.kvm_mut(vm).address_spaces[0];
+    /// Fill the inactive set of address space `as_id` from the active one, changed by `f`
+    /// (under `slots_lock`, while readers may still use the active set).
+    fn build_inactive_set(&mut self, vm: usize, as_id: usize, f: impl FnOnce(&mut Vec<Memslot>)) {
+        let a = &mut self.kvm_mut(vm).address_spaces[as_id];
         let (cur, next) = (a.active as usize, 1 - a.active as usize);
         let mut slots = a.sets[cur].slots.clone();
         f(&mut slots);

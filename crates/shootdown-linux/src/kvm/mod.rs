@@ -34,6 +34,7 @@ pub mod mmu;
 pub mod mtrr;
 pub mod mtrr_zap;
 pub mod oracle;
+pub mod smm;
 pub mod vmx;
 pub mod x86;
 
@@ -129,9 +130,13 @@ pub struct Vcpu {
     /// The vCPU's SRCU read section on `kvm->srcu` (`Loc::SrcuReader`): 1 + the index it
     /// entered with (`vcpu->srcu_idx`), 0 outside one.
     pub srcu: u64,
-    /// Oracle: the version of the memslot set published when the current read section began
-    /// (what the section is guaranteed to see at least).
-    pub srcu_sees: u64,
+    /// Oracle: per address space, the version of the memslot set published when the current
+    /// read section began (what the section is guaranteed to see at least).
+    pub srcu_sees: [u64; memslot::KVM_ADDRESS_SPACE_NUM as usize],
+    /// In System Management Mode (`vcpu->arch.hflags & HF_SMM_MASK`): the vCPU's memslots are
+    /// address space 1's (`kvm_arch_vcpu_memslots_id`) and its MMU role has `smm` set
+    /// ([`smm`]).
+    pub smm: bool,
     /// Host interrupts disabled on the vCPU thread (between `local_irq_disable` and VM entry,
     /// and in a lockless shadow-page walk): a kick IPI waits.
     pub irqs_off: bool,
@@ -162,6 +167,7 @@ shootdown_engine::clone_by_fields!(Vcpu {
     mmio,
     srcu,
     srcu_sees,
+    smm,
     irqs_off,
     kicks,
     emulate,
@@ -185,7 +191,8 @@ impl Vcpu {
             root: None,
             mmio: None,
             srcu: 0,
-            srcu_sees: 0,
+            srcu_sees: [0; memslot::KVM_ADDRESS_SPACE_NUM as usize],
+            smm: false,
             irqs_off: false,
             kicks: Vec::new(),
             emulate: None,
@@ -204,7 +211,8 @@ impl Vcpu {
 /// `struct kvm` of a VM whose MMU is modelled.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Kvm {
-    /// Memslots per address space (`kvm->memslots[as]`).
+    /// Memslots per address space (`kvm->memslots[as]`): the normal one, and SMM's (SMRAM
+    /// over the normal map) when the VM has one ([`Kvm::enable_smm`]).
     pub address_spaces: Vec<AddressSpace>,
     /// `kvm->mmu_lock` as the v5.x spinlock (legacy MMU).
     pub mmu_lock: mmu::lock::QueuedSpinlock,
@@ -282,5 +290,18 @@ impl Kvm {
             noncoherent_dma: false,
             max_gfn: mmu::tdp_mmu::TDP_MMU_MAX_GFN_EXCLUSIVE,
         }
+    }
+
+    /// Give the VM address space 1 (SMM) with memslots `slots` (QEMU's `smram` address space:
+    /// SMRAM over an alias of the normal map). Its first generation is 1, as
+    /// `kvm_create_vm` numbers each address space's.
+    pub fn enable_smm(&mut self, slots: Vec<memslot::Memslot>) {
+        self.address_spaces.truncate(1);
+        self.address_spaces.push(AddressSpace::new(1, slots));
+    }
+
+    /// Does the VM have SMM's address space?
+    pub fn has_smm(&self) -> bool {
+        self.address_spaces.len() > 1
     }
 }

@@ -7,8 +7,13 @@
 //!   it next enters the guest;
 //! * `INV-MMIO` — no access is emulated as MMIO from an MMIO SPTE or MMIO-cache entry derived
 //!   from memslots older than those the vCPU's SRCU read section sees, where those map RAM;
-//! * `INV-SLOT` — when a memslot deletion returns, no SPTE maps a frame of the slot, no vCPU
-//!   can still use a translation of one, and no shadow page of the slot is left behind;
+//! * `INV-SLOT` — when a memslot deletion returns, no SPTE of the slot's address space maps a
+//!   frame of the slot, no vCPU there can still use a translation of one, and no shadow page
+//!   of the slot is left behind;
+//! * `INV-ADDR-SPACE` (`smm.rs`) — a vCPU uses only translations of its own address space: a
+//!   guest access never goes through an EPT page of the other address space's role, nor
+//!   reaches a host frame that the other address space's memslots map at the gfn where its
+//!   own map another frame or none;
 //! * `INV-MEMTYPE` (docs/design/kernel-model.md §5.4 T1, T2) — when a vCPU whose MTRR write or CR0.CD
 //!   toggle made a zap request enters the guest again, no TDP MMU leaf it created in the range
 //!   the change affects carries a memory type other than the one its state now gives every
@@ -24,7 +29,7 @@ use crate::kvm::Request;
 use crate::machine::Machine;
 use shootdown_engine::Violation;
 use shootdown_hw::ept::{gfns_per_entry, Gfn, SpteKind};
-use shootdown_hw::tlb::ept_tag;
+use shootdown_hw::tlb::{ept_tag, EptUse};
 use shootdown_hw::CpuId;
 
 impl Machine {
@@ -85,12 +90,14 @@ impl Machine {
     }
 
     /// Oracle `INV-MMIO`: KVM emulates an access to `gfn` as MMIO from information (an MMIO SPTE
-    /// or the MMIO cache) derived from memslot-set version `derived`; a violation if the set
-    /// published when the vCPU's current SRCU read section began is newer and has RAM at `gfn`.
+    /// or the MMIO cache) derived from memslot-set version `derived`; a violation if the set of
+    /// the vCPU's address space published when its current SRCU read section began is newer
+    /// and has RAM at `gfn`.
     pub(crate) fn check_mmio_emulation(&mut self, v: CpuId, gfn: Gfn, derived: u64) {
         let vm = self.vm_of(v);
-        let seen = self.host_ref().vcpus[v].srcu_sees;
-        let a = &self.kvm(vm).address_spaces[0];
+        let as_id = self.vcpu_as_id(v);
+        let seen = self.host_ref().vcpus[v].srcu_sees[as_id];
+        let a = &self.kvm(vm).address_spaces[as_id];
         if seen <= derived {
             return;
         }
@@ -108,16 +115,17 @@ impl Machine {
     }
 
     /// Oracle, when a memslot deletion returns (docs/design/kernel-model.md §4.7 K5): `INV-SLOT` if an
-    /// SPTE still maps a frame of `slot`, a vCPU that will not reload or flush before entering
-    /// still caches a translation of one, or a shadow page of the slot is neither live nor
-    /// freed (zapped and leaked).
-    pub(crate) fn check_memslot_deleted(&mut self, vm: usize, slot: &Memslot) {
+    /// SPTE of the slot's address space `as_id` still maps a frame of `slot`, a vCPU on a root
+    /// of that address space that will not reload or flush before entering still caches a
+    /// translation of one, or a shadow page of the slot is neither live nor freed (zapped and
+    /// leaked).
+    pub(crate) fn check_memslot_deleted(&mut self, vm: usize, as_id: u8, slot: &Memslot) {
         let (start, end) = (slot.base_gfn, slot.end());
         let covers = |g: Gfn, n: u64| g < end && g + n > start;
         let k = self.kvm(vm);
         let mut problem = None;
         for (&sp, p) in &k.mmu.pages {
-            if p.freed {
+            if p.freed || p.as_id != as_id {
                 continue;
             }
             let page = self.ept.page(sp);
@@ -145,7 +153,7 @@ impl Machine {
             for v in k.vcpus.clone() {
                 let vc = &self.host_ref().vcpus[v];
                 let Some(root) = vc.root else { continue };
-                if vc.requests & owed != 0 {
+                if vc.requests & owed != 0 || k.mmu.sp_as_id(root) != as_id {
                     continue;
                 }
                 let tag = ept_tag(root);
@@ -167,6 +175,54 @@ impl Machine {
                 detail: format!("memslot deletion returned, but {detail}"),
             });
         }
+    }
+
+    /// Oracle `INV-ADDR-SPACE`, at each guest access of vCPU `v` through the EPT leaf `u`
+    /// (reaching host frame `pfn`, when the access walked): the leaf's page must be of the
+    /// vCPU's address space, and the frame one its own memslots map at the gfn (any of the two
+    /// sets, deleted slots included: a stale frame is `INV-SLOT`'s and `INV-STALE`'s) unless
+    /// neither address space's do. Only a VM with SMM's address space is checked.
+    pub(crate) fn check_address_space(&mut self, v: CpuId, u: &EptUse, pfn: Option<u64>) {
+        let vm = self.vm_of(v);
+        let k = self.kvm(vm);
+        if !k.has_smm() {
+            return;
+        }
+        let mine = self.vcpu_as_id(v);
+        let name = |a: usize| if a == 1 { "SMM's" } else { "the normal" };
+        let page_as = k.mmu.sp_as_id(u.sp) as usize;
+        let gfn = u.gfn;
+        let detail = if page_as != mine {
+            format!(
+                "vcpu{v} (in {} address space) used gfn {gfn:#x} through EPT page #{} of {} address space's role",
+                name(mine),
+                u.sp,
+                name(page_as)
+            )
+        } else if let Some(pfn) = pfn {
+            let maps = |a: usize| {
+                k.address_spaces[a].sets.iter().any(|set| {
+                    set.slots
+                        .iter()
+                        .any(|sl| sl.contains(gfn) && sl.pfn + (gfn - sl.base_gfn) == pfn)
+                })
+            };
+            let other = 1 - mine;
+            if maps(mine) || !maps(other) {
+                return;
+            }
+            format!(
+                "vcpu{v} (in {} address space) reached host frame {pfn:#x} for gfn {gfn:#x}, which only {} address space's memslots map there",
+                name(mine),
+                name(other)
+            )
+        } else {
+            return;
+        };
+        self.violate(Violation {
+            invariant: "INV-ADDR-SPACE",
+            detail,
+        });
     }
 
     /// Oracle `INV-MEMTYPE`: every live TDP MMU leaf overlapping `range` (made by vCPU `by`,

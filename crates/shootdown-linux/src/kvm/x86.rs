@@ -17,7 +17,7 @@ use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::mode_name;
 use crate::kvm::mmu::fault::{Emulation, MmioPageFault, TdpPageFault};
-use crate::kvm::mmu::page::{MmuLoad, MmuLoadPc, MmuUnload, MmuUnloadPc};
+use crate::kvm::mmu::page::{MmuLoad, MmuLoadPc, MmuUnload};
 use crate::kvm::mmu::tdp_mmu::TdpMmuPageFault;
 use crate::kvm::{mode, Request, ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
@@ -49,6 +49,11 @@ pub enum Exit {
     /// A PAUSE loop outlasted its window (`handle_pause`; the yield already ran, see
     /// [`Machine::ple_exit_step`]).
     Pause,
+    /// The guest raised an SMI (an OUT to the APM control port that QEMU turns into
+    /// `KVM_SMI`): `enter_smm` ([`crate::kvm::smm`]).
+    Smi,
+    /// RSM in SMM (a #UD intercept, emulated: `em_rsm` → `emulator_leave_smm`).
+    Rsm,
 }
 
 /// `vcpu_run()` of a vCPU thread that is outside the guest: the host side of its return into
@@ -256,6 +261,8 @@ impl Machine {
                         format!("none: KVM_SET_MSRS {msr:#x} = {value:#x} from the VMM")
                     }
                     Exit::Cr0Cd { cd } => format!("MOV to CR0, CD={}", cd as u8),
+                    Exit::Smi => "OUT to APM_CNT: the VMM raises an SMI (KVM_SMI)".to_string(),
+                    Exit::Rsm => "RSM (#UD intercept)".to_string(),
                 };
                 let handler = match s.exit {
                     Exit::EptViolation { .. } => "; handle_ept_violation",
@@ -263,6 +270,8 @@ impl Machine {
                     Exit::Wrmsr { .. } => "; kvm_set_msr_common",
                     Exit::Cr0Cd { .. } => "; handle_cr → kvm_set_cr0",
                     Exit::Pause => "; handle_pause",
+                    Exit::Smi => "; process_smi",
+                    Exit::Rsm => "; handle_ud → em_rsm",
                     Exit::Preempted | Exit::Kick => "",
                 };
                 self.say(|| {
@@ -277,6 +286,8 @@ impl Machine {
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
+                    Exit::Smi => self.kvm_smm_changed(v, true, env),
+                    Exit::Rsm => self.kvm_smm_changed(v, false, env),
                     Exit::Preempted | Exit::Kick | Exit::Pause => None,
                 };
                 match handler {
@@ -311,9 +322,7 @@ impl Machine {
                 if r & Request::MmuReload.bit() != 0 {
                     self.rmw(env, v, reqs, |x| x & !Request::MmuReload.bit());
                     self.say(|| "kvm_check_request(KVM_REQ_MMU_RELOAD): kvm_mmu_unload".into());
-                    return Flow::Call(Frame::MmuUnload(MmuUnload {
-                        pc: MmuUnloadPc::Lock,
-                    }));
+                    return Flow::Call(MmuUnload::call());
                 }
                 if r & Request::TlbFlush.bit() != 0 {
                     self.rmw(env, v, reqs, |x| x & !Request::TlbFlush.bit());
@@ -412,6 +421,8 @@ impl Machine {
                 msr, host: true, ..
             } => format!("the VMM sets MSR {msr:#x} (KVM_SET_MSRS)"),
             Exit::Cr0Cd { .. } => "MOV to CR0 (CD): VM exit".into(),
+            Exit::Smi => "OUT to APM_CNT (SMI): VM exit".into(),
+            Exit::Rsm => "RSM: VM exit (#UD)".into(),
         });
         self.fence(v);
         self.suspend_busy(v, env.now());

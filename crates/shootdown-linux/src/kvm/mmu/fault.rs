@@ -131,18 +131,36 @@ impl MmioPageFault {
 }
 
 impl Machine {
-    /// `kvm_memslots(kvm)->generation` of address space 0 as agent `me` reads it now.
-    pub(crate) fn load_memslots_gen<E: Env>(&mut self, me: usize, env: &mut E) -> u64 {
+    /// `__kvm_memslots(kvm, as_id)->generation` as agent `me` reads it now.
+    pub(crate) fn load_memslots_gen<E: Env>(
+        &mut self,
+        me: usize,
+        as_id: usize,
+        env: &mut E,
+    ) -> u64 {
         let vm = self.vm_of(me) as u32;
-        let set = self.load(env, me, Loc::Memslots(vm, 0)) as u8;
-        self.load(env, me, Loc::SlotsGen(vm, 0, set))
+        let a = as_id as u32;
+        let set = self.load(env, me, Loc::Memslots(vm, a)) as u8;
+        self.load(env, me, Loc::SlotsGen(vm, a, set))
+    }
+
+    /// The address space whose memslots vCPU `v`'s fault looks up: its own
+    /// (`kvm_vcpu_gfn_to_memslot`), or 0 with the `smm_fault_uses_as0` mutant
+    /// (`gfn_to_memslot(vcpu->kvm, gfn)`).
+    pub(crate) fn fault_as_id(&self, v: CpuId) -> usize {
+        if self.opts.mutants.smm_fault_uses_as0() {
+            0
+        } else {
+            self.vcpu_as_id(v)
+        }
     }
 
     /// `vcpu_cache_mmio_info(vcpu, gva, gfn, access)`: remember that `gfn` is MMIO under the
     /// current generation — unless an update is in progress (v5.1+; the K7 mutant and v5.0
-    /// cache anyway, with the in-progress generation).
+    /// cache anyway, with the in-progress generation). The generation is address space 0's
+    /// (`kvm_memslots(vcpu->kvm)`) whatever the vCPU's, as in the kernel (`smm.rs`).
     fn vcpu_cache_mmio_info<E: Env>(&mut self, v: CpuId, gfn: Gfn, derived: u64, env: &mut E) {
-        let gen = self.load_memslots_gen(v, env);
+        let gen = self.load_memslots_gen(v, 0, env);
         let in_progress = match self.opts.kvm {
             KvmVersion::V5_0 => false,
             _ => gen & GEN_UPDATE_IN_PROGRESS != 0 && !self.opts.mutants.mmio_cache_in_progress(),
@@ -170,8 +188,9 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
-                let set = self.load(env, v, Loc::Memslots(vm as u32, 0)) as usize;
-                let slots = &self.kvm(vm).address_spaces[0].sets[set];
+                let a = self.fault_as_id(v);
+                let set = self.load(env, v, Loc::Memslots(vm as u32, a as u32)) as usize;
+                let slots = &self.kvm(vm).address_spaces[a].sets[set];
                 s.derived = slots.version;
                 s.target = target_in(slots, gfn, s.write);
                 let what = match s.target {
@@ -259,8 +278,9 @@ impl Machine {
         let Some(root) = self.host_ref().vcpus[v].root else {
             return ("no root: nothing to map".into(), false);
         };
+        // make_mmio_spte(): the generation of the vCPU's memslots (kvm_vcpu_memslots).
         let gen = match s.target {
-            FaultTarget::NoSlot => Some(self.load_memslots_gen(v, env)),
+            FaultTarget::NoSlot => Some(self.load_memslots_gen(v, self.vcpu_as_id(v), env)),
             _ => None,
         };
         // kvm_mmu_hugepage_adjust() / disallowed_hugepage_adjust() (`nx_huge_pages.rs`).
@@ -326,7 +346,9 @@ impl Machine {
                 SpteKind::Mmio { .. } => self.zap_spte(vm, sp, idx, env),
                 SpteKind::None | SpteKind::Frozen(_) => {}
             }
-            let child = self.kvm_mmu_get_page(vm, gfn, level - 1, env);
+            // The child takes the role of its parent (`kvm_mmu_child_role`): the root's.
+            let as_id = self.kvm(vm).mmu.sp_as_id(root);
+            let child = self.kvm_mmu_get_page(vm, gfn, level - 1, as_id, env);
             self.set_spte(vm, sp, idx, SpteKind::Table(child));
             sp = child;
         }
@@ -384,10 +406,16 @@ impl Machine {
         }
     }
 
-    /// What the memslots of `vm`'s address space 0 (the active set) say about `gfn`, as
+    /// What the memslots of `vm`'s address space `as_id` (the active set) say about `gfn`, as
     /// `try_async_pf` would find it.
-    pub(crate) fn fault_target(&self, vm: usize, gfn: Gfn, write: bool) -> FaultTarget {
-        let slots = self.kvm(vm).address_spaces[0].active_set();
+    pub(crate) fn fault_target(
+        &self,
+        vm: usize,
+        as_id: usize,
+        gfn: Gfn,
+        write: bool,
+    ) -> FaultTarget {
+        let slots = self.kvm(vm).address_spaces[as_id].active_set();
         target_in(slots, gfn, write)
     }
 
@@ -405,7 +433,8 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmMmioExits);
                 let cache = self.host_ref().vcpus[v].mmio;
                 if let Some(c) = cache.filter(|c| c.gfn == gfn) {
-                    let gen = self.load_memslots_gen(v, env);
+                    // vcpu_match_mmio_gen(): address space 0's generation.
+                    let gen = self.load_memslots_gen(v, 0, env);
                     if c.gen == gen {
                         self.say(|| {
                             format!(
@@ -473,7 +502,8 @@ impl Machine {
                     self.summary(|| "no MMIO SPTE (zapped meanwhile): retry the access".into());
                     return Flow::Return;
                 };
-                let gen = self.load_memslots_gen(v, env);
+                // check_mmio_spte(): the generation of the vCPU's memslots.
+                let gen = self.load_memslots_gen(v, self.vcpu_as_id(v), env);
                 if check_mmio_spte(self.opts.kvm, gen, sg, self.opts.mmio_gen_bits.0) {
                     self.say(|| {
                         format!(

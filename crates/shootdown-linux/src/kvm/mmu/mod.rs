@@ -55,6 +55,9 @@ pub struct ShadowPage {
     /// `sp->nx_huge_page_disallowed`: linked by an instruction fetch where a huge leaf could
     /// have gone (`nx_huge_pages.rs`).
     pub nx_huge_page_disallowed: bool,
+    /// `kvm_mmu_role_as_id(sp->role)` (`role.smm`): the address space whose memslots the
+    /// page's SPTEs translate; a page is only ever found for, and linked under, its own.
+    pub as_id: u8,
 }
 
 /// One VM's MMU state (`kvm->arch`), all under `mmu_lock`.
@@ -86,8 +89,9 @@ pub struct KvmMmu {
 }
 
 impl KvmMmu {
-    /// Record a new page `sp` mapping from `gfn` at `level` (valid, of the current generation).
-    pub fn add_page(&mut self, sp: SpId, gfn: Gfn, level: u8) {
+    /// Record a new page `sp` mapping from `gfn` at `level` for address space `as_id` (valid,
+    /// of the current generation).
+    pub fn add_page(&mut self, sp: SpId, gfn: Gfn, level: u8, as_id: u8) {
         let gen = self.mmu_valid_gen;
         self.pages.insert(
             sp,
@@ -101,8 +105,14 @@ impl KvmMmu {
                 active: true,
                 freed: false,
                 nx_huge_page_disallowed: false,
+                as_id,
             },
         );
+    }
+
+    /// The address space of page `sp`'s role (0 for a page the MMU does not know).
+    pub fn sp_as_id(&self, sp: SpId) -> u8 {
+        self.pages.get(&sp).map_or(0, |p| p.as_id)
     }
 
     /// `is_obsolete_sp()`: created before the last fast invalidate.

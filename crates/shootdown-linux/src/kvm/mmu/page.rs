@@ -16,22 +16,28 @@ use shootdown_hw::CpuId;
 
 impl Machine {
     /// `kvm_mmu_get_page(vcpu, gfn, level, direct)`: a valid page for the region of `gfn` at
-    /// `level` from the hash (`for_each_valid_sp`: skipping zapped pages and obsolete ones — a
-    /// page is obsolete only after a fast invalidate, so v5.1, which dropped the test, behaves
-    /// the same), or a new one at the head of `active_mmu_pages`.
+    /// `level` in address space `as_id` (the role's `smm`) from the hash (`for_each_valid_sp`:
+    /// skipping zapped pages, obsolete ones — a page is obsolete only after a fast invalidate,
+    /// so v5.1, which dropped the test, behaves the same — and pages of another role), or a new
+    /// one at the head of `active_mmu_pages`. The `sp_role_ignores_smm` mutant matches a page
+    /// of either address space.
     pub(crate) fn kvm_mmu_get_page<E: Env>(
         &mut self,
         vm: usize,
         gfn: Gfn,
         level: u8,
+        as_id: u8,
         env: &mut E,
     ) -> SpId {
         let span = gfns_per_entry(level) * EPT_ENTRIES;
         let base = gfn / span * span;
+        let any_role = self.opts.mutants.sp_role_ignores_smm();
         let mmu = &self.kvm(vm).mmu;
         if let Some(&sp) = mmu.hash.get(&(base, level)).and_then(|v| {
-            v.iter()
-                .find(|&&sp| !mmu.pages[&sp].invalid && !mmu.is_obsolete(sp))
+            v.iter().find(|&&sp| {
+                let p = &mmu.pages[&sp];
+                !p.invalid && !mmu.is_obsolete(sp) && (any_role || p.as_id == as_id)
+            })
         }) {
             return sp;
         }
@@ -39,7 +45,7 @@ impl Machine {
         self.perf.counters.inc(Counter::KvmMmuCacheMiss);
         self.charge(env, |c| c.sp_alloc);
         let mmu = &mut self.kvm_mut(vm).mmu;
-        mmu.add_page(sp, base, level);
+        mmu.add_page(sp, base, level, as_id);
         mmu.active.push_front(sp);
         mmu.hash.entry((base, level)).or_default().push(sp);
         sp
@@ -84,7 +90,8 @@ impl Machine {
     }
 
     /// Zap every leaf SPTE that maps guest frames `[start, end)` through the rmaps (4 KiB and
-    /// 2 MiB leaves). Returns how many were zapped.
+    /// 2 MiB leaves), in every address space (`kvm_handle_hva_range` walks each one's
+    /// memslots). Returns how many were zapped.
     pub(crate) fn unmap_gfn_range<E: Env>(
         &mut self,
         vm: usize,
@@ -102,19 +109,32 @@ impl Machine {
             .collect();
         let mut n = 0;
         for h in heads {
-            n += self.zap_rmap(vm, h, env);
+            n += self.zap_rmap(vm, h, None, env);
         }
         n
     }
 
-    /// `kvm_zap_rmapp()`: zap every leaf SPTE of one rmap head. Returns how many.
-    pub(crate) fn zap_rmap<E: Env>(&mut self, vm: usize, head: (u8, Gfn), env: &mut E) -> u64 {
-        let sptes = self
-            .kvm(vm)
-            .mmu
+    /// `kvm_zap_rmapp()`: zap every leaf SPTE of one rmap head — of address space `as_id`'s
+    /// pages only, if given. Returns how many. (The model keeps one rmap per level and gfn
+    /// for both address spaces; the kernel's rmaps are per memslot, so a slot's walk sees only
+    /// its own address space's SPTEs.)
+    pub(crate) fn zap_rmap<E: Env>(
+        &mut self,
+        vm: usize,
+        head: (u8, Gfn),
+        as_id: Option<u8>,
+        env: &mut E,
+    ) -> u64 {
+        let mmu = &self.kvm(vm).mmu;
+        let sptes: Vec<(SpId, u16)> = mmu
             .rmap
             .get(&head)
-            .cloned()
+            .map(|r| {
+                r.iter()
+                    .copied()
+                    .filter(|&(sp, _)| as_id.map_or(true, |a| mmu.sp_as_id(sp) == a))
+                    .collect()
+            })
             .unwrap_or_default();
         for &(sp, idx) in &sptes {
             self.zap_spte(vm, sp, idx, env);
@@ -234,11 +254,25 @@ pub enum MmuLoadPc {
     Alloc,
 }
 
-/// `kvm_mmu_unload(vcpu)` (`KVM_REQ_MMU_RELOAD`): drop the vCPU's root under `mmu_lock`; a root
-/// that was zapped while in use is prepared for freeing and committed (flushed, freed).
+/// `kvm_mmu_unload(vcpu)` (`KVM_REQ_MMU_RELOAD`, and `kvm_mmu_reset_context` on an SMM
+/// transition): drop the vCPU's root under `mmu_lock`; a root that was zapped while in use is
+/// prepared for freeing and committed (flushed, freed). A TDP MMU root (`kvm_tdp_mmu_put_root`,
+/// under the lock held for write as v6.6's `kvm_mmu_free_roots` takes it) only loses the
+/// vCPU's reference: the model never invalidates TDP roots, so the last one is never put.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmuUnload {
     pub pc: MmuUnloadPc,
+    /// Where the TDP MMU's `write_lock` is.
+    pub lock: crate::kvm::mmu::rwlock::RwlockWait,
+}
+
+impl MmuUnload {
+    pub fn call() -> Frame {
+        Frame::MmuUnload(MmuUnload {
+            pc: MmuUnloadPc::Lock,
+            lock: Default::default(),
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -263,6 +297,7 @@ impl Machine {
         match s.pc {
             CommitZapPc::Flush => {
                 if s.list.is_empty() {
+                    self.summary(|| "nothing zapped: nothing to flush or free".into());
                     return Flow::Return;
                 }
                 s.pc = CommitZapPc::Free;
@@ -300,11 +335,13 @@ impl Machine {
                 // mmu_alloc_direct_roots(): the TDP MMU's root of the address space
                 // (kvm_tdp_mmu_get_vcpu_root_hpa), or the legacy MMU's direct root page.
                 let vm = self.vm_of(v);
+                // The root of the vCPU's role: address space 1's in SMM.
                 let tdp = self.opts.tdp_mmu;
+                let as_id = self.vcpu_as_id(v) as u8;
                 let root = if tdp {
-                    self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env)
+                    self.kvm_tdp_mmu_get_vcpu_root(vm, as_id, env)
                 } else {
-                    let root = self.kvm_mmu_get_page(vm, 0, EPT_ROOT_LEVEL, env);
+                    let root = self.kvm_mmu_get_page(vm, 0, EPT_ROOT_LEVEL, as_id, env);
                     self.kvm_mut(vm)
                         .mmu
                         .pages
@@ -327,8 +364,9 @@ impl Machine {
                 } else {
                     ("", "unlock")
                 };
+                let role = if as_id == 1 { "SMM " } else { "" };
                 self.say(|| {
-                    format!("kvm_mmu_load: {kind}root = EPT page #{root}, {unlock}; INVEPT single-context of the new EPTP")
+                    format!("{role}{kind}root = EPT page #{root}, {unlock}; INVEPT single-context of the new EPTP")
                 });
                 Flow::Return
             }
@@ -342,15 +380,31 @@ impl Machine {
         s: &mut MmuUnload,
         env: &mut E,
     ) -> Flow {
+        let tdp = self.opts.tdp_mmu;
         match s.pc {
             MmuUnloadPc::Lock => {
                 if self.host_ref().vcpus[v].root.is_none() {
                     return Flow::Return;
                 }
-                if let Some(spin) = self.mmu_lock_acquire(v, env) {
+                let spin = if tdp {
+                    self.mmu_write_lock(v, &mut s.lock, env)
+                } else {
+                    self.mmu_lock_acquire(v, env)
+                };
+                if let Some(spin) = spin {
                     return spin;
                 }
                 s.pc = MmuUnloadPc::Free;
+                Flow::Next
+            }
+            MmuUnloadPc::Free if tdp => {
+                let vm = self.vm_of(v);
+                let root = self.host_mut().vcpus[v].root.take().expect("a root");
+                if let Some(r) = self.kvm_mut(vm).tdp_roots.iter_mut().find(|r| r.sp == root) {
+                    r.refcount = r.refcount.saturating_sub(1);
+                }
+                self.say(|| format!("kvm_tdp_mmu_put_root(EPT page #{root})"));
+                s.pc = MmuUnloadPc::Unlock;
                 Flow::Next
             }
             MmuUnloadPc::Free => {
@@ -368,7 +422,7 @@ impl Machine {
                 }
                 self.say(|| {
                     format!(
-                        "kvm_mmu_unload: drop root EPT page #{root}{}",
+                        "drop root EPT page #{root}{}",
                         if last_of_zapped {
                             " (last user of a zapped root: free it)"
                         } else {
@@ -380,8 +434,17 @@ impl Machine {
                 Flow::Call(CommitZap::call(list))
             }
             MmuUnloadPc::Unlock => {
-                self.mmu_lock_release(v, env);
-                self.say(|| "spin_unlock(&kvm->mmu_lock)".into());
+                if tdp {
+                    self.mmu_write_unlock(v, env);
+                } else {
+                    self.mmu_lock_release(v, env);
+                }
+                let unlock = if tdp {
+                    "write_unlock(&kvm->mmu_lock)"
+                } else {
+                    "spin_unlock(&kvm->mmu_lock)"
+                };
+                self.say(|| unlock.into());
                 Flow::Return
             }
         }

@@ -212,14 +212,22 @@ fn entry_text(k: SpteKind) -> &'static str {
 }
 
 impl Machine {
-    /// `tdp_mmu_alloc_sp()` + `tdp_mmu_init_sp()`: a new page-table page of VM `vm` (never
-    /// shared: a TDP MMU table belongs to one root's tree).
-    fn tdp_mmu_alloc_sp<E: Env>(&mut self, vm: usize, gfn: Gfn, level: u8, env: &mut E) -> SpId {
+    /// `tdp_mmu_alloc_sp()` + `tdp_mmu_init_sp()`: a new page-table page of VM `vm` for
+    /// address space `as_id` (never shared: a TDP MMU table belongs to one root's tree, and
+    /// takes its role).
+    fn tdp_mmu_alloc_sp<E: Env>(
+        &mut self,
+        vm: usize,
+        gfn: Gfn,
+        level: u8,
+        as_id: u8,
+        env: &mut E,
+    ) -> SpId {
         let sp = self.ept.alloc(level, gfn);
         self.perf.counters.inc(Counter::KvmMmuCacheMiss);
         self.charge(env, |c| c.sp_alloc);
         let base = self.ept.page(sp).gfn;
-        self.kvm_mut(vm).mmu.add_page(sp, base, level);
+        self.kvm_mut(vm).mmu.add_page(sp, base, level, as_id);
         sp
     }
 
@@ -240,7 +248,7 @@ impl Machine {
             r.refcount += 1;
             return r.sp;
         }
-        let sp = self.tdp_mmu_alloc_sp(vm, 0, EPT_ROOT_LEVEL, env);
+        let sp = self.tdp_mmu_alloc_sp(vm, 0, EPT_ROOT_LEVEL, as_id, env);
         self.kvm_mut(vm).tdp_roots.push(TdpRoot {
             sp,
             as_id,
@@ -590,7 +598,8 @@ impl Machine {
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
                 let noncoherent = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0;
                 s.honors = self.honors_guest_mtrrs_with(noncoherent);
-                s.target = self.fault_target(vm, gfn, s.write);
+                let a = self.fault_as_id(v);
+                s.target = self.fault_target(vm, a, gfn, s.write);
                 let seq = s.mmu_seq;
                 self.say(|| format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_seq = {seq}"));
                 match s.target {
@@ -603,7 +612,7 @@ impl Machine {
                     // No slot: emulated as MMIO. (The TDP MMU's MMIO SPTEs are not modelled:
                     // every access to such a frame exits.)
                     FaultTarget::NoSlot => {
-                        let derived = self.kvm(vm).address_spaces[0].active_set().version;
+                        let derived = self.kvm(vm).address_spaces[a].active_set().version;
                         self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
                         return Flow::Return;
                     }
@@ -733,13 +742,14 @@ impl Machine {
             unreachable!("Lookup returned for anything but RAM")
         };
         let gfn = s.gfn;
+        let as_id = self.kvm(vm).mmu.sp_as_id(sp);
         for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
             let idx = ept_index(l, gfn);
             match self.ept.spte(sp, idx).kind {
                 SpteKind::Table(child) => sp = child,
                 SpteKind::Frozen(_) => return format!("gfn {gfn:#x}: a frozen SPTE: RET_PF_RETRY"),
                 SpteKind::None | SpteKind::Mmio { .. } => {
-                    let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, env);
+                    let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, as_id, env);
                     self.set_spte(vm, sp, idx, SpteKind::Table(child));
                     self.account_nx_huge_page(vm, child, nx, l);
                     sp = child;
@@ -786,36 +796,46 @@ impl Machine {
     }
 
     /// Populate every root of VM `vm` for gfns `[start, start + npages)` as vCPU 0's faults
-    /// would have (setup before a run: memory the guest touched before).
+    /// would have, each from its own address space's memslots (setup before a run: memory the
+    /// guest touched before).
     pub(crate) fn tdp_prefault<E: Env>(&mut self, vm: usize, start: Gfn, npages: u64, env: &mut E) {
         let v0 = self.kvm(vm).vcpus.start;
         if !self.kvm(vm).tdp_roots.iter().any(|r| r.as_id == 0) {
             self.kvm_tdp_mmu_get_vcpu_root(vm, 0, env);
         }
-        let roots: Vec<SpId> = self.kvm(vm).tdp_roots.iter().map(|r| r.sp).collect();
+        let roots: Vec<(SpId, u8)> = self
+            .kvm(vm)
+            .tdp_roots
+            .iter()
+            .map(|r| (r.sp, r.as_id))
+            .collect();
         let honors = self.honors_guest_mtrrs(vm);
         let mut gfn = start;
         while gfn < start + npages {
-            let target = self.fault_target(vm, gfn, false);
-            let FaultTarget::Ram {
-                pfn,
-                writable,
-                level,
-            } = target
-            else {
-                gfn += 1;
-                continue;
-            };
-            let goal = self.tdp_max_level(v0, gfn, level, honors);
-            let span = gfns_per_entry(goal);
-            for &root in &roots {
+            // On to the next region any root's leaf here ends (one gfn if none maps it).
+            let mut next = gfn + 1;
+            let mut first = true;
+            for &(root, as_id) in &roots {
+                let FaultTarget::Ram {
+                    pfn,
+                    writable,
+                    level,
+                } = self.fault_target(vm, as_id as usize, gfn, false)
+                else {
+                    continue;
+                };
+                let goal = self.tdp_max_level(v0, gfn, level, honors);
+                let span = gfns_per_entry(goal);
+                let end = gfn / span * span + span;
+                next = if first { end } else { next.min(end) };
+                first = false;
                 let mut sp = root;
                 for l in (goal + 1..=EPT_ROOT_LEVEL).rev() {
                     let idx = ept_index(l, gfn);
                     sp = match self.ept.spte(sp, idx).kind {
                         SpteKind::Table(child) => child,
                         _ => {
-                            let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, env);
+                            let child = self.tdp_mmu_alloc_sp(vm, gfn, l - 1, as_id, env);
                             self.set_spte(vm, sp, idx, SpteKind::Table(child));
                             child
                         }
@@ -835,7 +855,7 @@ impl Machine {
                     .memtype_origin
                     .insert((sp, idx), v0 as u32);
             }
-            gfn = gfn / span * span + span;
+            gfn = next;
         }
     }
 

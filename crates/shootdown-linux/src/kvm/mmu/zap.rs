@@ -43,8 +43,9 @@ pub struct ZapMemslot {
     pub strategy: MemslotZap,
     /// `zap_all` of MMIO-caching pages only (`__kvm_mmu_zap_all(kvm, mmio_only = true)`).
     pub mmio_only: bool,
-    /// The memslot being removed (`slot_only`).
+    /// The memslot being removed (`slot_only`), and its address space (whose rmaps it has).
     pub slot: Memslot,
+    pub as_id: u8,
     /// The local `invalid_list`.
     pub list: Vec<SpId>,
     /// A remote flush is owed for zapped SPTEs (`flush`).
@@ -63,6 +64,7 @@ shootdown_engine::clone_by_fields!(ZapMemslot {
     strategy,
     mmio_only,
     slot,
+    as_id,
     list,
     flush,
     batch,
@@ -99,14 +101,16 @@ pub enum ZapPc {
 }
 
 impl ZapMemslot {
-    /// `kvm_arch_flush_shadow_memslot(kvm, slot)` with `strategy`.
-    pub fn call(strategy: MemslotZap, slot: Memslot) -> Frame {
+    /// `kvm_arch_flush_shadow_memslot(kvm, slot)` with `strategy`, for `slot` of address space
+    /// `as_id`.
+    pub fn call(strategy: MemslotZap, as_id: u8, slot: Memslot) -> Frame {
         Frame::ZapMemslot(Box::new(ZapMemslot {
             pc: ZapPc::Lock,
             strategy,
             mmio_only: false,
             gfn: slot.base_gfn,
             slot,
+            as_id,
             list: Vec::new(),
             flush: false,
             batch: 0,
@@ -117,7 +121,7 @@ impl ZapMemslot {
 
     /// `__kvm_mmu_zap_all(kvm, mmio_only = true)` (v5.1's zap on an MMIO-generation wrap).
     pub fn mmio_sptes() -> Frame {
-        let Frame::ZapMemslot(mut z) = ZapMemslot::call(MemslotZap::ZapAll, Memslot::default())
+        let Frame::ZapMemslot(mut z) = ZapMemslot::call(MemslotZap::ZapAll, 0, Memslot::default())
         else {
             unreachable!()
         };
@@ -147,7 +151,7 @@ impl Machine {
         });
         Flow::Call(match self.opts.kvm {
             KvmVersion::V5_1 => ZapMemslot::mmio_sptes(),
-            _ => ZapMemslot::call(MemslotZap::FastInvalidate, Memslot::default()),
+            _ => ZapMemslot::call(MemslotZap::FastInvalidate, 0, Memslot::default()),
         })
     }
 
@@ -359,7 +363,7 @@ impl Machine {
         let gfn = s.gfn;
         s.gfn = gfn / span * span + span;
         self.charge(env, |c| c.rmap_walk_step);
-        let n = self.zap_rmap(vm, (s.level, gfn), env);
+        let n = self.zap_rmap(vm, (s.level, gfn), Some(s.as_id), env);
         s.flush |= n > 0;
         let lvl = s.level;
         if n > 0 {
