@@ -481,6 +481,15 @@ pub struct FeaturesSpec {
     /// The Alder/Raptor Lake erratum: with PCIDs on, INVLPG may leave Global entries cached.
     #[serde(default)]
     pub invlpg_miss_global: bool,
+    /// AMD's INVLPGB and TLBSYNC (with `invlpgb_count_max` pages per INVLPGB, default 1).
+    #[serde(default)]
+    pub invlpgb: bool,
+    #[serde(default = "one_u16")]
+    pub invlpgb_count_max: u16,
+}
+
+fn one_u16() -> u16 {
+    1
 }
 
 fn yes() -> bool {
@@ -502,6 +511,8 @@ impl Default for FeaturesSpec {
             tlb_entries: tlb_entries(),
             psc_entries: psc_entries(),
             invlpg_miss_global: false,
+            invlpgb: false,
+            invlpgb_count_max: 1,
         }
     }
 }
@@ -1420,6 +1431,8 @@ impl Scenario {
             mlp: 1,
             smt_slowdown_permille: 1000,
             invlpg_miss_global: f.features.invlpg_miss_global,
+            invlpgb: f.features.invlpgb,
+            invlpgb_count_max: f.features.invlpgb_count_max.max(1),
         };
         let profile = Arc::new(CostProfile::uniform("checker", 1.0, features));
         let host = match (&f.host, &f.kvm) {

@@ -114,6 +114,17 @@ const SMM: &[(&str, &str, u64, u64)] = &[
     ("kvm_smm", "sc", 232126, 630651),
     ("kvm_smm", "tso", 349681, 1046233),
 ];
+/// Global ASIDs and INVLPGB (v6.15+): an mm's transition to its global ASID against a CPU
+/// running it (`global_asid`), against a CPU switching back into it (`global_asid_switch`),
+/// and a page-table page freed under a broadcast with a lazy CPU (`global_asid_freed_tables`).
+const GLOBAL_ASID: &[(&str, &str, u64, u64)] = &[
+    ("global_asid", "sc", 3521, 6119),
+    ("global_asid", "tso", 7246, 17629),
+    ("global_asid_switch", "sc", 39701, 73305),
+    ("global_asid_switch", "tso", 92414, 234148),
+    ("global_asid_freed_tables", "sc", 33585, 76172),
+    ("global_asid_freed_tables", "tso", 79583, 242842),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -132,6 +143,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     TDP_MMU,
     NX_HUGE_PAGES,
     SMM,
+    GLOBAL_ASID,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -206,6 +218,11 @@ fn fixed_nx_huge_pages_verify() {
 #[test]
 fn fixed_smm_verifies() {
     verify(SMM);
+}
+
+#[test]
+fn fixed_global_asids_verify() {
+    verify(GLOBAL_ASID);
 }
 
 #[test]

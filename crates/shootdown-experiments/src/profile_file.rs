@@ -328,13 +328,15 @@ pub(crate) fn load_profile_files(
             "psc_entries",
             "mlp",
             "smt_slowdown",
+            "invlpgb",
+            "invlpgb_count_max",
         ]
         .contains(&k.as_str())
         {
             return Err(ConfigError::new(
                 p,
                 key_in(p, format!("features.{k}")),
-                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp, smt_slowdown)",
+                "unknown feature (expected pcid, invpcid, pti, tlb_entries, psc_entries, mlp, smt_slowdown, invlpgb, invlpgb_count_max)",
             ));
         }
     }
@@ -374,6 +376,26 @@ pub(crate) fn load_profile_files(
         },
         // The INVLPG erratum is a checker scenario feature; no profiled machine has it.
         invlpg_miss_global: false,
+        // Optional: AMD's INVLPGB (false), and the pages one INVLPGB may name (1).
+        invlpgb: if feats.contains_key("invlpgb") {
+            get_bool("invlpgb")?
+        } else {
+            false
+        },
+        invlpgb_count_max: if feats.contains_key("invlpgb_count_max") {
+            let n = get_count("invlpgb_count_max")?;
+            if n > u16::MAX as usize {
+                let p = &feats["invlpgb_count_max"].1;
+                return Err(ConfigError::new(
+                    p,
+                    key_in(p, "features.invlpgb_count_max".to_string()),
+                    format!("expected at most 65535 (the kernel keeps CPUID 0x8000_0008 EDX[15:0] + 1 in a u16; got {n})"),
+                ));
+            }
+            n as u16
+        } else {
+            1
+        },
     };
     Ok(CostProfile {
         name: shown_name,

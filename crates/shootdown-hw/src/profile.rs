@@ -195,6 +195,10 @@ cost_keys! {
     vmm_memslot_update,
     /// KVM: emulating one MMIO access (`x86_emulate_instruction`, `KVM_EXIT_MMIO` to the VMM and back).
     mmio_emulation,
+    /// Issuing one INVLPGB (AMD): the broadcast itself completes asynchronously.
+    invlpgb,
+    /// TLBSYNC: waiting until every INVLPGB this CPU issued is done on every CPU.
+    tlbsync,
 }
 
 /// Hardware features and capacities of the machine.
@@ -221,6 +225,11 @@ pub struct Features {
     /// The erratum of Alder Lake and Raptor Lake cores: with CR4.PCIDE set, INVLPG may leave
     /// Global translations of the address cached (Intel's RPL017 / ADL063; Linux ce0b15d11ad8).
     pub invlpg_miss_global: bool,
+    /// AMD's INVLPGB and TLBSYNC (CPUID 0x8000_0008 EBX[3]; Zen 3 and later): broadcast TLB
+    /// invalidation without interrupts.
+    pub invlpgb: bool,
+    /// Pages one INVLPGB may name (`invlpgb_count_max`: CPUID 0x8000_0008 EDX[15:0] + 1).
+    pub invlpgb_count_max: u16,
 }
 
 /// A machine: features plus costs.
@@ -261,6 +270,8 @@ impl Features {
             mlp: 1,
             smt_slowdown_permille: 1000,
             invlpg_miss_global: false,
+            invlpgb: false,
+            invlpgb_count_max: 1,
         }
     }
 }

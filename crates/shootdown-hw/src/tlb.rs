@@ -50,6 +50,18 @@ pub struct EptUse {
     pub exec: bool,
 }
 
+/// One INVLPGB broadcast as Linux issues it (`__invlpgb`, arch/x86/include/asm/tlb.h; AMD
+/// APM vol. 3): the non-global translations of `pcid` (all PCIDs if `None`) for the pages
+/// `[start, end)` (all pages if `range` is `None`), performed by every CPU's TLB without an
+/// interrupt, complete when the issuing CPU's TLBSYNC returns. With `final_only` ("final
+/// translations only") the paging-structure caches keep their entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Invlpgb {
+    pub pcid: Option<Pcid>,
+    pub range: Option<(Vpn, Vpn)>,
+    pub final_only: bool,
+}
+
 /// A cached translation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TlbEntry {
@@ -219,6 +231,43 @@ impl Tlb {
         // Global entries for the address go too.
         self.retain(|k, e| !(e.global && (k.2 == vpn || k.2 == huge_key(vpn))));
         self.psc.retain(|k, _| k.0 != pcid);
+    }
+
+    /// The part of INVLPGB (AMD) that one CPU's TLB performs: drop the non-global entries
+    /// `b` names and, unless it asks for final translations only, the paging-structure
+    /// entries of its PCID. Under the current tag, like a native flush.
+    pub fn invlpgb(&mut self, b: &Invlpgb) {
+        let tag = self.tag;
+        if b.final_only {
+            let psc = std::mem::take(&mut self.psc);
+            self.invlpgb(&Invlpgb {
+                final_only: false,
+                ..*b
+            });
+            self.psc = psc;
+            return;
+        }
+        match (b.pcid, b.range) {
+            (None, _) => {
+                // All non-global translations of every PCID (`invlpgb_flush_all_nonglobals`).
+                self.retain(|k, e| e.global || k.0 != tag);
+                self.psc.clear();
+            }
+            (Some(p), None) => self.flush_pcid(p),
+            (Some(p), Some((start, end))) => {
+                let group = crate::pagetable::PTRS_PER_PT;
+                self.retain(|k, e| {
+                    let (first, last) = if k.2 & HUGE_KEY != 0 {
+                        let base = k.2 & !HUGE_KEY;
+                        (base, base + group)
+                    } else {
+                        (k.2, k.2 + 1)
+                    };
+                    e.global || k.0 != tag || k.1 != p || last <= start || first >= end
+                });
+                self.psc.retain(|k, _| k.0 != p);
+            }
+        }
     }
 
     /// INVLPG on a CPU with the `invlpg_miss_global` erratum, PCIDs on: the entries of `pcid`

@@ -52,14 +52,16 @@ impl Machine {
                 SchedulePc::Return => !self.pti,
                 _ => false,
             },
+            // With global ASIDs, both read the mm's `global_asid`, which others write.
             Frame::SwitchMm(s) => {
                 s.pc == SwitchMmPc::Start
+                    && !self.broadcast_tlb_enabled()
                     && self.opts.lazy_tlb.has_is_lazy()
                     && self.opts.is_lazy_write_conditional
                     && own(Loc::IsLazy(cpu as u32)) == 0
             }
             Frame::FlushFunc(s) => {
-                if s.pc != FlushFuncPc::Guards {
+                if s.pc != FlushFuncPc::Guards || self.broadcast_tlb_enabled() {
                     return false;
                 }
                 let loaded = own(Loc::LoadedMm(cpu as u32));

@@ -23,6 +23,15 @@ counters! {
     NrTlbLocalFlushOne = "nr_tlb_local_flush_one",
     /// /proc/interrupts "TLB shootdowns": flush handlers run from an IPI.
     TlbShootdowns = "tlb_shootdowns",
+    /// INVLPGB instructions issued (v6.15+ broadcast flushes, `global_asid.rs`).
+    Invlpgb = "tlb.invlpgb",
+    /// TLBSYNC instructions (each waits for the issuing CPU's INVLPGBs).
+    Tlbsync = "tlb.tlbsync",
+    /// Global ASIDs handed out (`use_global_asid`).
+    GlobalAsidsAssigned = "tlb.global_asids_assigned",
+    /// Flushes of an mm in ASID transition that found a CPU still on a dynamic ASID and sent
+    /// IPIs (`finish_asid_transition` → `flush_tlb_multi`).
+    AsidTransitionIpis = "tlb.asid_transition_ipis",
     /// CALL_FUNCTION IPIs sent (ICR writes' targets).
     CallFunctionIpis = "call_function_ipis",
     /// tlb:tlb_flush reason TLB_FLUSH_ON_TASK_SWITCH (flushing CR3 load in switch_mm).

@@ -29,6 +29,7 @@ pub mod debug;
 pub mod describe;
 pub mod efi;
 pub mod frame;
+pub mod global_asid;
 pub mod host;
 pub mod huge_memory;
 pub mod kernel_map;

@@ -61,6 +61,11 @@ pub struct Machine {
     pub invpcid: bool,
     /// The CPU's INVLPG may miss Global entries while PCIDs are on (`Features`).
     pub invlpg_miss_global: bool,
+    /// AMD's INVLPGB and TLBSYNC, with the pages one INVLPGB may name (`Features`).
+    pub invlpgb: bool,
+    pub invlpgb_count_max: u16,
+    /// The global ASID allocator (`global_asid.rs`; under `global_asid_lock`).
+    pub global_asids: crate::global_asid::GlobalAsids,
     pub memory_model: MemoryModel,
     /// NMIs may arrive (a scenario's `[[nmi]]`, or `perf_sample_hz`): `switch_mm_irqs_off`
     /// then publishes `loaded_mm` in a step of its own after the CR3 write, a window only an
@@ -128,6 +133,7 @@ shootdown_engine::state_fields!(Machine {
     guest_word_pages,
     kernel_locks,
     page_lists,
+    global_asids,
     perf,
 } fixed {
     opts,
@@ -136,6 +142,8 @@ shootdown_engine::state_fields!(Machine {
     pti,
     invpcid,
     invlpg_miss_global,
+    invlpgb,
+    invlpgb_count_max,
     memory_model,
     nmis_possible,
 });

@@ -122,6 +122,19 @@ locations! {
         read(m) = m.mms[mm as usize].tlb_gen;
         write(m, v) = m.mms[mm as usize].tlb_gen = v;
     }
+    /// `mm->context.global_asid` (v6.15+): written with `smp_store_release`, read with
+    /// `smp_load_acquire` (plain moves on x86), beside `tlb_gen` in `mm->context`.
+    GlobalAsid(mm: MmId) {
+        line(m) = MM_LINES | (mm as u64) << 24;
+        read(m) = m.mms[mm as usize].global_asid as u64;
+        write(m, v) = m.mms[mm as usize].global_asid = v as u16;
+    }
+    /// `mm->context.asid_transition` (v6.15+).
+    AsidTransition(mm: MmId) {
+        line(m) = MM_LINES | (mm as u64) << 24;
+        read(m) = m.mms[mm as usize].asid_transition as u64;
+        write(m, v) = m.mms[mm as usize].asid_transition = v != 0;
+    }
     /// One bit of `mm_cpumask(mm)`.
     CpumaskBit(mm: MmId, c: u32) {
         // 512 bits of cpumask per 64-byte line.

@@ -75,6 +75,8 @@ impl Machine {
             return;
         }
         self.say(|| format!("mmdrop(mm{mm}): mm_count = 0: __mmdrop frees its pgd"));
+        // destroy_context(): mm_free_global_asid() (v6.15+).
+        self.mm_free_global_asid(mm);
         if let Some(c) = (0..self.cpus.len()).find(|&c| self.cpus[c].cr3_mm == mm) {
             self.violate(Violation {
                 invariant: "INV-PTFREE",

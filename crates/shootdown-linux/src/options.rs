@@ -703,6 +703,18 @@ mutants! {
     /// `kvm_flush_remote_tlbs_gfn`): other vCPUs keep the huge translation after `mmu_lock`
     /// is released.
     huge_spte_split_skips_flush = "",
+    /// Seeded (issue #43, INVLPGB): `broadcast_tlb_flush()` returns without `__tlbsync()`:
+    /// the INVLPGBs may still be in flight on other CPUs when the flush (and the syscall
+    /// that asked for it) returns.
+    broadcast_skips_tlbsync = "",
+    /// Seeded (issue #43, global ASIDs): `finish_asid_transition()` clears `asid_transition`
+    /// without looking for CPUs still running the mm on a dynamic ASID: broadcasts (to the
+    /// global PCID only) never reach their TLBs, and no IPI moves them over.
+    asid_transition_cleared_early = "",
+    /// Seeded (issue #43, INVLPGB): `broadcast_tlb_flush()` sets INVLPGB's "final translations
+    /// only" flag even when page tables are freed: paging-structure caches, a lazy CPU's
+    /// included (no IPI reaches it on this path), keep pointing to the freed tables.
+    invlpgb_final_only = "",
     /// Seeded (issue #41, SMM): `kvm_smm_changed()` sets or clears `HF_SMM_MASK` without
     /// `kvm_mmu_reset_context()`: the vCPU keeps the root of the role it left, so in SMM its
     /// faults fill SMRAM's frames into the normal address space's EPT (and out of SMM the
@@ -781,6 +793,15 @@ fn names(n: &[&str]) -> String {
 options! {
     smp_call: SmpCall = SmpCall::Concurrent, accepts = names(SmpCall::NAMES);
     lazy_tlb: LazyTlb = LazyTlb::Mainline, accepts = names(LazyTlb::NAMES);
+    /// v6.15+ (`CONFIG_BROADCAST_TLB_FLUSH`): on a CPU with INVLPGB, an mm active on several
+    /// CPUs gets a global ASID and its flushes are broadcast (INVLPGB + TLBSYNC) instead of
+    /// IPIs (`global_asid.rs`). No effect on a CPU without INVLPGB.
+    broadcast_tlb_flush: bool = true,
+        accepts = "true | false (INVLPGB and global ASIDs where the CPU has them: v6.15+)";
+    /// v6.15+: `consider_global_asid()` gives an mm a global ASID when at least this many CPUs
+    /// run it, not lazily (`mm_active_cpus_exceeds(mm, 3)`: 4). Checker scenarios lower it.
+    global_asid_min_cpus: Count = Count(4),
+        accepts = "integer >= 1 (CPUs running an mm before it gets a global ASID; 4 in the kernel)";
     /// Nadav's "Privatize cpu_tlbstate": `is_lazy` in its own cache line
     /// (`cpu_tlbstate_shared`) instead of the line `switch_mm` writes on every context switch.
     tlbstate_shared: bool = true, accepts = "true | false";

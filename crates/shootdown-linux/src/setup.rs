@@ -47,6 +47,9 @@ impl Machine {
             pti: f.pti,
             invpcid: f.invpcid,
             invlpg_miss_global: f.invlpg_miss_global,
+            invlpgb: f.invlpgb,
+            invlpgb_count_max: f.invlpgb_count_max,
+            global_asids: Default::default(),
             opts,
             memory_model,
             cpus: Vec::with_capacity(n),
@@ -98,6 +101,7 @@ impl Machine {
                 halted: false,
                 nmis_left: 0,
                 nmi_vpn: None,
+                invlpgb_pending: Vec::new(),
             }));
         }
         m.add_kernel_page_locks(1);

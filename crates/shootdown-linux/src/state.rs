@@ -63,6 +63,12 @@ pub struct Mm {
     /// page -> the frame being migrated. Kept beside the page table, which holds only present
     /// entries' frames.
     pub swap_ptes: std::collections::BTreeMap<Vpn, u32>,
+    /// `mm->context.global_asid` (v6.15+, `Loc::GlobalAsid`): the ASID the mm uses on every
+    /// CPU once it is active on several (0: none; `global_asid.rs`).
+    pub global_asid: u16,
+    /// `mm->context.asid_transition` (`Loc::AsidTransition`): CPUs may still run the mm on a
+    /// dynamic ASID.
+    pub asid_transition: bool,
     pub name: String,
 }
 
@@ -81,6 +87,8 @@ shootdown_engine::state_fields!(Mm {
     mm_count,
     vmas,
     swap_ptes,
+    global_asid,
+    asid_transition,
 } fixed {
     name,
 });
@@ -102,6 +110,8 @@ impl Mm {
             mm_count: 1,
             vmas: Vec::new(),
             swap_ptes: Default::default(),
+            global_asid: 0,
+            asid_transition: false,
             name,
         }
     }
@@ -362,6 +372,9 @@ pub struct Cpu {
     /// The user stack page an NMI's `perf_callchain_user` reads, in whatever mm is `current`'s
     /// (explorer; the timed driver reads the page the task touched last).
     pub nmi_vpn: Option<Vpn>,
+    /// INVLPGBs this CPU issued that its TLBSYNC has not waited for (`global_asid.rs`): each
+    /// CPU's TLB performs them at the issuer's TLBSYNC, the latest the architecture allows.
+    pub invlpgb_pending: Vec<shootdown_hw::tlb::Invlpgb>,
 }
 
 shootdown_engine::state_fields!(Cpu {
@@ -381,6 +394,7 @@ shootdown_engine::state_fields!(Cpu {
     need_resched,
     sb,
     halted,
+    invlpgb_pending,
 } fixed {});
 
 /// What an access asks of a translation: a write needs the W bit, an instruction fetch the X

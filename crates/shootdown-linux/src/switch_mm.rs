@@ -6,6 +6,7 @@
 //! which at least one side must see the other.
 
 use crate::frame::{Flow, Frame};
+use crate::global_asid::is_global_asid;
 use crate::machine::Machine;
 use crate::mem::{tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_ASID_OFFSET};
 use crate::options::LazyTlb;
@@ -244,6 +245,9 @@ impl Machine {
             CatchUp => {
                 let g = self.load(env, cpu, Loc::TlbGen(next));
                 let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+                if is_global_asid(asid) {
+                    return Flow::Return;
+                }
                 let local = self.cpus[cpu].tlbstate.ctxs[asid as usize].tlb_gen;
                 self.say(|| format!("read mm{next}.tlb_gen = {g} (have {local})"));
                 if local < g {
@@ -283,7 +287,7 @@ impl Machine {
             }
             ClearPrev => unreachable!("only v4.12 clears the previous mm's bit last"),
             LoadCr3 => {
-                let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
+                let (asid, need_flush) = self.choose_asid(cpu, next, s.gen, env);
                 s.asid = asid;
                 s.need_flush = need_flush;
                 self.switch_mm_finish(cpu, s, env);
@@ -309,6 +313,30 @@ impl Machine {
                     self.store(env, cpu, Loc::IsLazy(cpu as u32), 0);
                 }
                 if s.prev == next as u64 {
+                    if next != INIT_MM && self.broadcast_tlb_enabled() {
+                        // v6.15+: mm_needs_global_asid(): move to the mm's global ASID (no
+                        // flush: INVLPGB keeps it current); on one already, nothing to catch up.
+                        let g = self.mm_global_asid(cpu, next, env);
+                        let cur = self.cpus[cpu].tlbstate.loaded_mm_asid;
+                        if g != 0 && cur != g {
+                            s.gen = self.load(env, cpu, Loc::TlbGen(next));
+                            s.asid = g;
+                            s.need_flush = false;
+                            self.say(|| {
+                                format!("prev == next (mm{next}) on dynamic ASID {cur}: move to global ASID {g}")
+                            });
+                            s.pc = LoadCr3;
+                            return Flow::Next;
+                        }
+                        if is_global_asid(cur) {
+                            self.say(|| {
+                                format!(
+                                    "prev == next (mm{next}) on global ASID {cur}: nothing to do"
+                                )
+                            });
+                            return Flow::Return;
+                        }
+                    }
                     if next == INIT_MM || !s.was_lazy {
                         self.say(|| format!("prev == next (mm{next}), not lazy: nothing to do"));
                         return Flow::Return;
@@ -368,7 +396,7 @@ impl Machine {
             }
             ReadGen => {
                 s.gen = self.load(env, cpu, Loc::TlbGen(next));
-                let (asid, need_flush) = self.choose_new_asid(cpu, next, s.gen);
+                let (asid, need_flush) = self.choose_asid(cpu, next, s.gen, env);
                 s.asid = asid;
                 s.need_flush = need_flush;
                 self.say(|| format!("read mm{next}.tlb_gen = {}; choose_new_asid -> {asid} (need_flush={need_flush})", s.gen));

@@ -763,6 +763,7 @@ impl Machine {
                         },
                         begin: *begin,
                         batch_targets: Some(targets.clone()),
+                        global_asid: 0,
                     })))
                 }
                 ReclaimUnmapPc::Done => {

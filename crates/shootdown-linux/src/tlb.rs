@@ -3,6 +3,7 @@
 
 use crate::counters::Counter;
 use crate::frame::{CallCond, Flow, Frame};
+use crate::global_asid::is_global_asid;
 use crate::machine::Machine;
 use crate::mem::{
     flush_info_line, tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET,
@@ -25,6 +26,8 @@ pub struct FlushMmRange {
     pub begin: u64,
     /// `arch_tlbbatch_flush`: targets precomputed, `tlb_gen` already bumped.
     pub batch_targets: Option<Vec<CpuId>>,
+    /// v6.15+: the mm's global ASID as the flush read it (0: none; `global_asid.rs`).
+    pub global_asid: u16,
 }
 
 shootdown_engine::clone_by_fields!(FlushMmRange {
@@ -33,6 +36,7 @@ shootdown_engine::clone_by_fields!(FlushMmRange {
     info,
     begin,
     batch_targets,
+    global_asid,
 });
 
 /// The steps of `flush_tlb_mm_range()`. v5.13+ (`concurrent`): `Start` → `Multi` → `Done`, or
@@ -48,6 +52,16 @@ pub enum FlushMmRangePc {
     Local,
     /// Read `mm_cpumask`: other CPUs ⇒ `flush_tlb_others()`.
     Others,
+    /// v6.15+, an mm with a global ASID: `broadcast_tlb_flush()`'s INVLPGBs.
+    Broadcast,
+    /// v6.15+ `arch_tlbbatch_flush()`: `invlpgb_flush_all_nonglobals()`.
+    BroadcastAll,
+    /// `finish_asid_transition()` (may IPI the mask).
+    FinishTransition,
+    /// TLBSYNC.
+    Tlbsync,
+    /// After an IPI flush: `consider_global_asid()`.
+    Consider,
     /// Return: the flush is complete (the oracle records it).
     Done,
 }
@@ -83,6 +97,7 @@ impl FlushMmRange {
             },
             begin: 0,
             batch_targets: None,
+            global_asid: 0,
         }))
     }
 }
@@ -112,6 +127,8 @@ pub enum FlushFuncPc {
     LegacyFlush,
     /// Back from `leave_mm()`: return.
     LeftMm,
+    /// v6.15+: back from moving to the mm's global ASID: return.
+    Transitioned,
 }
 
 impl FlushFunc {
@@ -261,7 +278,9 @@ impl Machine {
     /// return to user (`SWITCH_TO_USER_CR3`): a write to `cpu_tlbstate.user_pcid_flush_mask`,
     /// on the line other CPUs read `is_lazy` from before v5.13.
     fn invalidate_user_asid<E: Env>(&mut self, cpu: CpuId, asid: u16, env: &mut E) {
-        if !self.pti {
+        // A global ASID (v6.15+) never needs the deferred flush: its flushes are broadcast, and
+        // the 16-bit mask has no bit for it.
+        if !self.pti || is_global_asid(asid) {
             return;
         }
         self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
@@ -454,7 +473,21 @@ impl Machine {
                 self.flush_info[cpu] = Some(s.info);
                 self.touch_line(env, cpu, flush_info_line(cpu), true);
                 s.pc = if concurrent { Multi } else { Local };
+                // v6.15+: broadcast for an mm with a global ASID (and for a reclaim batch).
+                if self.broadcast_tlb_enabled() {
+                    if s.batch_targets.is_some() {
+                        s.pc = BroadcastAll;
+                    } else {
+                        s.global_asid = self.mm_global_asid(cpu, s.mm, env);
+                        if s.global_asid != 0 {
+                            s.pc = Broadcast;
+                        }
+                    }
+                }
                 Flow::Next
+            }
+            Broadcast | BroadcastAll | FinishTransition | Tlbsync | Consider => {
+                self.broadcast_tlb_flush_step(cpu, s, env)
             }
             Multi => {
                 let (others, me) = self.flush_targets(cpu, s, env);
@@ -464,7 +497,11 @@ impl Machine {
                     return Flow::Next;
                 }
                 self.perf.counters.inc(Counter::NrTlbRemoteFlush);
-                s.pc = Done;
+                s.pc = if self.broadcast_tlb_enabled() && s.batch_targets.is_none() {
+                    Consider
+                } else {
+                    Done
+                };
                 let call = SmpCallMany::new(self.flush_cond(&s.info), others, s.info);
                 let call = SmpCallMany {
                     run_local: me,
@@ -599,7 +636,10 @@ impl Machine {
                 // The request as this CPU finds it (counterexample text only).
                 let req = self.perf.labels_on.then(|| {
                     let ts = &self.cpus[cpu].tlbstate;
-                    let local = ts.ctxs[ts.loaded_mm_asid as usize].tlb_gen;
+                    let local = ts
+                        .ctxs
+                        .get(ts.loaded_mm_asid as usize)
+                        .map_or(0, |c| c.tlb_gen);
                     format!(
                         "request {{mm = {}, {}, new_tlb_gen = {}}}{}, loaded_mm = {}, local tlb_gen = {local}",
                         f.mm.map(|x| format!("mm{x}")).unwrap_or_else(|| "NULL".into()),
@@ -613,6 +653,9 @@ impl Machine {
                 if let Some(req) = req {
                     let out = match flow {
                         Flow::Return => "nothing to do: return",
+                        Flow::Call(_) if s.pc == Transitioned => {
+                            "on a dynamic ASID: move to the mm's global ASID"
+                        }
                         Flow::Call(_) => "lazy: switch to init_mm",
                         _ => "go on",
                     };
@@ -678,6 +721,10 @@ impl Machine {
                 self.summary(|| "back from leave_mm: return".into());
                 Flow::Return
             }
+            Transitioned => {
+                self.summary(|| "now on the global ASID: return".into());
+                Flow::Return
+            }
         }
     }
 
@@ -710,6 +757,20 @@ impl Machine {
         }
         let mm = loaded as MmId;
         s.mm = mm;
+        if self.broadcast_tlb_enabled() {
+            // v6.15+: a CPU still on a dynamic ASID for an mm with a global one moves over
+            // (switch_mm_irqs_off(NULL, loaded_mm, NULL)); on a global ASID there is nothing to
+            // do: INVLPGB keeps it current.
+            let g = self.mm_global_asid(cpu, mm, env);
+            let cur = self.cpus[cpu].tlbstate.loaded_mm_asid;
+            if g != 0 && cur != g {
+                s.pc = Transitioned;
+                return Flow::Call(SwitchMm::call(mm));
+            }
+            if is_global_asid(cur) {
+                return Flow::Return;
+            }
+        }
         match lazy_tlb {
             LazyTlb::Legacy => {
                 if self.cpus[cpu].tlbstate.legacy_lazy {
