@@ -41,7 +41,9 @@ shootdown_engine::clone_by_fields!(FlushMmRange {
 
 /// The steps of `flush_tlb_mm_range()`. v5.13+ (`concurrent`): `Start` → `Multi` → `Done`, or
 /// `Local` → `Done` when no other CPU is in the mask. ≤v5.12: `Start` → `Local` → `Others` →
-/// `Done`.
+/// `Done`. v6.15+ on a CPU with INVLPGB (`global_asid.rs`): an mm with a global ASID goes
+/// `Start` → `Broadcast` → `FinishTransition` → `Tlbsync` → `Done`, a reclaim batch `Start` →
+/// `BroadcastAll` → `Tlbsync` → `Done`, and an IPI flush `Multi` → `Consider` → `Done`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FlushMmRangePc {
     /// `get_flush_tlb_info()` and `inc_mm_tlb_gen()`.
@@ -207,7 +209,8 @@ impl Machine {
 
     /// `choose_new_asid(next, next_tlb_gen)`: reuse the ASID slot that already holds `next`
     /// (flushing only if it is behind `gen`), else take the next slot round-robin and flush.
-    /// Simplification: no `invalidate_other` (PTI kernel-mapping flushes), no global ASIDs.
+    /// Simplification: no `invalidate_other` (PTI kernel-mapping flushes). v6.15's global-ASID
+    /// branch, which comes first, is [`Machine::choose_asid`].
     pub fn choose_new_asid(&mut self, cpu: CpuId, next: MmId, gen: u64) -> (u16, bool) {
         if !self.pcid_enabled() {
             return (0, true);
@@ -729,8 +732,9 @@ impl Machine {
     }
 
     /// `flush_tlb_func()`'s guards, in order: a request for another mm (mainline: drop our
-    /// stale cpumask bit), init_mm loaded, lazy (V1: bit clear ⇒ skip; V3+: switch to
-    /// init_mm), mainline's "already at new_tlb_gen" shortcut. v4.12 (`Legacy`) has no
+    /// stale cpumask bit), init_mm loaded, v6.15's global ASID (move over to it, or return on
+    /// it), lazy (V1: bit clear ⇒ skip; V3+: switch to init_mm), mainline's "already at
+    /// new_tlb_gen" shortcut. v4.12 (`Legacy`) has no
     /// generations: flush the range or, when lazy, `leave_mm()`.
     fn flush_tlb_func_guards<E: Env>(
         &mut self,
