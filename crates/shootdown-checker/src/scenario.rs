@@ -228,6 +228,10 @@ pub struct KvmSpec {
     /// Every vCPU's CR0.CD when the run starts.
     #[serde(default)]
     pub cr0_cd: bool,
+    /// The guest frame of vCPU 0's steal-time area (vCPU i's at the next frames), as if the
+    /// guest had enabled steal time at boot: the host's accesses to the area then go through
+    /// its cache (`options.steal_time_map`). Default: not modelled.
+    pub steal_time_gfn: Option<u64>,
 }
 
 /// `[kvm.mtrrs]`: MTRRs enabled with a default type and variable ranges (no fixed ranges).
@@ -1520,6 +1524,9 @@ impl Scenario {
             m.set_guest_memtypes(0, k.noncoherent_dma, mtrrs, k.cr0_cd);
             if let Some(b) = k.host_phys_bits {
                 m.set_tdp_max_gfn(0, 1 << (b - 12));
+            }
+            if let Some(g) = k.steal_time_gfn {
+                m.set_steal_time_gfns(0, g);
             }
             if k.smm && m.opts.tdp_mmu {
                 m.add_tdp_root(0, 1);

@@ -123,6 +123,15 @@ const MUTANTS: &[Pinned] = &[
         34998,
     ),
     (
+        "kvm_steal_time_cache",
+        "steal_time_cache_ignores_generation",
+        None,
+        "sc",
+        "INV-PFNCACHE",
+        47,
+        99584,
+    ),
+    (
         "kvm_smm",
         "smm_change_keeps_root",
         None,

@@ -114,6 +114,12 @@ const SMM: &[(&str, &str, u64, u64)] = &[
     ("kvm_smm", "sc", 232126, 630651),
     ("kvm_smm", "tso", 349681, 1046233),
 ];
+/// The steal-time cache (mainline's hva cache) against a reclaim of its page and the deletion
+/// of its memslot (`kvm_steal_time_cache`). The v5.6 form: `tests/st_cache.rs`.
+const STEAL_TIME_CACHE: &[(&str, &str, u64, u64)] = &[
+    ("kvm_steal_time_cache", "sc", 350627, 618270),
+    ("kvm_steal_time_cache", "tso", 629579, 1514845),
+];
 /// Global ASIDs and INVLPGB (v6.15+): an mm's transition to its global ASID against a CPU
 /// running it (`global_asid`), against a CPU switching back into it (`global_asid_switch`),
 /// and a page-table page freed under a broadcast with a lazy CPU (`global_asid_freed_tables`).
@@ -143,6 +149,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     TDP_MMU,
     NX_HUGE_PAGES,
     SMM,
+    STEAL_TIME_CACHE,
     GLOBAL_ASID,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
@@ -218,6 +225,11 @@ fn fixed_nx_huge_pages_verify() {
 #[test]
 fn fixed_smm_verifies() {
     verify(SMM);
+}
+
+#[test]
+fn fixed_steal_time_cache_verifies() {
+    verify(STEAL_TIME_CACHE);
 }
 
 #[test]

@@ -200,6 +200,13 @@ impl Oracle {
         }
     }
 
+    /// Was guest frame `gfn` of VM `vm` invalidated (an MMU-notifier invalidation that began
+    /// after `epoch` has returned: the host may have freed the page)?
+    pub fn gfn_invalidated_after(&self, vm: usize, gfn: Gfn, epoch: u64) -> bool {
+        let t = &self.vms[vm];
+        t.full_from.max(t.gfn_from.get(&gfn).copied().unwrap_or(0)) > epoch
+    }
+
     /// Check one use of a combined mapping of VM `vm` filled from the EPT leaf `u`: a
     /// translation whose SPTE was zapped or downgraded (or whose path was cut) before an
     /// invalidation that has returned began is `INV-STALE`.

@@ -160,6 +160,9 @@ counters! {
     KvmNxLpageSplits = "kvm.nx_lpage_splits",
     /// KVM: split page tables the NX recovery worker zapped (`kvm_recover_nx_huge_pages`).
     KvmNxRecovered = "kvm.nx_recovered",
+    /// KVM: fills of a vCPU's steal-time cache (`kvm_cache_gfn_to_pfn` /
+    /// `kvm_gfn_to_hva_cache_init`).
+    KvmStealTimeCacheFills = "kvm.steal_time_cache_fills",
     /// KVM: SMM entries and exits (`kvm_smm_changed`: SMIs taken and RSMs emulated).
     KvmSmmTransitions = "kvm.smm_transitions",
     /// KVM: MMU-notifier invalidations (`kvm_mmu_notifier_invalidate_range_start`), either MMU.

@@ -67,5 +67,7 @@ pub use counters::{Counter, Counters, COUNTER_NAMES};
 pub use host::HostConfig;
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
-pub use options::{Count, Idle, LazyTlb, Mutants, OptValue, Options, SmpCall, SpinlockKind};
+pub use options::{
+    Count, Idle, LazyTlb, Mutants, OptValue, Options, SmpCall, SpinlockKind, StealTimeMap,
+};
 pub use state::{DaxFile, FileioGen, MmId, TaskId, UserOp, INIT_MM};

@@ -444,6 +444,18 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// How the host maps a vCPU's steal-time area (`vcpu->arch.st.cache`, `kvm/st_cache.rs`).
+    pub enum StealTimeMap {
+        /// v5.6–v5.15 (917248144db5): a `gfn_to_pfn_cache` through `kvm_map_gfn()`, refreshed
+        /// only when the memslot generation moves; an MMU-notifier invalidation of the page
+        /// leaves it in place (fixed by 7e2175ebd695).
+        V5_6 = "v5_6",
+        /// v5.16+ (7e2175ebd695): a `gfn_to_hva_cache`, accessed as user memory of the VMM.
+        Mainline = "mainline",
+    }
+}
+
 /// Width of the memslot generation kept in MMIO SPTEs (19 bits from v5.1, 20 before):
 /// scenarios narrow it so that a wrap takes a few updates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -715,6 +727,10 @@ mutants! {
     /// only" flag even when page tables are freed: paging-structure caches, a lazy CPU's
     /// included (no IPI reaches it on this path), keep pointing to the freed tables.
     invlpgb_final_only = "",
+    /// Seeded (issue #41, the steal-time cache): `record_steal_time()` reuses the
+    /// `gfn_to_hva_cache` without comparing `slots->generation`: after the VMM deletes the
+    /// memslot (and may unmap its memory), the host goes on writing through the old mapping.
+    steal_time_cache_ignores_generation = "",
     /// Seeded (issue #41, SMM): `kvm_smm_changed()` sets or clears `HF_SMM_MASK` without
     /// `kvm_mmu_reset_context()`: the vCPU keeps the root of the role it left, so in SMM its
     /// faults fill SMRAM's frames into the normal address space's EPT (and out of SMM the
@@ -932,6 +948,9 @@ options! {
     /// Host: the recovery worker's flush for the TDP MMU tables it zaps.
     nx_recovery_flush: NxRecoveryFlush = NxRecoveryFlush::Mainline,
         accepts = format!("{} (the NX recovery's TDP flush: 048f49809c52)", names(NxRecoveryFlush::NAMES));
+    /// Host: how the steal-time area is mapped (`kvm/st_cache.rs`).
+    steal_time_map: StealTimeMap = StealTimeMap::Mainline,
+        accepts = format!("{} (the steal-time area's cache: 7e2175ebd695)", names(StealTimeMap::NAMES));
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

@@ -302,6 +302,14 @@ impl Machine {
         self.kvm_mut(vm).enable_smm(slots);
     }
 
+    /// The steal-time areas of VM `vm`'s vCPUs: vCPU i's at guest frame `base + i`, as if
+    /// each had written `MSR_KVM_STEAL_TIME` at boot (`kvm/st_cache.rs`).
+    pub fn set_steal_time_gfns(&mut self, vm: usize, base: u64) {
+        for (i, v) in self.host_ref().vm_cpus(vm).enumerate() {
+            self.host_mut().vcpus[v].st_gfn = Some(base + i as u64);
+        }
+    }
+
     /// Say whether VM `vm` has non-coherent DMA (an assigned device without snoop control), so
     /// that KVM honours its memory types (seed 004).
     pub fn set_noncoherent_dma(&mut self, vm: usize, on: bool) {

@@ -420,3 +420,81 @@ fn smm_transitions(tdp_mmu: bool) {
         "tdp_mmu = {tdp_mmu}"
     );
 }
+
+/// The steal-time cache (`kvm/st_cache.rs`): housekeeping on vCPU 0's pCPU makes the host
+/// preempt and resume the vCPU (each put writes the steal-time area, each load refreshes and
+/// acknowledges it), while a host thread reclaims the area's page every 300 us. Mainline's hva cache
+/// is refilled only for a new memslot generation and never writes a page the host invalidated;
+/// v5.6–v5.15's pfn cache writes through the pfn it cached before the reclaim (`INV-PFNCACHE`:
+/// 7e2175ebd695's use-after-free).
+#[test]
+fn the_steal_time_cache_survives_reclaims_only_as_an_hva_cache() {
+    for map in [StealTimeMap::Mainline, StealTimeMap::V5_6] {
+        let o = Options {
+            steal_time_map: map,
+            ..Options::default()
+        };
+        // Housekeeping tasks on the vCPU's pCPU preempt it every 100 us or so.
+        let topo = Topology::new(1, 3, 1).unwrap();
+        let prof = Arc::new(CostProfile::uniform("t", 10.0, Features::modern()));
+        let cfg = HostConfig {
+            vms: 1,
+            vcpus_per_vm: 1,
+            housekeeping_interval_us: 100,
+            housekeeping_run_us: 10,
+            ..HostConfig::default()
+        };
+        cfg.validate(3).unwrap();
+        let mut m = Machine::with_host(topo, prof, o, MemoryModel::Sc, cfg);
+        m.enable_kvm_mmu(0, vec![ram(0, 0, 0x200, false), ram(1, 0x300, 1, false)]);
+        m.set_steal_time_gfns(0, 0x300);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x10, 4, true);
+        m.add_task(
+            "t",
+            mm,
+            0,
+            vec![
+                UserOp::TouchRange {
+                    start: 0x10,
+                    npages: 4,
+                    write: true,
+                },
+                UserOp::Compute { ns: 20_000 },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(400),
+                },
+                UserOp::Exit,
+            ],
+        );
+        m.add_host_thread(
+            "reclaim",
+            0,
+            2,
+            vec![
+                HostOp::Compute { ns: 300_000 },
+                HostOp::InvalidateGfns {
+                    gfn: 0x300,
+                    npages: 1,
+                },
+                HostOp::Loop {
+                    to: 0,
+                    times: Some(20),
+                },
+                HostOp::Exit,
+            ],
+        );
+        let (stop, _) = run(&mut m, 100);
+        match map {
+            StealTimeMap::Mainline => {
+                assert_eq!(stop, Stop::Finished, "{}", m.dump());
+                assert!(m.counters().get(Counter::KvmStealTimeCacheFills) >= 1);
+            }
+            StealTimeMap::V5_6 => match stop {
+                Stop::Violation(v) => assert_eq!(v.invariant, "INV-PFNCACHE", "{v:?}"),
+                s => panic!("v5.6's pfn cache should be caught: {s:?}"),
+            },
+        }
+    }
+}

@@ -840,6 +840,8 @@ impl Machine {
             Done => {
                 if s.change == MemslotChange::Delete {
                     self.check_memslot_deleted(vm, s.as_id, &s.slot);
+                    let freed = (s.as_id, s.slot.clone());
+                    self.kvm_mut(vm).freed_slots.push(freed);
                 }
                 self.store(env, me, Loc::SlotsLock(vm as u32), 0);
                 self.say(|| "mutex_unlock(&kvm->slots_lock); return".into());

@@ -35,6 +35,7 @@ pub mod mtrr;
 pub mod mtrr_zap;
 pub mod oracle;
 pub mod smm;
+pub mod st_cache;
 pub mod vmx;
 pub mod x86;
 
@@ -137,6 +138,11 @@ pub struct Vcpu {
     /// address space 1's (`kvm_arch_vcpu_memslots_id`) and its MMU role has `smm` set
     /// ([`smm`]).
     pub smm: bool,
+    /// The guest frame of the vCPU's steal-time area (`MSR_KVM_STEAL_TIME`, written at boot),
+    /// where the VM's memslots are modelled ([`st_cache`]); `None`: not modelled.
+    pub st_gfn: Option<Gfn>,
+    /// `vcpu->arch.st.cache` (a `gfn_to_pfn_cache` or `gfn_to_hva_cache`, by version).
+    pub st_cache: Option<st_cache::GuestCache>,
     /// Host interrupts disabled on the vCPU thread (between `local_irq_disable` and VM entry,
     /// and in a lockless shadow-page walk): a kick IPI waits.
     pub irqs_off: bool,
@@ -168,6 +174,8 @@ shootdown_engine::clone_by_fields!(Vcpu {
     srcu,
     srcu_sees,
     smm,
+    st_gfn,
+    st_cache,
     irqs_off,
     kicks,
     emulate,
@@ -193,6 +201,8 @@ impl Vcpu {
             srcu: 0,
             srcu_sees: [0; memslot::KVM_ADDRESS_SPACE_NUM as usize],
             smm: false,
+            st_gfn: None,
+            st_cache: None,
             irqs_off: false,
             kicks: Vec::new(),
             emulate: None,
@@ -248,6 +258,9 @@ pub struct Kvm {
     /// `tdp_mmu_max_gfn_exclusive()`: one past the largest gfn the host's physical-address
     /// width allows (2^34 with 46 bits; checker scenarios narrow it to keep walks short).
     pub max_gfn: Gfn,
+    /// Oracle: memslots whose deletion has returned (the VMM may have unmapped their memory),
+    /// as (address space, slot).
+    pub freed_slots: Vec<(u8, memslot::Memslot)>,
 }
 
 shootdown_engine::clone_by_fields!(Kvm {
@@ -267,6 +280,7 @@ shootdown_engine::clone_by_fields!(Kvm {
     mtrr_zapping,
     noncoherent_dma,
     max_gfn,
+    freed_slots,
 });
 
 impl Kvm {
@@ -289,6 +303,7 @@ impl Kvm {
             mtrr_zapping: 0,
             noncoherent_dma: false,
             max_gfn: mmu::tdp_mmu::TDP_MMU_MAX_GFN_EXCLUSIVE,
+            freed_slots: Vec::new(),
         }
     }
 

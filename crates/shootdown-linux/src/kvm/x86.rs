@@ -139,6 +139,9 @@ impl Machine {
             });
             return;
         }
+        if !self.map_steal_time(v, true, env) {
+            return;
+        }
         self.host_mut().vcpus[v].st_preempted = KVM_VCPU_PREEMPTED as u8;
         let before = self.host_ref().steal_preempted[v];
         self.host_write_byte(v, KVM_VCPU_PREEMPTED as u8, env);
@@ -164,6 +167,10 @@ impl Machine {
         let k2 = self.opts.mutants.pv_record_steal_time_nonatomic();
         match (s.pc, k2) {
             (VcpuRunPc::Load, false) => {
+                if !self.map_steal_time(v, false, env) {
+                    // record_steal_time() returns: no acknowledgement, no flush.
+                    return self.enter_or_continue(v, s, env);
+                }
                 let loc = Loc::Preempted(v as u32);
                 let line = line_of(self, loc);
                 self.touch_line(env, v, line, true);

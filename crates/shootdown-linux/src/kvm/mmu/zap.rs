@@ -330,6 +330,10 @@ impl Machine {
             }
             Commit => {
                 s.pc = Unlock;
+                let n = s.list.len();
+                self.summary(|| {
+                    format!("kvm_mmu_commit_zap_page: {n} page(s) on the invalid list")
+                });
                 Flow::Call(CommitZap::call(std::mem::take(&mut s.list)))
             }
             Unlock => {
