@@ -68,6 +68,8 @@ fn without_broadcast_flushes_every_scenario_verifies_on_ipis() {
         ("global_asid", 3648, 6708),
         ("global_asid_freed_tables", 14715, 33388),
         ("global_asid_switch", 30343, 57527),
+        // The same state space as kernel_global's: IPIs to every CPU.
+        ("kernel_global_invlpgb", 315, 630),
     ] {
         let r = run(sc, None, "sc", &["options.broadcast_tlb_flush=false"]);
         assert_eq!(

@@ -114,6 +114,15 @@ const MUTANTS: &[Pinned] = &[
         19287,
     ),
     (
+        "kernel_global_invlpgb",
+        "broadcast_skips_tlbsync",
+        None,
+        "sc",
+        "INV-STALE",
+        10,
+        120,
+    ),
+    (
         "global_asid_freed_tables",
         "invlpgb_final_only",
         None,

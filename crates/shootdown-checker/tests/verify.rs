@@ -122,7 +122,8 @@ const STEAL_TIME_CACHE: &[(&str, &str, u64, u64)] = &[
 ];
 /// Global ASIDs and INVLPGB (v6.15+): an mm's transition to its global ASID against a CPU
 /// running it (`global_asid`), against a CPU switching back into it (`global_asid_switch`),
-/// and a page-table page freed under a broadcast with a lazy CPU (`global_asid_freed_tables`).
+/// a page-table page freed under a broadcast with a lazy CPU (`global_asid_freed_tables`),
+/// and a kernel range flushed by broadcast (`kernel_global_invlpgb`).
 const GLOBAL_ASID: &[(&str, &str, u64, u64)] = &[
     ("global_asid", "sc", 3521, 6119),
     ("global_asid", "tso", 7246, 17629),
@@ -130,6 +131,9 @@ const GLOBAL_ASID: &[(&str, &str, u64, u64)] = &[
     ("global_asid_switch", "tso", 92414, 234148),
     ("global_asid_freed_tables", "sc", 33585, 76172),
     ("global_asid_freed_tables", "tso", 79583, 242842),
+    // flush_tlb_kernel_range() by INVLPGB (Global entries included), no IPIs.
+    ("kernel_global_invlpgb", "sc", 121, 220),
+    ("kernel_global_invlpgb", "tso", 308, 791),
 ];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];

@@ -54,12 +54,24 @@ pub struct EptUse {
 /// APM vol. 3): the non-global translations of `pcid` (all PCIDs if `None`) for the pages
 /// `[start, end)` (all pages if `range` is `None`), performed by every CPU's TLB without an
 /// interrupt, complete when the issuing CPU's TLBSYNC returns. With `final_only` ("final
-/// translations only") the paging-structure caches keep their entries.
+/// translations only") the paging-structure caches keep their entries; with `include_global`
+/// Global translations go too (the kernel's kernel-range and flush-all forms).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Invlpgb {
     pub pcid: Option<Pcid>,
     pub range: Option<(Vpn, Vpn)>,
     pub final_only: bool,
+    pub include_global: bool,
+}
+
+impl Invlpgb {
+    /// Every non-global translation of every PCID (`invlpgb_flush_all_nonglobals`).
+    pub const ALL_NONGLOBALS: Invlpgb = Invlpgb {
+        pcid: None,
+        range: None,
+        final_only: false,
+        include_global: false,
+    };
 }
 
 /// A cached translation.
@@ -247,23 +259,36 @@ impl Tlb {
             self.psc = psc;
             return;
         }
+        let global = b.include_global;
+        let group = crate::pagetable::PTRS_PER_PT;
+        let pages = |k: &Key| {
+            if k.2 & HUGE_KEY != 0 {
+                let base = k.2 & !HUGE_KEY;
+                (base, base + group)
+            } else {
+                (k.2, k.2 + 1)
+            }
+        };
         match (b.pcid, b.range) {
-            (None, _) => {
-                // All non-global translations of every PCID (`invlpgb_flush_all_nonglobals`).
-                self.retain(|k, e| e.global || k.0 != tag);
+            (None, None) => {
+                // Every translation of every PCID (`invlpgb_flush_all_nonglobals`; Global
+                // ones too for `invlpgb_flush_all`).
+                self.retain(|k, e| (e.global && !global) || k.0 != tag);
+                self.psc.clear();
+            }
+            (None, Some((start, end))) => {
+                // An address range in every PCID (`invlpgb_flush_addr_nosync`).
+                self.retain(|k, e| {
+                    let (first, last) = pages(k);
+                    (e.global && !global) || k.0 != tag || last <= start || first >= end
+                });
                 self.psc.clear();
             }
             (Some(p), None) => self.flush_pcid(p),
             (Some(p), Some((start, end))) => {
-                let group = crate::pagetable::PTRS_PER_PT;
                 self.retain(|k, e| {
-                    let (first, last) = if k.2 & HUGE_KEY != 0 {
-                        let base = k.2 & !HUGE_KEY;
-                        (base, base + group)
-                    } else {
-                        (k.2, k.2 + 1)
-                    };
-                    e.global || k.0 != tag || k.1 != p || last <= start || first >= end
+                    let (first, last) = pages(k);
+                    (e.global && !global) || k.0 != tag || k.1 != p || last <= start || first >= end
                 });
                 self.psc.retain(|k, _| k.0 != p);
             }
@@ -439,6 +464,51 @@ mod tests {
             t.lookup(1, 1024).is_some(),
             "INVLPG of another page keeps the 4 KiB entry"
         );
+    }
+    #[test]
+    fn invlpgb_drops_its_pcid_and_range_and_keeps_globals() {
+        let mut t = Tlb::new(16, 4);
+        let g = TlbEntry {
+            global: true,
+            ..e(0)
+        };
+        t.insert(7, 10, e(0), 0);
+        t.insert(7, 12, e(0), 0);
+        t.insert(8, 10, e(1), 0);
+        t.insert(7, 1024 + 3, TlbEntry { huge: true, ..e(0) }, 0);
+        t.insert(7, 20, g, 0);
+        t.psc_insert(7, 0, 5);
+        // Pages [10, 11) of PCID 7, final translations only: the PSC entry stays.
+        t.invlpgb(&Invlpgb {
+            pcid: Some(7),
+            range: Some((10, 11)),
+            final_only: true,
+            include_global: false,
+        });
+        assert!(t.lookup(7, 10).is_none());
+        assert!(t.lookup(7, 12).is_some() && t.lookup(8, 10).is_some());
+        assert!(t.psc_lookup(7, 0).is_some());
+        // A range that reaches into a 2 MiB group drops the group's entry, and the PSC.
+        t.invlpgb(&Invlpgb {
+            pcid: Some(7),
+            range: Some((1024 + 500, 1024 + 501)),
+            final_only: false,
+            include_global: false,
+        });
+        assert!(t.lookup(7, 1024 + 3).is_none());
+        assert!(t.psc_lookup(7, 0).is_none());
+        // Everything non-global of every PCID: the Global entry alone is left.
+        t.invlpgb(&Invlpgb::ALL_NONGLOBALS);
+        assert_eq!(t.len(), 1);
+        assert!(t.lookup(9, 20).is_some_and(|x| x.global));
+        // A kernel range including globals: gone from every PCID.
+        t.invlpgb(&Invlpgb {
+            pcid: None,
+            range: Some((20, 21)),
+            final_only: false,
+            include_global: true,
+        });
+        assert!(t.is_empty());
     }
     #[test]
     fn a_global_entry_serves_every_pcid_and_survives_pcid_flushes() {

@@ -19,15 +19,15 @@
 //!   otherwise ends the transition; then TLBSYNC. No IPI reaches a lazy CPU for freed page
 //!   tables: INVLPGB (never "final translations only") drops paging-structure entries too.
 //!   `arch_tlbbatch_flush()` flushes every non-global translation of every PCID and waits,
-//!   with no IPIs (0b7eb55cb706).
+//!   with no IPIs (0b7eb55cb706), and `flush_tlb_kernel_range()` broadcasts the range in
+//!   every PCID, Global translations included (`kernel_map.rs`).
 //!
 //! Simplifications: an INVLPGB takes effect on every TLB at the issuer's TLBSYNC, the latest
 //! the architecture allows, and costs the receiving CPUs nothing; `global_asid_lock` is one
 //! step (allocation is atomic); another CPU's `loaded_mm_asid` is read as the CPU's CR3 write
 //! left it; `consider_global_asid`'s rate limit (`(pid & 31) == (jiffies & 31)`) applies in
-//! the timed driver only (the explorer considers every time); kernel-range flushes keep their
-//! IPIs (`invlpgb_flush_addr_nosync` is not modelled); the Zen 2 quirk (a74bb5f202da) is the
-//! profile's business.
+//! the timed driver only (the explorer considers every time); the Zen 2 quirk (a74bb5f202da) is
+//! the profile's business.
 
 use crate::counters::Counter;
 use crate::frame::{CallCond, Flow};
@@ -100,13 +100,8 @@ impl Machine {
     /// `reset_global_asid_space()`: `invlpgb_flush_all_nonglobals()` (every CPU's TLB drops
     /// every non-global translation; TLBSYNC), then the freed ASIDs become usable again.
     fn reset_global_asid_space<E: Env>(&mut self, env: &mut E) {
-        let all = Invlpgb {
-            pcid: None,
-            range: None,
-            final_only: false,
-        };
         for c in 0..self.cpus.len() {
-            self.cpus[c].tlb.invlpgb(&all);
+            self.cpus[c].tlb.invlpgb(&Invlpgb::ALL_NONGLOBALS);
         }
         self.perf.counters.inc(Counter::Invlpgb);
         self.perf.counters.inc(Counter::Tlbsync);
@@ -192,7 +187,7 @@ impl Machine {
     }
 
     /// TLBSYNC on `cpu`: every INVLPGB it issued is done on every CPU when it returns.
-    fn tlbsync<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+    pub(crate) fn tlbsync<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
         let pending = std::mem::take(&mut self.cpus[cpu].invlpgb_pending);
         for b in &pending {
             for c in 0..self.cpus.len() {
@@ -204,7 +199,7 @@ impl Machine {
     }
 
     /// Issue INVLPGB `b` on `cpu` (done at its TLBSYNC).
-    fn invlpgb<E: Env>(&mut self, cpu: CpuId, b: Invlpgb, env: &mut E) {
+    pub(crate) fn invlpgb<E: Env>(&mut self, cpu: CpuId, b: Invlpgb, env: &mut E) {
         self.cpus[cpu].invlpgb_pending.push(b);
         self.perf.counters.inc(Counter::Invlpgb);
         self.charge(env, |c| c.invlpgb);
@@ -224,12 +219,7 @@ impl Machine {
         match s.pc {
             BroadcastAll => {
                 // arch_tlbbatch_flush(): invlpgb_flush_all_nonglobals().
-                let b = Invlpgb {
-                    pcid: None,
-                    range: None,
-                    final_only: false,
-                };
-                self.invlpgb(cpu, b, env);
+                self.invlpgb(cpu, Invlpgb::ALL_NONGLOBALS, env);
                 self.summary(|| "invlpgb_flush_all_nonglobals (no IPIs)".into());
                 s.pc = Tlbsync;
                 Flow::Next
@@ -251,6 +241,7 @@ impl Machine {
                             pcid: Some(p),
                             range: None,
                             final_only,
+                            include_global: false,
                         };
                         self.invlpgb(cpu, b, env);
                         n += 1;
@@ -270,6 +261,7 @@ impl Machine {
                                 pcid: Some(p),
                                 range: Some((addr, end)),
                                 final_only,
+                                include_global: false,
                             };
                             self.invlpgb(cpu, b, env);
                             n += 1;

@@ -24,7 +24,7 @@ use crate::smp::SmpCallMany;
 use crate::state::{FlushTlbInfo, INIT_MM, TLB_FLUSH_ALL, TLB_GENERATION_INVALID};
 use shootdown_engine::Env;
 use shootdown_hw::pagetable::Vpn;
-use shootdown_hw::tlb::TlbEntry;
+use shootdown_hw::tlb::{Invlpgb, TlbEntry};
 use shootdown_hw::CpuId;
 
 /// `VMALLOC_START` (0xffffc90000000000, 4-level paging) as a page number.
@@ -35,8 +35,12 @@ pub const VMALLOC_START_VPN: Vpn = 0xffff_c900_0000_0000 >> 12;
 pub enum VunmapPc {
     /// `vunmap_range_noflush()`: clear the PTEs.
     Unmap,
-    /// `flush_tlb_kernel_range()`: `on_each_cpu(do_kernel_range_flush)`.
+    /// `flush_tlb_kernel_range()`: `on_each_cpu(do_kernel_range_flush)` — or, v6.15+ on a CPU
+    /// with INVLPGB, `invlpgb_kernel_range_flush()` (or `invlpgb_flush_all()`): INVLPGBs of
+    /// the range in every PCID, Global translations included, no IPIs.
     Flush,
+    /// v6.15+ with INVLPGB: `__tlbsync()`.
+    Tlbsync,
     /// The flush has run everywhere: return.
     Done,
 }
@@ -121,6 +125,9 @@ impl Machine {
                 } else {
                     start + npages
                 };
+                if self.broadcast_tlb_enabled() {
+                    return self.invlpgb_kernel_range_flush(cpu, pc, start, end, env);
+                }
                 let info = FlushTlbInfo {
                     mm: None,
                     start,
@@ -157,6 +164,16 @@ impl Machine {
                     ..SmpCallMany::new(cond, others, info)
                 })))
             }
+            VunmapPc::Tlbsync => {
+                *pc = VunmapPc::Done;
+                if self.opts.mutants.broadcast_skips_tlbsync() {
+                    self.say(|| "return without TLBSYNC".into());
+                    return Flow::Next;
+                }
+                self.tlbsync(cpu, env);
+                self.say(|| "__tlbsync: this CPU's INVLPGBs are done everywhere".into());
+                Flow::Next
+            }
             VunmapPc::Done => {
                 let range = Some((start, start + npages));
                 self.oracle.flush_returned(INIT_MM, range, *begin);
@@ -164,6 +181,51 @@ impl Machine {
                 Flow::Return
             }
         }
+    }
+
+    /// v6.15+ `flush_tlb_kernel_range()` on a CPU with INVLPGB: `invlpgb_flush_all()` for a
+    /// full flush, else `invlpgb_kernel_range_flush()` — one `invlpgb_flush_addr_nosync()` per
+    /// `invlpgb_count_max` pages (every PCID, Global translations included) — then TLBSYNC.
+    fn invlpgb_kernel_range_flush<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        pc: &mut VunmapPc,
+        start: Vpn,
+        end: Vpn,
+        env: &mut E,
+    ) -> Flow {
+        let mut n = 0;
+        if end == TLB_FLUSH_ALL {
+            let all = Invlpgb {
+                include_global: true,
+                ..Invlpgb::ALL_NONGLOBALS
+            };
+            self.invlpgb(cpu, all, env);
+            n += 1;
+        } else {
+            let max = u64::from(self.invlpgb_count_max.max(1));
+            let mut addr = start;
+            while addr < end {
+                let nr = (end - addr).clamp(1, max);
+                let b = Invlpgb {
+                    pcid: None,
+                    range: Some((addr, addr + nr)),
+                    final_only: false,
+                    include_global: true,
+                };
+                self.invlpgb(cpu, b, env);
+                n += 1;
+                addr += nr;
+            }
+        }
+        self.say(|| {
+            format!(
+                "flush_tlb_kernel_range: {n} INVLPGB(s) of {} in every PCID, Global included (no IPIs)",
+                crate::tlb::range_text(start, end)
+            )
+        });
+        *pc = VunmapPc::Tlbsync;
+        Flow::Next
     }
 
     /// `do_kernel_range_flush()` (INVLPG of each page: `flush_tlb_one_kernel`) or, for
