@@ -44,6 +44,14 @@ impl Memslot {
     pub fn end(&self) -> Gfn {
         self.base_gfn + self.npages
     }
+    /// The host frame behind `gfn` (in the slot): `__gfn_to_pfn_memslot`'s answer.
+    pub fn pfn_of(&self, gfn: Gfn) -> u64 {
+        self.pfn + (gfn - self.base_gfn)
+    }
+    /// Does the slot put host frame `pfn` behind `gfn`?
+    pub fn maps(&self, gfn: Gfn, pfn: u64) -> bool {
+        self.contains(gfn) && self.pfn_of(gfn) == pfn
+    }
 }
 
 /// `struct kvm_memslots`: one set of memslots of an address space.

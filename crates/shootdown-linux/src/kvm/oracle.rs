@@ -201,11 +201,10 @@ impl Machine {
             )
         } else if let Some(pfn) = pfn {
             let maps = |a: usize| {
-                k.address_spaces[a].sets.iter().any(|set| {
-                    set.slots
-                        .iter()
-                        .any(|sl| sl.contains(gfn) && sl.pfn + (gfn - sl.base_gfn) == pfn)
-                })
+                k.address_spaces[a]
+                    .sets
+                    .iter()
+                    .any(|set| set.slots.iter().any(|sl| sl.maps(gfn, pfn)))
             };
             let other = 1 - mine;
             if maps(mine) || !maps(other) {

@@ -22,7 +22,6 @@ use crate::counters::Counter;
 use crate::frame::Frame;
 use crate::kvm::mmu::page::MmuUnload;
 use crate::machine::Machine;
-use shootdown_engine::Env;
 use shootdown_hw::CpuId;
 
 impl Machine {
@@ -36,13 +35,7 @@ impl Machine {
     /// returned `kvm_mmu_unload` frame; the MMIO cache is cleared with it. The
     /// `smm_change_keeps_root` mutant skips the reset: the vCPU goes on with the root (and the
     /// translations) of the role it left.
-    pub(crate) fn kvm_smm_changed<E: Env>(
-        &mut self,
-        v: CpuId,
-        entering: bool,
-        env: &mut E,
-    ) -> Option<Frame> {
-        let _ = env;
+    pub(crate) fn kvm_smm_changed(&mut self, v: CpuId, entering: bool) -> Option<Frame> {
         self.perf.counters.inc(Counter::KvmSmmTransitions);
         self.host_mut().vcpus[v].smm = entering;
         let (what, hflags) = if entering {

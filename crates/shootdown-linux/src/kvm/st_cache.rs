@@ -78,7 +78,7 @@ impl Machine {
                 };
                 let c = GuestCache {
                     gfn,
-                    pfn: sl.pfn + (gfn - sl.base_gfn),
+                    pfn: sl.pfn_of(gfn),
                     generation: gen,
                     filled: self.oracle.now(),
                 };
@@ -104,9 +104,7 @@ impl Machine {
         let freed = k
             .freed_slots
             .iter()
-            .find(|(a, sl)| {
-                *a == 0 && sl.contains(c.gfn) && sl.pfn + (c.gfn - sl.base_gfn) == c.pfn
-            })
+            .find(|(a, sl)| *a == 0 && sl.maps(c.gfn, c.pfn))
             .map(|(_, sl)| sl.id);
         let detail = if let Some(id) = freed {
             format!(

@@ -293,8 +293,8 @@ impl Machine {
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
-                    Exit::Smi => self.kvm_smm_changed(v, true, env),
-                    Exit::Rsm => self.kvm_smm_changed(v, false, env),
+                    Exit::Smi => self.kvm_smm_changed(v, true),
+                    Exit::Rsm => self.kvm_smm_changed(v, false),
                     Exit::Preempted | Exit::Kick | Exit::Pause => None,
                 };
                 match handler {

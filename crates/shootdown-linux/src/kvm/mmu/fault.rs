@@ -541,7 +541,7 @@ fn target_in(slots: &crate::kvm::memslot::MemslotSet, gfn: Gfn, write: bool) -> 
             let region = gfn / span * span;
             let huge = sl.huge && sl.base_gfn <= region && region + span <= sl.end();
             FaultTarget::Ram {
-                pfn: sl.pfn + (gfn - sl.base_gfn),
+                pfn: sl.pfn_of(gfn),
                 writable: !sl.readonly,
                 level: if huge { 2 } else { 1 },
             }
