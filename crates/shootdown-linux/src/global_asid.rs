@@ -198,6 +198,43 @@ impl Machine {
         self.charge(env, |c| c.tlbsync);
     }
 
+    /// The INVLPGB loop of `broadcast_tlb_flush()` and `invlpgb_kernel_range_flush()`: pages
+    /// `[start, end)` a `1 << stride_shift` stride apart, at most `invlpgb_count_max` per
+    /// instruction (one per instruction above a 2 MiB stride), each chunk for every PCID of
+    /// `pcids`, with `template`'s flags. Returns how many INVLPGBs it issued.
+    pub(crate) fn invlpgb_range<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        template: Invlpgb,
+        pcids: &[Option<u16>],
+        (start, end): (u64, u64),
+        stride_shift: u8,
+        env: &mut E,
+    ) -> u32 {
+        let max = u64::from(self.invlpgb_count_max.max(1));
+        let mut n = 0;
+        let mut addr = start;
+        while addr < end {
+            let nr = if stride_shift > 9 {
+                1
+            } else {
+                ((end - addr) >> stride_shift).clamp(1, max)
+            };
+            let next = addr + (nr << stride_shift);
+            for &pcid in pcids {
+                let b = Invlpgb {
+                    pcid,
+                    range: Some((addr, next)),
+                    ..template
+                };
+                self.invlpgb(cpu, b, env);
+                n += 1;
+            }
+            addr = next;
+        }
+        n
+    }
+
     /// Issue INVLPGB `b` on `cpu` (done at its TLBSYNC).
     pub(crate) fn invlpgb<E: Env>(&mut self, cpu: CpuId, b: Invlpgb, env: &mut E) {
         self.cpus[cpu].invlpgb_pending.push(b);
@@ -247,27 +284,21 @@ impl Machine {
                         n += 1;
                     }
                 } else {
-                    let max = u64::from(self.invlpgb_count_max.max(1));
-                    let mut addr = f.start;
-                    while addr < f.end {
-                        let nr = if f.stride_shift > 9 {
-                            1
-                        } else {
-                            ((f.end - addr) >> f.stride_shift).clamp(1, max)
-                        };
-                        let end = addr + (nr << f.stride_shift);
-                        for &p in &pcids {
-                            let b = Invlpgb {
-                                pcid: Some(p),
-                                range: Some((addr, end)),
-                                final_only,
-                                include_global: false,
-                            };
-                            self.invlpgb(cpu, b, env);
-                            n += 1;
-                        }
-                        addr = end;
-                    }
+                    let template = Invlpgb {
+                        pcid: None,
+                        range: None,
+                        final_only,
+                        include_global: false,
+                    };
+                    let pcids: Vec<Option<u16>> = pcids.into_iter().map(Some).collect();
+                    n = self.invlpgb_range(
+                        cpu,
+                        template,
+                        &pcids,
+                        (f.start, f.end),
+                        f.stride_shift,
+                        env,
+                    );
                 }
                 self.say(|| {
                     format!(

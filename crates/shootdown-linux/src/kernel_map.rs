@@ -194,30 +194,17 @@ impl Machine {
         end: Vpn,
         env: &mut E,
     ) -> Flow {
-        let mut n = 0;
-        if end == TLB_FLUSH_ALL {
-            let all = Invlpgb {
-                include_global: true,
-                ..Invlpgb::ALL_NONGLOBALS
-            };
-            self.invlpgb(cpu, all, env);
-            n += 1;
+        // Every PCID, Global translations included (`invlpgb_flush_all` when it is all).
+        let all_pcids = Invlpgb {
+            include_global: true,
+            ..Invlpgb::ALL_NONGLOBALS
+        };
+        let n = if end == TLB_FLUSH_ALL {
+            self.invlpgb(cpu, all_pcids, env);
+            1
         } else {
-            let max = u64::from(self.invlpgb_count_max.max(1));
-            let mut addr = start;
-            while addr < end {
-                let nr = (end - addr).clamp(1, max);
-                let b = Invlpgb {
-                    pcid: None,
-                    range: Some((addr, addr + nr)),
-                    final_only: false,
-                    include_global: true,
-                };
-                self.invlpgb(cpu, b, env);
-                n += 1;
-                addr += nr;
-            }
-        }
+            self.invlpgb_range(cpu, all_pcids, &[None], (start, end), 0, env)
+        };
         self.say(|| {
             format!(
                 "flush_tlb_kernel_range: {n} INVLPGB(s) of {} in every PCID, Global included (no IPIs)",
