@@ -360,7 +360,12 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         path,
         "topology",
         t,
-        &["sockets", "cores_per_socket", "threads_per_core"],
+        &[
+            "sockets",
+            "cores_per_socket",
+            "threads_per_core",
+            "cores_per_llc",
+        ],
     )?;
     // Each value is an integer of at most MAX_CPUS here; Topology::new checks the minimums and
     // the product.
@@ -375,11 +380,17 @@ pub(crate) fn load_experiment(path: &Path, sets: &[String]) -> Result<Experiment
         )
         .map(|n| n as usize)
     };
+    // cores_per_llc: 0 (the default) is one last-level cache per socket.
+    let per_llc = count("cores_per_llc", Some(0))?;
     let topology = Topology::new(
         count("sockets", None)?,
         count("cores_per_socket", None)?,
         count("threads_per_core", Some(1))?,
     )
+    .and_then(|t| match per_llc {
+        0 => Ok(t),
+        n => t.with_cores_per_llc(n),
+    })
     .map_err(|(k, r)| ConfigError::new(path, format!("topology.{k}"), r))?;
 
     let host = match doc.get("host") {

@@ -363,6 +363,7 @@ impl LineDirectory {
             Distance::SameCpu => costs.l1_hit,
             Distance::SameCore => costs.line_same_core,
             Distance::SameSocket => costs.line_same_socket,
+            Distance::CrossLlc => costs.line_cross_llc,
             Distance::CrossSocket => costs.line_cross_socket,
         }
     }
@@ -494,6 +495,7 @@ mod tests {
             ("line_shared_read", 7.0),
             ("line_same_core", 13.0),
             ("line_same_socket", 29.0),
+            ("line_cross_llc", 45.0),
             ("line_cross_socket", 61.0),
         ] {
             map.insert(k.into(), ns);

@@ -65,6 +65,9 @@ cost_keys! {
     line_same_core,
     /// Transfer of a line last written by another core of the same socket.
     line_same_socket,
+    /// Transfer of a line last written by a core of the same socket behind another
+    /// last-level cache (another CCX on AMD; never charged where one LLC serves a socket).
+    line_cross_llc,
     /// Transfer of a line last written by a core of the other socket.
     line_cross_socket,
     /// Extra cost of a locked read-modify-write (LOCK prefix, drains the store buffer).

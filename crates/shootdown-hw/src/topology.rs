@@ -16,7 +16,11 @@ pub enum Distance {
     SameCpu,
     /// SMT siblings share L1/L2.
     SameCore,
+    /// Cores of one socket that share its last-level cache (every core of an Intel socket).
     SameSocket,
+    /// Cores of one socket with last-level caches of their own: AMD's core complexes (CCX),
+    /// whose lines travel over the socket's fabric.
+    CrossLlc,
     CrossSocket,
 }
 
@@ -26,12 +30,17 @@ pub struct Topology {
     pub sockets: usize,
     pub cores_per_socket: usize,
     pub threads_per_core: usize,
+    /// Cores sharing one last-level cache: `cores_per_socket` on Intel, the CCX's 8 on AMD
+    /// Zen 3 ([`Topology::with_cores_per_llc`]).
+    pub cores_per_llc: usize,
     /// `cpu % nr_cores` and `core / cores_per_socket` by multiplication ([`FastDiv`]): they
     /// are on every cache-line transfer and IPI of the timed driver ([`Topology::distance`]).
     #[serde(skip)]
     core_div: FastDiv,
     #[serde(skip)]
     socket_div: FastDiv,
+    #[serde(skip)]
+    llc_div: FastDiv,
 }
 
 /// Division and remainder of 32-bit numbers by a fixed divisor, by multiplication (Lemire,
@@ -107,10 +116,29 @@ impl Topology {
             sockets,
             cores_per_socket,
             threads_per_core,
+            cores_per_llc: cores_per_socket,
             core_div: FastDiv::new(sockets * cores_per_socket),
             socket_div: FastDiv::new(cores_per_socket),
+            llc_div: FastDiv::new(cores_per_socket),
         };
         Ok(t)
+    }
+
+    /// The same machine with `n` cores to a last-level cache (a divisor of
+    /// `cores_per_socket`).
+    pub fn with_cores_per_llc(mut self, n: usize) -> Result<Self, (&'static str, String)> {
+        if n == 0 || self.cores_per_socket % n != 0 {
+            return Err((
+                "cores_per_llc",
+                format!(
+                    "must divide cores_per_socket ({}) (got {n})",
+                    self.cores_per_socket
+                ),
+            ));
+        }
+        self.cores_per_llc = n;
+        self.llc_div = FastDiv::new(n);
+        Ok(self)
     }
     pub fn nr_cpus(&self) -> usize {
         self.sockets * self.cores_per_socket * self.threads_per_core
@@ -130,15 +158,21 @@ impl Topology {
     pub fn socket_of(&self, cpu: CpuId) -> usize {
         self.socket_div.div(self.core_of(cpu))
     }
+    /// Last-level cache index (0..nr_cores / cores_per_llc) of a CPU.
+    pub fn llc_of(&self, cpu: CpuId) -> usize {
+        self.llc_div.div(self.core_of(cpu))
+    }
     pub fn distance(&self, a: CpuId, b: CpuId) -> Distance {
         if a == b {
             Distance::SameCpu
         } else if self.core_of(a) == self.core_of(b) {
             Distance::SameCore
-        } else if self.socket_of(a) == self.socket_of(b) {
+        } else if self.socket_of(a) != self.socket_of(b) {
+            Distance::CrossSocket
+        } else if self.llc_of(a) == self.llc_of(b) {
             Distance::SameSocket
         } else {
-            Distance::CrossSocket
+            Distance::CrossLlc
         }
     }
     /// The CPUs of one socket in placement order: all cores' first threads, then siblings
@@ -171,6 +205,26 @@ mod tests {
         assert_eq!((t.core_of(5), t.thread_of(5)), (5, 0));
         assert_eq!(t.cpus_of_socket(1)[0], 12);
         assert_eq!(t.cpus_of_socket(0).len(), 24);
+        assert_eq!(t.llc_of(23), 1);
+    }
+
+    /// A 2-socket Zen 3 (Milan): 8 CCXs of 8 cores per socket, SMT siblings N and N + 128.
+    #[test]
+    fn milan_ccx() {
+        let t = Topology::new(2, 64, 2)
+            .unwrap()
+            .with_cores_per_llc(8)
+            .unwrap();
+        assert_eq!(t.distance(0, 7), Distance::SameSocket);
+        assert_eq!(t.distance(0, 8), Distance::CrossLlc);
+        assert_eq!(t.distance(0, 128), Distance::SameCore);
+        assert_eq!(t.distance(7, 128 + 1), Distance::SameSocket);
+        assert_eq!(t.distance(0, 64), Distance::CrossSocket);
+        assert_eq!(t.llc_of(64 + 128 + 9), 9);
+        assert!(Topology::new(2, 64, 2)
+            .unwrap()
+            .with_cores_per_llc(7)
+            .is_err());
     }
     proptest::proptest! {
         /// The multiplications give the hardware division's quotients and remainders.
