@@ -28,7 +28,7 @@ fn the_seeded_mutants_are_found_under_tso_too() {
             "asid_transition_cleared_early",
             "INV-STALE",
             62,
-            37112,
+            35198,
         ),
         (
             "global_asid_freed_tables",
@@ -58,7 +58,7 @@ fn the_v6_17_switch_without_its_barrier_verifies_with_global_asids() {
     );
     assert_eq!(
         (r.verdict.as_str(), r.states, r.transitions),
-        ("verified", 153243, 389359)
+        ("verified", 138312, 349361)
     );
 }
 
@@ -67,7 +67,7 @@ fn without_broadcast_flushes_every_scenario_verifies_on_ipis() {
     for (sc, states, transitions) in [
         ("global_asid", 3648, 6708),
         ("global_asid_freed_tables", 14715, 33388),
-        ("global_asid_switch", 30343, 57527),
+        ("global_asid_switch", 22366, 42297),
         // The same state space as kernel_global's: IPIs to every CPU.
         ("kernel_global_invlpgb", 315, 630),
     ] {

@@ -43,7 +43,7 @@ fn before_83b0177a6c48_a_switch_into_a_kept_bit_misses_a_flush_under_tso() {
         "tso",
         &["options.lazy_tlb=is_lazy"],
     );
-    assert_eq!((r.verdict.as_str(), r.states), ("verified", 3034));
+    assert_eq!((r.verdict.as_str(), r.states), ("verified", 2863));
 }
 
 #[test]

@@ -111,7 +111,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-STALE",
         60,
-        19287,
+        18299,
     ),
     (
         "kernel_global_invlpgb",
@@ -327,7 +327,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-STALE",
         52,
-        28114,
+        27413,
     ),
     (
         "smp_call_concurrent",
@@ -336,7 +336,7 @@ const MUTANTS: &[Pinned] = &[
         "sc",
         "INV-STALE",
         37,
-        75219,
+        73067,
     ),
     (
         "switch_mm_flush_v5",

@@ -10,16 +10,16 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("batch_unmap", "tso", 1016, 2382),
     ("lazy_munmap", "sc", 85, 137),
     ("lazy_munmap", "tso", 167, 370),
-    ("switch_mm_flush", "sc", 1345, 2574),
-    ("switch_mm_flush", "tso", 2730, 6842),
-    ("switch_mm_flush_v5", "sc", 1323, 2531),
-    ("switch_mm_flush_v5", "tso", 2626, 6566),
-    ("flush_catchup", "sc", 33561, 70572),
-    ("flush_catchup", "tso", 48431, 115403),
+    ("switch_mm_flush", "sc", 1297, 2490),
+    ("switch_mm_flush", "tso", 2559, 6375),
+    ("switch_mm_flush_v5", "sc", 1275, 2447),
+    ("switch_mm_flush_v5", "tso", 2455, 6099),
+    ("flush_catchup", "sc", 32345, 68444),
+    ("flush_catchup", "tso", 46297, 110687),
     ("pv_tlb_flush", "sc", 1379, 3228),
     ("pv_tlb_flush", "tso", 1451, 3427),
-    ("madvise_nested", "sc", 127005, 270300),
-    ("madvise_nested", "tso", 178017, 423919),
+    ("madvise_nested", "sc", 120973, 258780),
+    ("madvise_nested", "tso", 167912, 400527),
     ("reclaim_madvise", "sc", 8914, 18836),
     ("reclaim_madvise", "tso", 13321, 32060),
     ("khugepaged_collapse", "sc", 49, 58),
@@ -27,8 +27,8 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("thp_zap", "sc", 10211, 19760),
     ("thp_zap", "tso", 16831, 39577),
     // A flush IPI waiting out an lru_lock section (interrupts off).
-    ("lru_lock_flush", "sc", 2090, 4253),
-    ("lru_lock_flush", "tso", 3952, 10039),
+    ("lru_lock_flush", "sc", 2034, 4155),
+    ("lru_lock_flush", "tso", 3762, 9526),
     // A freed frame, reused by a fault, while another CPU cached its page (INV-FREEPAGE).
     ("free_page_reuse", "sc", 774, 1366),
     ("free_page_reuse", "tso", 1339, 3066),
@@ -53,8 +53,8 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("efi_runtime", "sc", 4761, 11073),
     ("efi_runtime", "tso", 8998, 24912),
     // text_poke through poking_mm, a temporary mm, with a user flush and an NMI around it.
-    ("text_poke", "sc", 122707, 271784),
-    ("text_poke", "tso", 187339, 476641),
+    ("text_poke", "sc", 120079, 266414),
+    ("text_poke", "tso", 182263, 463288),
     // A kernel thread borrowing an mm (kthread_use_mm) while its owner zaps and exits.
     ("kthread_use_mm", "sc", 9913, 23344),
     ("kthread_use_mm", "tso", 23103, 68379),
@@ -63,21 +63,21 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("ple_pv_flush", "tso", 10350, 22001),
     // A CPU switching back into an mm whose cpumask still holds its bit (v6.13+'s lazy
     // mm_cpumask) while another CPU flushes (83b0177a6c48's barrier).
-    ("lazy_cpumask_switch", "sc", 1523, 2947),
-    ("lazy_cpumask_switch", "tso", 3183, 7816),
+    ("lazy_cpumask_switch", "sc", 1475, 2867),
+    ("lazy_cpumask_switch", "tso", 3012, 7384),
     // Symmetry reduction (cpu0 and cpu1 interchangeable).
-    ("symmetric_flushers", "sc", 65529, 139235),
-    ("symmetric_flushers", "tso", 92108, 218810),
+    ("symmetric_flushers", "sc", 62533, 133544),
+    ("symmetric_flushers", "tso", 87030, 207213),
 ];
 
 const THREE_CPUS_SC: &[(&str, &str, u64, u64)] = &[
-    ("smp_call_concurrent", "sc", 378656, 1152768),
-    ("smp_call_remote_then_local", "sc", 208732, 579122),
+    ("smp_call_concurrent", "sc", 371566, 1132216),
+    ("smp_call_remote_then_local", "sc", 201642, 558570),
 ];
 const THREE_CPUS_TSO: &[(&str, &str, u64, u64)] =
-    &[("smp_call_remote_then_local", "tso", 631356, 2321072)];
+    &[("smp_call_remote_then_local", "tso", 604131, 2213137)];
 const CONCURRENT_TSO: &[(&str, &str, u64, u64)] =
-    &[("smp_call_concurrent", "tso", 1140067, 4501812)];
+    &[("smp_call_concurrent", "tso", 1112842, 4393951)];
 const KVM_MMU_SC: &[(&str, &str, u64, u64)] = &[
     ("kvm_slot_zap", "sc", 977317, 2598999),
     ("kvm_mmio_generation", "sc", 211029, 551465),
@@ -127,8 +127,8 @@ const STEAL_TIME_CACHE: &[(&str, &str, u64, u64)] = &[
 const GLOBAL_ASID: &[(&str, &str, u64, u64)] = &[
     ("global_asid", "sc", 3521, 6119),
     ("global_asid", "tso", 7246, 17629),
-    ("global_asid_switch", "sc", 39701, 73305),
-    ("global_asid_switch", "tso", 92414, 234148),
+    ("global_asid_switch", "sc", 34418, 63370),
+    ("global_asid_switch", "tso", 78441, 197220),
     ("global_asid_freed_tables", "sc", 33585, 76172),
     ("global_asid_freed_tables", "tso", 79583, 242842),
     // flush_tlb_kernel_range() by INVLPGB (Global entries included), no IPIs.

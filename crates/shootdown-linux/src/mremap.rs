@@ -138,8 +138,8 @@ impl Machine {
                 let new = Vma {
                     start: s.new_start,
                     npages: s.npages,
-                    file: v.file,
                     pgoff: v.pgoff_of(s.start),
+                    ..v
                 };
                 self.vma_link(mm, new);
                 self.rwsem_up_sem(cpu, SemId::IMmap(v.file), true, env);

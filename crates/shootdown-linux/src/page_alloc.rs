@@ -89,6 +89,32 @@ pub(crate) fn push_run(runs: &mut Vec<FrameRun>, pfn: u32, n: u32) {
     }
 }
 
+/// The shared zero page (`ZERO_PAGE(0)`, `my_zero_pfn()`): an anonymous read fault maps it
+/// read-only instead of allocating. It is never allocated or freed (`vm_normal_page()` is NULL
+/// for it, so a zap neither gathers nor frees it): the frame below the first one the allocator
+/// hands out.
+pub const ZERO_PFN: u32 = FIRST_PFN;
+
+/// The allocator hands out frames above this one (`Machine::next_pfn` starts here).
+pub(crate) const FIRST_PFN: u32 = 1 << 24;
+
+/// `frames` without the zero page.
+fn without_zero_page(frames: Vec<FrameRun>) -> Vec<FrameRun> {
+    if !frames
+        .iter()
+        .any(|&(p, n)| p <= ZERO_PFN && ZERO_PFN < p + n)
+    {
+        return frames;
+    }
+    let mut out = Vec::new();
+    for (first, n) in frames {
+        for pfn in (first..first + n).filter(|&p| p != ZERO_PFN) {
+            push_run(&mut out, pfn, 1);
+        }
+    }
+    out
+}
+
 impl Machine {
     /// A frame for a page the fault path maps: a freed one, else a fresh one.
     pub(crate) fn alloc_frame(&mut self) -> u32 {
@@ -132,6 +158,8 @@ impl Machine {
         zapped_before: u64,
         frames: Vec<FrameRun>,
     ) {
+        // The zero page is not a normal page (`vm_normal_page()`): never freed.
+        let frames = without_zero_page(frames);
         if frames.is_empty() {
             return;
         }

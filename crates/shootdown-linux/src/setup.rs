@@ -65,7 +65,7 @@ impl Machine {
             files: Vec::new(),
             dax_index: BTreeMap::new(),
             fileio: None,
-            next_pfn: 1 << 24,
+            next_pfn: crate::page_alloc::FIRST_PFN,
             free_frames: Default::default(),
             host: None,
             guest_words: Vec::new(),

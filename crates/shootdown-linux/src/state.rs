@@ -498,6 +498,15 @@ pub enum UserOp {
         start: Vpn,
         npages: u64,
     },
+    /// `mmap(start, npages, PROT_READ | PROT_WRITE, MAP_SHARED or, with `private`,
+    /// MAP_PRIVATE, file, 0)`: link a VMA of file `file` (a `Machine::files` index), not
+    /// populated (`vma.rs`).
+    MmapFile {
+        start: Vpn,
+        npages: u64,
+        file: u32,
+        private: bool,
+    },
     Munmap {
         start: Vpn,
         npages: u64,
@@ -639,6 +648,14 @@ pub enum UserOp {
     /// then runs its idle task with this task's mm still loaded (`enter_lazy_tlb`): the
     /// *sleeping sibling* of `shootdown validate`'s cases.
     Pause,
+    /// The end of a loop over pages: the task's `page_index` (added to the page of every
+    /// `Touch`, `Exec` and `MadviseDontneed`) moves to the next page and the task jumps back
+    /// to op `to`, or, after `pages` pages, `page_index` returns to 0 and the task goes on
+    /// (will-it-scale's `for (i = 0; i < size; i += pgsize)`).
+    NextPage {
+        to: u16,
+        pages: u64,
+    },
     /// Jump to op `to`; `times` = how many more jumps (None = forever).
     Loop {
         to: u16,
@@ -704,6 +721,9 @@ pub struct Task {
     pub pc: u16,
     /// Progress inside a multi-page op.
     pub op_progress: u64,
+    /// The page a [`UserOp::NextPage`] loop is at: added to the page `Touch`, `Exec` and
+    /// `MadviseDontneed` name.
+    pub page_index: u64,
     pub program: Vec<UserOp>,
     /// Remaining iterations of the loop op at each pc (lazily created).
     pub loop_left: Vec<(u16, u32)>,
@@ -737,6 +757,7 @@ impl Task {
             on_cpu: false,
             pc: 0,
             op_progress: 0,
+            page_index: 0,
             program,
             loop_left: Vec::new(),
             op_base: None,
@@ -761,6 +782,7 @@ shootdown_engine::state_fields!(Task {
     pc,
     loop_left,
     op_progress,
+    page_index,
     op_base,
     op_started,
     fsync_file,

@@ -19,11 +19,12 @@ use crate::mem::{
     misc_line, spin_key, struct_file_line, Loc, LINE_JBD2_STATE_LOCK, LINE_JBD2_TRANSACTION,
 };
 use crate::mmu_gather::ZapCall;
+use crate::page_alloc::ZERO_PFN;
 use crate::sched::RwSemDown;
 use crate::state::*;
 use crate::tlb::{FlushMmRange, FlushMmRangePc};
 use shootdown_engine::Env;
-use shootdown_hw::pagetable::{Vpn, PTRS_PER_PT};
+use shootdown_hw::pagetable::{Pte, Vpn, PTRS_PER_PT};
 use shootdown_hw::CpuId;
 
 /// System calls and exceptions, each with its own steps.
@@ -48,6 +49,8 @@ pub enum Syscall {
     },
     Mmap {
         pc: MmapPc,
+        /// A file mapping's VMA (`None`: anonymous memory, which has no VMA in the model).
+        vma: Option<crate::vma::Vma>,
     },
     Mprotect {
         pc: ZapPc,
@@ -138,6 +141,14 @@ pub enum PageFaultPc {
     DaxLock,
     /// DAX: holding `xa_lock`: resolve the fault, unlock.
     DaxLocked,
+    /// A write to a page mapped read-only for copy-on-write, the shared zero page or a
+    /// MAP_PRIVATE file's page-cache page (`do_wp_page` -> `wp_page_copy`): take the PTL,
+    /// check the PTE is unchanged (`pte_same`), clear it and `flush_tlb_page()` it
+    /// (`ptep_clear_flush`) with the PTL held.
+    CowLock,
+    /// The flush returned: map the new copy writable (`set_pte_at`; the copy is charged as
+    /// zeroing a page), unlock the PTL.
+    CowMap,
     /// `up_read(mmap_sem)`; return.
     Done,
 }
@@ -321,7 +332,7 @@ impl Syscall {
             Syscall::Madvise { pc, .. }
             | Syscall::Munmap { pc, .. }
             | Syscall::Mprotect { pc, .. } => format!("{pc:?}"),
-            Syscall::Mmap { pc } => format!("{pc:?}"),
+            Syscall::Mmap { pc, .. } => format!("{pc:?}"),
             Syscall::Fdatasync { pc, .. } => format!("{pc:?}"),
             Syscall::ReclaimUnmap { pc, .. } => format!("{pc:?}"),
             Syscall::SetAffinity { pc, .. } => format!("{pc:?}"),
@@ -403,18 +414,21 @@ impl Machine {
             .filter(|(_, p)| p.present)
             .map(|(v, _)| v)
             .collect();
+        let mut freed = 0;
         for v in keys {
             let pte = m.space.ptes.get_mut(v).expect("listed");
             if let Some(f) = frames.as_deref_mut() {
                 crate::page_alloc::push_run(f, pte.pfn, 1);
             }
+            // zap_pte_range(): the zero page is no normal page, nothing to release.
+            freed += u64::from(pte.pfn != ZERO_PFN);
             pte.present = false;
             pte.writable = false;
             self.oracle.pte_changed(pte);
             n += 1;
         }
         self.charge(env, |c| {
-            shootdown_engine::Time((c.pte_update.0 + c.page_free.0) * n)
+            shootdown_engine::Time(c.pte_update.0 * n + c.page_free.0 * freed)
         });
         n
     }
@@ -539,12 +553,32 @@ impl Machine {
                         // table, then pmd_populate() under the PMD lock.
                         self.charge(env, |c| c.page_alloc + c.page_zero);
                     }
+                    let private = vma.is_some_and(|v| v.private);
                     let mut pte = self.mms[mm as usize].space.pte(vpn);
-                    if !pte.present {
+                    if !pte.present && private {
+                        // A MAP_PRIVATE file page: a read maps the page-cache page read-only
+                        // (do_read_fault); a write copies it into a new anonymous page
+                        // (do_cow_fault: the copy is charged as zeroing a page).
+                        let file_pfn = file_pfn.expect("a file VMA serves the fault");
+                        self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
+                        pte.pfn = if write { self.alloc_frame() } else { file_pfn };
+                        pte.present = true;
+                        pte.writable = write;
+                    } else if !pte.present && !write && file_pfn.is_none() && dax.is_none() {
+                        // do_anonymous_page(), a read: map the shared zero page read-only
+                        // (no allocation; a later write copies it).
+                        self.charge(env, |c| c.pte_update);
+                        pte.pfn = ZERO_PFN;
+                        pte.present = true;
+                        pte.writable = false;
+                    } else if !pte.present {
                         self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
                         pte.pfn = file_pfn.unwrap_or_else(|| self.alloc_frame());
                         pte.present = true;
                         pte.writable = write || dax.is_none();
+                    } else if write && !pte.writable && (pte.pfn == ZERO_PFN || private) {
+                        *pc = PageFaultPc::CowLock;
+                        return Flow::Next;
                     } else if write && !pte.writable {
                         self.charge(env, |c| c.pte_update);
                         pte.writable = true;
@@ -567,6 +601,54 @@ impl Machine {
                     *pc = PageFaultPc::Done;
                     Flow::Next
                 }
+                PageFaultPc::CowLock => {
+                    let vpn = *vpn;
+                    let ptl = Loc::Ptl(mm, shootdown_hw::pagetable::pt_index(vpn));
+                    if self.spin_trylock(env, cpu, ptl).is_none() {
+                        return Flow::Spin(spin_key(ptl));
+                    }
+                    let pte = self.mms[mm as usize].space.pte(vpn);
+                    let private = self.vma_at(mm, vpn).is_some_and(|v| v.private);
+                    if !(pte.present && !pte.writable && (pte.pfn == ZERO_PFN || private)) {
+                        // !pte_same(): another thread changed the PTE; the access retries.
+                        self.spin_unlock(env, cpu, ptl);
+                        self.summary(|| {
+                            format!("wp_page_copy mm{mm} page {vpn:#x}: PTE changed, retry")
+                        });
+                        *pc = PageFaultPc::Done;
+                        return Flow::Next;
+                    }
+                    let m = &mut self.mms[mm as usize];
+                    let p = m.space.ptes.get_mut(vpn).expect("present");
+                    p.present = false;
+                    p.writable = false;
+                    self.oracle.pte_changed(p);
+                    self.charge(env, |c| c.pte_update);
+                    self.summary(|| {
+                        format!("wp_page_copy mm{mm} page {vpn:#x}: ptep_clear_flush of the read-only page")
+                    });
+                    *pc = PageFaultPc::CowMap;
+                    Flow::Call(FlushMmRange::call(mm, vpn, vpn + 1, false))
+                }
+                PageFaultPc::CowMap => {
+                    let vpn = *vpn;
+                    self.charge(env, |c| c.page_alloc + c.page_zero + c.pte_update);
+                    let pfn = self.alloc_frame();
+                    let pte = Pte {
+                        present: true,
+                        writable: true,
+                        dirty: true,
+                        pfn,
+                        ..self.mms[mm as usize].space.pte(vpn)
+                    };
+                    self.mms[mm as usize].space.ptes.insert(vpn, pte);
+                    self.fault_dropped_entry(cpu, vpn);
+                    let ptl = Loc::Ptl(mm, shootdown_hw::pagetable::pt_index(vpn));
+                    self.spin_unlock(env, cpu, ptl);
+                    self.say(|| format!("wp_page_copy mm{mm} page {vpn:#x}: map the copy writable; unlock the PTL"));
+                    *pc = PageFaultPc::Done;
+                    Flow::Next
+                }
                 PageFaultPc::Done => {
                     self.rwsem_up(cpu, mm, false, env);
                     self.summary(|| "up_read(mmap_sem); return".into());
@@ -577,7 +659,7 @@ impl Machine {
                 let (call, pc, gather) = s.zap_call(mm).expect("a zap-type call");
                 self.zap_call_step(cpu, call, pc, gather, env)
             }
-            Syscall::Mmap { pc } => match *pc {
+            Syscall::Mmap { pc, vma } => match *pc {
                 MmapPc::Start => {
                     self.charge(env, |c| c.syscall_entry_exit);
                     *pc = MmapPc::Done;
@@ -585,6 +667,11 @@ impl Machine {
                 }
                 MmapPc::Done => {
                     self.charge(env, |c| c.mmap_syscall);
+                    if let Some(v) = *vma {
+                        // mmap_region() -> vma_link(): into the mm and the file's i_mmap
+                        // (whose i_mmap_rwsem the model does not take here).
+                        self.vma_link(mm, v);
+                    }
                     self.rwsem_up(cpu, mm, true, env);
                     Flow::Return
                 }

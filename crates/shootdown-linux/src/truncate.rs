@@ -228,7 +228,7 @@ impl Machine {
                     .collect();
                 let mut freed = Vec::new();
                 for &(o, pfn) in &gone {
-                    self.files[f as usize].pages.remove(&o);
+                    self.files[f as usize].cache_remove(o);
                     // A zap's mmu_gather still holding the page (its flush pending) frees it
                     // when it is done.
                     let gathered = self

@@ -423,9 +423,11 @@ impl Machine {
                 self.tasks[t].pc += 1;
             }
             UserOp::Touch { vpn, write } => {
+                let vpn = vpn + self.tasks[t].page_index;
                 self.user_touch(cpu, vpn, Access::from_write(write), true, env);
             }
             UserOp::Exec { vpn } => {
+                let vpn = vpn + self.tasks[t].page_index;
                 self.user_touch(cpu, vpn, Access::Fetch, true, env);
             }
             UserOp::TouchRange {
@@ -474,9 +476,35 @@ impl Machine {
                 self.tasks[t].pc += 1;
                 self.call(cpu, env, crate::page_lists::BulkPages::frees(npages));
             }
-            UserOp::Mmap { .. } => {
-                self.enter_syscall(cpu, t, Syscall::Mmap { pc: MmapPc::Start }, env)
-            }
+            UserOp::Mmap { .. } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Mmap {
+                    pc: MmapPc::Start,
+                    vma: None,
+                },
+                env,
+            ),
+            UserOp::MmapFile {
+                start,
+                npages,
+                file,
+                private,
+            } => self.enter_syscall(
+                cpu,
+                t,
+                Syscall::Mmap {
+                    pc: MmapPc::Start,
+                    vma: Some(crate::vma::Vma {
+                        start,
+                        npages,
+                        file,
+                        pgoff: 0,
+                        private,
+                    }),
+                },
+                env,
+            ),
             UserOp::Munmap { start, npages } => self.enter_syscall(
                 cpu,
                 t,
@@ -493,7 +521,7 @@ impl Machine {
                 t,
                 Syscall::Madvise {
                     pc: ZapPc::Start,
-                    start,
+                    start: start + self.tasks[t].page_index,
                     npages,
                     gather: Gather::default(),
                 },
@@ -720,6 +748,16 @@ impl Machine {
             | UserOp::GuestSpinLock { .. }
             | UserOp::GuestSpinUnlock { .. }
             | UserOp::Rendezvous { .. } => return self.boot_op_step(cpu, t, op, env),
+            UserOp::NextPage { to, pages } => {
+                let task: &mut Task = &mut self.tasks[t];
+                if task.page_index + 1 < pages {
+                    task.page_index += 1;
+                    task.pc = to;
+                } else {
+                    task.page_index = 0;
+                    task.pc += 1;
+                }
+            }
             UserOp::Loop { to, times } => {
                 let task: &mut Task = &mut self.tasks[t];
                 take_loop(&mut task.pc, &mut task.loop_left, to, times);
@@ -902,6 +940,17 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
         UserOp::Event => "count an event".into(),
         UserOp::Mark => "mark the time".into(),
         UserOp::Loop { to, .. } => format!("loop to operation {to}"),
+        UserOp::NextPage { to, pages } => format!("next of {pages} pages: loop to operation {to}"),
+        UserOp::MmapFile {
+            start,
+            npages,
+            file,
+            private,
+        } => format!(
+            "mmap({start:#x}, {npages} page(s), {}, '{}')",
+            if private { "MAP_PRIVATE" } else { "MAP_SHARED" },
+            files.get(file as usize).map_or("?", |f| f.name.as_str())
+        ),
         UserOp::AnonFaults { npages } => {
             format!("{npages} anonymous page fault(s), charged in bulk")
         }

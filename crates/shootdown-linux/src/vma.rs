@@ -8,7 +8,8 @@
 //!   VM_PFNMAP | VM_IO, the driver's `remap_pfn_range` of device memory (frames the allocator
 //!   never owns), as vfio-pci maps a BAR; `size` is then how many pages its fault handler
 //!   serves (0 once the driver revoked the mapping).
-//! * A [`Vma`] maps `npages` pages of a file from page offset `pgoff`, MAP_SHARED. Anonymous
+//! * A [`Vma`] maps `npages` pages of a file from page offset `pgoff`, MAP_SHARED or
+//!   MAP_PRIVATE (whose written pages are anonymous copies, `syscalls.rs`'s COW). Anonymous
 //!   memory has no VMA here: an address no file VMA covers is anonymous, and a fault there maps
 //!   a fresh frame (the model never raises SIGSEGV).
 //! * Page-cache frames are shared on purpose: every mm that maps a file page maps the same
@@ -20,8 +21,9 @@
 //! with an equal key (`vma_interval_tree_insert`); its in-order walk is the rmap traversal
 //! order `move_ptes()` relies on when `need_rmap_locks` is false (`mremap.rs`).
 //!
-//! Simplified: MAP_PRIVATE file mappings (COW pages, the second `unmap_mapping_range` of
-//! truncate), `anon_vma` and the anonymous rmap, dirty tracking and writeback of page-cache
+//! Simplified: truncate does not zap MAP_PRIVATE copies (its second, `even_cows`,
+//! `unmap_mapping_range`), no fault-around (`do_fault_around` maps only the faulting page),
+//! `anon_vma` and the anonymous rmap, dirty tracking and writeback of page-cache
 //! pages are not modelled; `munmap` unlinks file VMAs in its PTE step without
 //! `i_mmap_rwsem` (a walker that read `i_mmap` earlier finds the VMA's PTEs cleared, as if it
 //! had waited).
@@ -43,6 +45,10 @@ pub struct Vma {
     pub npages: u64,
     pub file: FileId,
     pub pgoff: u64,
+    /// MAP_PRIVATE: a write fault copies the file's page into a new anonymous one
+    /// (`do_cow_fault`, or `wp_page_copy` of a page mapped read-only), which a zap frees; a read
+    /// fault maps the page-cache page read-only.
+    pub private: bool,
 }
 
 impl Vma {
@@ -73,8 +79,11 @@ pub struct File {
     pub name: String,
     /// `i_size` in pages (a device file: pages its fault handler serves).
     pub size: u64,
-    /// `mapping->i_pages`: the page cache, page offset -> frame.
+    /// `mapping->i_pages`: the page cache, page offset -> frame. Changed only through
+    /// [`File::cache_insert`] and [`File::cache_remove`], which keep `page_frames`.
     pub pages: BTreeMap<u64, u32>,
+    /// The frames of `pages` (a function of it: the reverse index a free looks a frame up in).
+    pub page_frames: std::collections::BTreeSet<u32>,
     /// A device file: the first frame of its memory (VM_PFNMAP mappings of it map
     /// `device_pfn + pgoff`) and how many frames it has.
     pub device_pfn: Option<u32>,
@@ -86,6 +95,21 @@ pub struct File {
 }
 
 impl File {
+    /// Add frame `pfn` to the page cache at page `pgoff`.
+    pub(crate) fn cache_insert(&mut self, pgoff: u64, pfn: u32) {
+        if let Some(old) = self.pages.insert(pgoff, pfn) {
+            self.page_frames.remove(&old);
+        }
+        self.page_frames.insert(pfn);
+    }
+
+    /// Remove page `pgoff` from the page cache.
+    pub(crate) fn cache_remove(&mut self, pgoff: u64) {
+        if let Some(pfn) = self.pages.remove(&pgoff) {
+            self.page_frames.remove(&pfn);
+        }
+    }
+
     /// The frame a mapping of page `pgoff` maps, if the file has one there now.
     fn frame(&self, pgoff: u64) -> Option<u32> {
         match self.device_pfn {
@@ -104,6 +128,7 @@ impl Machine {
             name: name.to_string(),
             size: npages,
             pages: BTreeMap::new(),
+            page_frames: Default::default(),
             device_pfn,
             device_pages: if device { npages } else { 0 },
             i_mmap: Vec::new(),
@@ -129,6 +154,7 @@ impl Machine {
             npages,
             file,
             pgoff,
+            private: false,
         };
         self.vma_link(mm, vma);
         if !populate {
@@ -219,7 +245,7 @@ impl Machine {
                         start: end,
                         npages: v.end() - end,
                         pgoff: v.pgoff_of(end),
-                        file: v.file,
+                        ..v
                     },
                 );
             }
@@ -239,7 +265,7 @@ impl Machine {
             return Some(pfn);
         }
         let pfn = self.alloc_frame();
-        self.files[vma.file as usize].pages.insert(pgoff, pfn);
+        self.files[vma.file as usize].cache_insert(pgoff, pfn);
         Some(pfn)
     }
 
@@ -277,7 +303,7 @@ impl Machine {
             self.files.iter().enumerate().any(|(i, f)| {
                 f.device_pfn
                     .is_some_and(|b| b <= pfn && pfn < b + f.device_pages as u32)
-                    || f.pages.values().any(|&p| p == pfn)
+                    || f.page_frames.contains(&pfn)
                     || self.file_frame_mapped(i as FileId, pfn)
             })
         };

@@ -231,3 +231,110 @@ fn a_driver_revokes_a_pfnmap_mapping_and_munmap_keeps_device_frames() {
     assert_eq!(m.files[data as usize].pages.len(), 2);
     assert_eq!(m.free_frames.len(), free_before);
 }
+
+/// will-it-scale's `tlb_flush1` loop on one page of a MAP_PRIVATE file, `rounds` times, with
+/// another thread of the mm busy on CPU 1; returns the machine.
+fn private_file_loop(rounds: u32) -> (Machine, shootdown_linux::vma::FileId, MmId) {
+    let mut m = machine(2);
+    let f = m.add_file("private", 8, false);
+    let mm = m.add_mm("mm1");
+    m.add_task(
+        "wis",
+        mm,
+        0,
+        vec![
+            UserOp::MmapFile {
+                start: 0x100,
+                npages: 8,
+                file: f,
+                private: true,
+            },
+            UserOp::Touch {
+                vpn: 0x100,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x100,
+                npages: 1,
+            },
+            UserOp::Touch {
+                vpn: 0x100,
+                write: false,
+            },
+            UserOp::NextPage { to: 1, pages: 8 },
+            UserOp::Munmap {
+                start: 0x100,
+                npages: 8,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(rounds - 1),
+            },
+            UserOp::Exit,
+        ],
+    );
+    busy(&mut m, mm, 1, 300);
+    run_to_end(&mut m, 50, 5_000_000);
+    (m, f, mm)
+}
+
+#[test]
+fn a_private_file_write_copies_the_page_and_the_read_maps_the_page_cache() {
+    let (m, f, mm) = private_file_loop(3);
+    let c = m.counters();
+    // Each of 3 passes over 8 pages: a write fault (a copy), DONTNEED, a read fault.
+    assert_eq!(c.get(Counter::PageFaults), 48);
+    // Each DONTNEED flushes the busy thread's CPU; each munmap too.
+    assert!(
+        c.get(Counter::TlbShootdowns) >= 24,
+        "{}",
+        c.get(Counter::TlbShootdowns)
+    );
+    // The page cache kept its 8 pages (the read faults mapped them, munmap dropped only the
+    // mapping); the copies went back to the allocator; the VMA is gone.
+    let file = &m.files[f as usize];
+    assert_eq!(file.pages.len(), 8);
+    assert_eq!(file.page_frames.len(), 8);
+    assert!(file.i_mmap.is_empty());
+    assert!(m.mms[mm as usize].vmas.is_empty());
+    assert!(!m.free_frames.is_empty());
+}
+
+#[test]
+fn an_anonymous_read_maps_the_zero_page_and_a_write_copies_it_with_a_flush() {
+    let mut m = machine(2);
+    let mm = m.add_mm("mm1");
+    m.add_task(
+        "reader",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0x20,
+                write: false,
+            },
+            UserOp::Touch {
+                vpn: 0x21,
+                write: false,
+            },
+            UserOp::Touch {
+                vpn: 0x20,
+                write: true,
+            },
+            UserOp::Exit,
+        ],
+    );
+    busy(&mut m, mm, 1, 100);
+    run_to_end(&mut m, 50, 5_000_000);
+    let space = &m.mms[mm as usize].space;
+    let zero = shootdown_linux::page_alloc::ZERO_PFN;
+    // Two reads: both pages map the one zero page, read-only.
+    let p21 = space.pte(0x21);
+    assert!(p21.present && !p21.writable && p21.pfn == zero);
+    // The write copied page 0x20 (wp_page_copy): a page of its own, writable, and the zero
+    // page's translation flushed on the other thread's CPU first.
+    let p20 = space.pte(0x20);
+    assert!(p20.present && p20.writable && p20.pfn != zero);
+    assert_eq!(m.counters().get(Counter::PageFaults), 3);
+    assert!(m.counters().get(Counter::TlbShootdowns) >= 1);
+}
