@@ -115,6 +115,9 @@ RUN: Dict[str, Run] = {
         expect=_prints("seed 002")
     ),
     "shootdown run seed002-madv-dontneed --quick": Run(expect=_prints("seed 002")),
+    "shootdown run will-it-scale-tlb-flush2": Run(
+        add=("--quick",), expect=_prints("v6.15 INVLPGB", "iterations/s")
+    ),
     "shootdown run FILE --set variants.after.options.smp_call=remote_then_local --format csv": Run(
         add=("--quick",), expect=_csv
     ),

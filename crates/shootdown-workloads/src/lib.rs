@@ -15,6 +15,7 @@
 //! | `mmtest_rom` | 003 | threads re-access 2000 MB each while QEMU creates and deletes a ROM memslot | ms per pass |
 //! | `host_micro` | — | `shootdown validate`'s cases: madvise / mprotect / munmap + touch on CPU 0 with busy or sleeping siblings | µs per iteration |
 //! | `guest_boot` | 004 | every vCPU runs its firmware's and kernel's MTRR / CR0.CD script (data) while KVM zaps | zap M cycles |
+//! | `will_it_scale` | — | will-it-scale's `tlb_flush1/2/3`: write a page, `madvise(MADV_DONTNEED)` it, read it, next page | iterations/s |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
 //! `shootdown_linux::host`): the machine is then the vCPUs of `vms` VMs on the topology's
@@ -30,6 +31,7 @@ pub mod params;
 pub mod pthread_mmap;
 pub mod sysbench;
 pub mod vmexit;
+pub mod will_it_scale;
 
 use shootdown_engine::timed::RunStats;
 use shootdown_engine::Time;
@@ -125,6 +127,7 @@ pub const KINDS: &[&str] = &[
     "mmtest_rom",
     "guest_boot",
     "host_micro",
+    "will_it_scale",
 ];
 
 /// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
@@ -136,6 +139,7 @@ pub const HOST_KINDS: &[&str] = &[
     "mmtest_rom",
     "guest_boot",
     "host_micro",
+    "will_it_scale",
 ];
 
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
@@ -210,6 +214,7 @@ pub fn build(
         "mmtest_rom" => mmtest_rom::build(&p, machine)?,
         "guest_boot" => guest_boot::build(&p, machine)?,
         "host_micro" => host_micro::build(&p, machine)?,
+        "will_it_scale" => will_it_scale::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
