@@ -189,6 +189,7 @@ fn rename_action(a: Action, perm: &[usize]) -> Action {
         Action::HostIrq(v) => Action::HostIrq(r(v)),
         Action::PleExit(v) => Action::PleExit(r(v)),
         Action::Nmi(c) => Action::Nmi(r(c)),
+        Action::Tick(c) => Action::Tick(r(c)),
     }
 }
 

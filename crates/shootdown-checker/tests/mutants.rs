@@ -159,6 +159,15 @@ const MUTANTS: &[Pinned] = &[
         9060,
     ),
     (
+        "latr",
+        "latr_drain_clears_whole_mask",
+        None,
+        "sc",
+        "INV-STALE",
+        15,
+        7097,
+    ),
+    (
         "kvm_smm",
         "sp_role_ignores_smm",
         None,

@@ -135,6 +135,12 @@ const GLOBAL_ASID: &[(&str, &str, u64, u64)] = &[
     ("kernel_global_invlpgb", "sc", 121, 220),
     ("kernel_global_invlpgb", "tso", 308, 791),
 ];
+/// LATR (a research design, `latr.rs`) with `LAZY_MEM_FREE`: a madvise's flush saved for two
+/// other CPUs' ticks while they keep using the page (`latr`).
+const LATR: &[(&str, &str, u64, u64)] = &[
+    ("latr", "sc", 319188, 966340),
+    ("latr", "tso", 695518, 2552850),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -155,6 +161,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     SMM,
     STEAL_TIME_CACHE,
     GLOBAL_ASID,
+    LATR,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -239,6 +246,11 @@ fn fixed_steal_time_cache_verifies() {
 #[test]
 fn fixed_global_asids_verify() {
     verify(GLOBAL_ASID);
+}
+
+#[test]
+fn fixed_latr_verifies() {
+    verify(LATR);
 }
 
 #[test]

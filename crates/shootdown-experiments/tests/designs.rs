@@ -12,8 +12,8 @@ fn shipped(name: &str) -> PathBuf {
 }
 
 /// Per variant of the experiment at 8 threads (quick): (iterations/s, flush IPIs received,
-/// INVLPGBs).
-fn at_8_threads(name: &str) -> Vec<(String, f64, u64, u64)> {
+/// INVLPGBs, LATR's saved flushes, LATR's ticks).
+fn at_8_threads(name: &str) -> Vec<(String, f64, u64, u64, u64, u64)> {
     let exp = load(&shipped(name), &["experiment.quick_rows=[8]".to_string()]).unwrap();
     let all: Vec<usize> = (0..exp.points(true).len()).collect();
     let r = run_points(&exp, true, &all, 1).unwrap();
@@ -26,17 +26,28 @@ fn at_8_threads(name: &str) -> Vec<(String, f64, u64, u64)> {
                 p.value,
                 c("tlb_shootdowns"),
                 c("tlb.invlpgb"),
+                c("tlb.latr_saved"),
+                c("tlb.latr_ticks"),
             )
         })
         .collect()
 }
 
 #[test]
-fn tlb_flush2_threads_broadcast_replaces_the_ipis() {
+fn tlb_flush2_threads_broadcast_and_latr_replace_the_ipis() {
     let r = at_8_threads("will-it-scale-tlb-flush2");
-    assert_eq!(r.len(), 4);
-    for (variant, value, ipis, invlpgb) in &r {
+    assert_eq!(r.len(), 5);
+    for (variant, value, ipis, invlpgb, saved, ticks) in &r {
         assert!(*value > 0.0, "{variant}");
+        if variant == "latr" {
+            // Every madvise's flush is saved (until the ring of 256 fills between two ticks:
+            // then IPIs); each other CPU drains at its ticks.
+            assert!(*saved > 256, "{variant}: {saved} saved");
+            assert!(*ticks >= 7, "{variant}: {ticks} ticks");
+            assert_eq!(*invlpgb, 0);
+            continue;
+        }
+        assert_eq!((*saved, *ticks), (0, 0), "{variant}");
         if variant == "v6_15" {
             // After the global ASID is assigned, flushes are INVLPGB + TLBSYNC: the IPIs left
             // are the first flushes' and the ASID transition's.
@@ -55,7 +66,8 @@ fn tlb_flush2_threads_broadcast_replaces_the_ipis() {
 #[test]
 fn tlb_flush3_threads_runs_every_design() {
     let r = at_8_threads("will-it-scale-tlb-flush3");
-    assert_eq!(r.len(), 4);
-    assert!(r.iter().all(|(_, v, _, _)| *v > 0.0), "{r:?}");
+    assert_eq!(r.len(), 5);
+    assert!(r.iter().all(|p| p.1 > 0.0), "{r:?}");
     assert!(r[3].3 > 100, "{r:?}");
+    assert!(r[4].4 > 256, "{r:?}");
 }

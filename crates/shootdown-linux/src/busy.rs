@@ -44,7 +44,7 @@ impl Machine {
     pub(crate) fn busy_before<E: Env>(&mut self, a: Action, env: &mut E) -> Option<()> {
         let now = env.now();
         match a {
-            Action::Interrupt(c) | Action::Nmi(c) => {
+            Action::Interrupt(c) | Action::Nmi(c) | Action::Tick(c) => {
                 self.suspend_busy(c as usize, now);
                 None
             }
@@ -89,6 +89,7 @@ impl Machine {
             self.perf.cpu[c].busy.scale = self.perf.core_scale_permille;
             env.wake(c, until);
             self.wake_for_nmi(c, env);
+            self.wake_for_tick(c, env);
             Park::Halt
         } else {
             env.charge(pending);

@@ -202,6 +202,8 @@ impl Machine {
                 | Frame::MtrrZapRequest(_)
                 | Frame::NoncoherentDmaStart(_) => {}
                 Frame::BulkPages(_) | Frame::PageListLocked(_) => {}
+                // Its state index is the same after renaming (the states keep their order).
+                Frame::LatrTick(_) => {}
             }
             f
         };
@@ -265,6 +267,7 @@ impl Machine {
         for (c, fi) in self.flush_info.iter().enumerate() {
             m.flush_info[pc(c)] = fi.as_ref().map(info);
         }
+        m.rename_latr(&pc);
         if let (Some(h), Some(mh)) = (&self.host, m.host.as_mut()) {
             // A host under one VM with one pCPU per vCPU (vCPU v runs on pCPU v, as the
             // checker's [host] scenarios build it): vCPUs and pCPUs rename together. Host

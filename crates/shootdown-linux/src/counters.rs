@@ -27,6 +27,12 @@ counters! {
     Invlpgb = "tlb.invlpgb",
     /// TLBSYNC instructions (each waits for the issuing CPU's INVLPGBs).
     Tlbsync = "tlb.tlbsync",
+    /// LATR: flushes saved instead of IPIs (`latr.rs`).
+    LatrSaved = "tlb.latr_saved",
+    /// LATR: scheduler ticks that drained saved flushes.
+    LatrTicks = "tlb.latr_ticks",
+    /// LATR: saved flushes run by a tick (`flush_tlb_func` on a CPU the state named).
+    LatrFlushes = "tlb.latr_flushes",
     /// Global ASIDs handed out (`use_global_asid`).
     GlobalAsidsAssigned = "tlb.global_asids_assigned",
     /// Flushes of an mm in ASID transition that found a CPU still on a dynamic ASID and sent

@@ -85,6 +85,9 @@ pub fn describe(m: &Machine, a: Action) -> String {
             return "take CALL_FUNCTION IPI (enter call_function_interrupt)".into()
         }
         Action::Nmi(_) => return format!("NMI: {}", step_text(m, a)),
+        Action::Tick(_) => {
+            return "timer interrupt: scheduler_tick drains LATR's saved flushes".into()
+        }
         Action::Drain(c) => {
             if let Some((loc, v)) = m.sb(c as usize).oldest() {
                 return format!(

@@ -98,6 +98,8 @@ pub enum Frame {
     /// (`page_lists.rs`).
     BulkPages(BulkPages),
     PageListLocked(PageListLocked),
+    /// LATR: a scheduler tick draining saved flushes (`latr.rs`).
+    LatrTick(crate::latr::LatrTick),
 }
 
 shootdown_engine::clone_by_variants!(Frame {
@@ -130,6 +132,7 @@ shootdown_engine::clone_by_variants!(Frame {
     NoncoherentDmaStart,
     BulkPages,
     PageListLocked,
+    LatrTick,
 });
 
 // Every step of the timed driver moves the top frame off its stack and back: keep it small
@@ -176,7 +179,8 @@ impl Frame {
             | Frame::MmuUnload(_)
             | Frame::NoncoherentDmaStart(_)
             | Frame::BulkPages(_)
-            | Frame::PageListLocked(_) => (0, 0),
+            | Frame::PageListLocked(_)
+            | Frame::LatrTick(_) => (0, 0),
         };
         let (element, peer) = match self {
             Frame::SmpCallMany(s) => s.next_target().map(|t| (at(t), Peer::Target(*t))),
@@ -201,7 +205,8 @@ impl Frame {
             | Frame::SwitchMm(_)
             | Frame::Schedule(_)
             | Frame::CallFunctionIrq(_)
-            | Frame::PageListLocked(_) => true,
+            | Frame::PageListLocked(_)
+            | Frame::LatrTick(_) => true,
             Frame::Syscall(s) => s.irqs_off(),
             _ => false,
         }
@@ -257,6 +262,7 @@ impl Frame {
             Frame::Syscall(s) => s.name(),
             Frame::BulkPages(b) => b.name(),
             Frame::PageListLocked(s) => s.section.name(),
+            Frame::LatrTick(_) => "native_flush_saved_states",
         }
     }
 
@@ -292,6 +298,7 @@ impl Frame {
             Frame::Syscall(s) => s.step_name(),
             Frame::BulkPages(s) => format!("{:?}", s.pc),
             Frame::PageListLocked(s) => format!("{:?}", s.pc),
+            Frame::LatrTick(s) => format!("{:?}", s.pc),
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod huge_memory;
 pub mod kernel_map;
 pub mod khugepaged;
 pub mod kvm;
+pub mod latr;
 pub mod machine;
 pub mod mem;
 pub mod migrate_device;

@@ -50,6 +50,8 @@ pub enum Action {
     /// An NMI reaches CPU `c` (`nmi.rs`): perf's handler samples the interrupted task's user
     /// stack, interrupts on or off.
     Nmi(u32),
+    /// LATR: CPU `c`'s scheduler tick drains the saved flushes that name it (`latr.rs`).
+    Tick(u32),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -109,6 +111,8 @@ pub struct Machine {
     pub kernel_locks: Vec<crate::spinlock::QueuedSpinlock>,
     /// Per CPU: its page allocator and LRU lists (`page_lists.rs`).
     pub page_lists: Vec<crate::page_lists::PageLists>,
+    /// LATR's saved flushes (`latr.rs`).
+    pub latr: crate::latr::LatrStates,
     pub perf: Unhashed<Perf>,
 }
 
@@ -133,6 +137,7 @@ shootdown_engine::state_fields!(Machine {
     guest_word_pages,
     kernel_locks,
     page_lists,
+    latr,
     global_asids,
     perf,
 } fixed {
@@ -170,6 +175,9 @@ impl Model for Machine {
             if self.cpus[cpu].nmis_left > 0 {
                 out.push(Action::Nmi(c));
             }
+            if self.latr_tick_enabled(cpu) {
+                out.push(Action::Tick(c));
+            }
             if !self.step_blocked(cpu) {
                 out.push(Action::Step(c));
             }
@@ -201,6 +209,9 @@ impl Model for Machine {
         if self.nmi_due(agent, now) {
             return Action::Nmi(agent as u32);
         }
+        if self.latr_tick_due(agent, now) {
+            return Action::Tick(agent as u32);
+        }
         if self.cpus[agent].ipi_pending
             && now >= self.perf.cpu[agent].ipi_arrival
             && self.irqs_enabled(agent)
@@ -221,7 +232,8 @@ impl Model for Machine {
             | Action::VcpuIoctl(c)
             | Action::HostIrq(c)
             | Action::PleExit(c)
-            | Action::Nmi(c) => c as usize,
+            | Action::Nmi(c)
+            | Action::Tick(c) => c as usize,
         }
     }
 
@@ -310,6 +322,10 @@ impl Machine {
             Action::Step(c) => (self.step_cpu(c as usize, env), StepKind::Shared),
             Action::Interrupt(c) => (self.take_interrupt(c as usize, env), StepKind::Shared),
             Action::Nmi(c) => (self.take_nmi(c as usize, env), StepKind::Shared),
+            Action::Tick(c) => {
+                self.take_latr_tick(c as usize, env);
+                (Park::Run, StepKind::Shared)
+            }
             Action::Drain(c) => {
                 self.drain_one(c as usize);
                 (Park::Run, StepKind::Shared)
@@ -339,6 +355,9 @@ impl Machine {
             // A spinning CPU's cycles count: perf's next sample interrupts it.
             if timed && matches!(park, Park::Spin | Park::SpinOn(_)) {
                 self.wake_for_nmi(c, env);
+            }
+            if timed {
+                self.wake_for_tick(c, env);
             }
         }
         Outcome {

@@ -118,7 +118,12 @@ impl Machine {
                     self.summary(|| {
                         "tlb_finish_mmu: mm_tlb_flush_nested: flush the whole mm (fullmm, freed_tables)".into()
                     });
-                    return Flow::Call(FlushMmRange::call(mm, 0, TLB_FLUSH_ALL, true));
+                    return Flow::Call(FlushMmRange::in_munmap(FlushMmRange::call(
+                        mm,
+                        0,
+                        TLB_FLUSH_ALL,
+                        true,
+                    )));
                 }
                 if let ZapKind::Mprotect { .. } = kind {
                     if g.changed > 0 {
@@ -138,13 +143,13 @@ impl Machine {
                         0
                     };
                     self.summary(|| format!("tlb_finish_mmu: {why}"));
-                    return Flow::Call(FlushMmRange::call_stride(
+                    return Flow::Call(FlushMmRange::in_munmap(FlushMmRange::call_stride(
                         mm,
                         start,
                         start + npages,
                         stride,
                         g.freed_tables,
-                    ));
+                    )));
                 }
                 let f = self.zap_call_return(cpu, call, env);
                 self.summary(|| {
@@ -386,7 +391,9 @@ impl Machine {
         self.rmw(env, cpu, Loc::TlbFlushPending(mm), |n| n - 1);
         let write = !matches!(kind, ZapKind::Madvise);
         self.rwsem_up(cpu, mm, write, env);
-        if kind != (ZapKind::Mprotect { writable: true }) {
+        // LATR's contract: a saved flush lets the other CPUs use the range until their ticks.
+        let latr = self.latr_take_saved(cpu);
+        if kind != (ZapKind::Mprotect { writable: true }) && !latr {
             self.oracle.syscall_returned(mm, start, start + npages);
         }
         let lock = if write { "up_write" } else { "up_read" };

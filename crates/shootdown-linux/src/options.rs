@@ -281,6 +281,22 @@ impl LazyTlb {
 }
 
 named_enum! {
+    /// LATR, lazy translation coherence (Kumar et al., ASPLOS'18; a research design, never
+    /// merged: `latr.rs`): munmap's and madvise's flushes are saved for the other CPUs' next
+    /// scheduler tick instead of IPIing them.
+    pub enum Latr {
+        /// Every flush IPIs (the kernel).
+        Off = "off",
+        /// The artifact's default configuration (`LAZY_MEM_FREE=n`): the call frees its pages
+        /// and page tables when it returns, before the other CPUs have drained the state.
+        Latr = "latr",
+        /// With `LAZY_MEM_FREE`: the call's pages and page tables are freed only when every CPU
+        /// the state names has drained it.
+        LazyFree = "lazy_free",
+    }
+}
+
+named_enum! {
     /// How a guest kernel's `spin_lock` waits (`spinlock.rs`; v4.15's `kvm_spinlock_init`).
     pub enum SpinlockKind {
         /// Native queued spinlock (FIFO, waiters spin).
@@ -744,6 +760,10 @@ mutants! {
     /// gfn and level but not the role's `smm` bit, so a vCPU entering SMM gets the normal
     /// address space's root and tables (the role bit 699023e23965 added).
     sp_role_ignores_smm = "",
+    /// Seeded (issue #43, LATR): a tick that drains a saved state clears the state's whole
+    /// mask (`cpumask_clear` for `cpumask_clear_cpu`): the state is retired and its pages
+    /// freed while another CPU it named has not flushed yet.
+    latr_drain_clears_whole_mask = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -818,6 +838,10 @@ options! {
     /// run it, not lazily (`mm_active_cpus_exceeds(mm, 3)`: 4). Checker scenarios lower it.
     global_asid_min_cpus: Count = Count(4),
         accepts = "integer >= 1 (CPUs running an mm before it gets a global ASID; 4 in the kernel)";
+    /// LATR (a research design, `latr.rs`): munmap/madvise flushes saved for the other CPUs'
+    /// ticks instead of IPIs.
+    latr: Latr = Latr::Off,
+        accepts = format!("{} (LATR's lazy shootdowns: a research design)", names(Latr::NAMES));
     /// Nadav's "Privatize cpu_tlbstate": `is_lazy` in its own cache line
     /// (`cpu_tlbstate_shared`) instead of the line `switch_mm` writes on every context switch.
     tlbstate_shared: bool = true, accepts = "true | false";

@@ -99,7 +99,7 @@ pub const ZERO_PFN: u32 = FIRST_PFN;
 pub(crate) const FIRST_PFN: u32 = 1 << 24;
 
 /// `frames` without the zero page.
-fn without_zero_page(frames: Vec<FrameRun>) -> Vec<FrameRun> {
+pub(crate) fn without_zero_page(frames: Vec<FrameRun>) -> Vec<FrameRun> {
     if !frames
         .iter()
         .any(|&(p, n)| p <= ZERO_PFN && ZERO_PFN < p + n)

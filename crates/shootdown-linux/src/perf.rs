@@ -190,6 +190,8 @@ pub struct CpuPerf {
     pub pv_since: Option<(Time, bool)>,
     /// When perf's next sampling NMI is due (`perf_sample_hz`, `nmi.rs`).
     pub next_nmi: Time,
+    /// LATR: when this CPU's next scheduler tick drains saved flushes (`latr.rs`).
+    pub next_tick: Time,
     /// The page the CPU's task touched last: the user stack a perf NMI reads.
     pub last_user_vpn: Option<shootdown_hw::pagetable::Vpn>,
 }

@@ -72,6 +72,7 @@ impl Machine {
             guest_word_pages: Vec::new(),
             kernel_locks: Vec::new(),
             page_lists: vec![Default::default(); n],
+            latr: crate::latr::LatrStates::new(n),
             perf: Unhashed(Perf::new(profile.clone(), n, &topo)),
             nmis_possible: opts_nmis,
             topo,
@@ -106,6 +107,9 @@ impl Machine {
         }
         m.add_kernel_page_locks(1);
         m.init_nmi_schedule();
+        for c in 0..n {
+            m.perf.cpu[c].next_tick = crate::latr::TICK;
+        }
         m
     }
 

@@ -256,6 +256,7 @@ impl Machine {
             Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
             Frame::BulkPages(s) => self.bulk_pages_step(cpu, s, env),
             Frame::PageListLocked(s) => self.page_list_locked_step(cpu, s, env),
+            Frame::LatrTick(s) => self.latr_tick_step(cpu, s, env),
         }
     }
 

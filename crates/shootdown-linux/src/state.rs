@@ -740,6 +740,9 @@ pub struct Task {
     /// rather than in the call's frame, which stays small.
     pub gathered: Vec<crate::page_alloc::FrameRun>,
     pub zapped_before: u64,
+    /// LATR saved the flush of the call this task is in (`latr.rs`): its return makes no
+    /// `INV-SYSRET` promise.
+    pub latr_saved: bool,
     pub name: String,
 }
 
@@ -766,6 +769,7 @@ impl Task {
             cpus: vec![cpu],
             gathered: Vec::new(),
             zapped_before: 0,
+            latr_saved: false,
             name,
         }
     }
@@ -790,6 +794,7 @@ shootdown_engine::state_fields!(Task {
     on_cpu,
     gathered,
     zapped_before,
+    latr_saved,
 } fixed {
     name,
     program,

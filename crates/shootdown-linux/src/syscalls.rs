@@ -851,6 +851,8 @@ impl Machine {
                         begin: *begin,
                         batch_targets: Some(targets.clone()),
                         global_asid: 0,
+                        munmap_in_progress: false,
+                        latr_saved: false,
                     })))
                 }
                 ReclaimUnmapPc::Done => {

@@ -28,6 +28,10 @@ pub struct FlushMmRange {
     pub batch_targets: Option<Vec<CpuId>>,
     /// v6.15+: the mm's global ASID as the flush read it (0: none; `global_asid.rs`).
     pub global_asid: u16,
+    /// LATR: asked for by munmap or madvise (the artifact's `mm->munmap_inprogress`), so its
+    /// remote part may be saved for the other CPUs' ticks (`latr.rs`); and whether it was.
+    pub munmap_in_progress: bool,
+    pub latr_saved: bool,
 }
 
 shootdown_engine::clone_by_fields!(FlushMmRange {
@@ -37,6 +41,8 @@ shootdown_engine::clone_by_fields!(FlushMmRange {
     begin,
     batch_targets,
     global_asid,
+    munmap_in_progress,
+    latr_saved,
 });
 
 /// The steps of `flush_tlb_mm_range()`. v5.13+ (`concurrent`): `Start` → `Multi` → `Done`, or
@@ -100,7 +106,17 @@ impl FlushMmRange {
             begin: 0,
             batch_targets: None,
             global_asid: 0,
+            munmap_in_progress: false,
+            latr_saved: false,
         }))
+    }
+
+    /// `frame` (a `flush_tlb_mm_range` call) as munmap's or madvise's, which LATR may save.
+    pub(crate) fn in_munmap(mut frame: Frame) -> Frame {
+        if let Frame::FlushMmRange(f) = &mut frame {
+            f.munmap_in_progress = true;
+        }
+        frame
     }
 }
 
@@ -499,6 +515,13 @@ impl Machine {
                     s.pc = Local;
                     return Flow::Next;
                 }
+                if self.latr_saves(cpu, s.munmap_in_progress) {
+                    // LATR: no IPIs; the other CPUs flush at their ticks.
+                    self.latr_save(cpu, s.info, s.begin, others);
+                    s.latr_saved = true;
+                    s.pc = Local;
+                    return Flow::Next;
+                }
                 self.perf.counters.inc(Counter::NrTlbRemoteFlush);
                 s.pc = if self.broadcast_tlb_enabled() && s.batch_targets.is_none() {
                     Consider
@@ -532,6 +555,11 @@ impl Machine {
                     self.summary(|| "no (other) CPU to flush here".into());
                     return Flow::Next;
                 }
+                if self.latr_saves(cpu, s.munmap_in_progress) {
+                    self.latr_save(cpu, s.info, s.begin, others);
+                    s.latr_saved = true;
+                    return Flow::Next;
+                }
                 self.perf.counters.inc(Counter::NrTlbRemoteFlush);
                 let cond = self.flush_cond(&s.info);
                 // Before v5.6 the lazy filter went through on_each_cpu_cond_mask(): a
@@ -547,7 +575,8 @@ impl Machine {
                 self.flush_others_call(s.mm, call)
             }
             Done => {
-                if s.batch_targets.is_none() {
+                // A flush LATR saved has not reached the other CPUs: it proves nothing yet.
+                if s.batch_targets.is_none() && !s.latr_saved {
                     let range = if s.info.end == TLB_FLUSH_ALL {
                         None
                     } else {

@@ -38,7 +38,7 @@ impl Machine {
         // A guest step (not the host code of `vcpu_run`), and whether the vCPU was in the host.
         let guest = match a {
             Action::Step(_) => self.vcpu_in_guest(v),
-            Action::Interrupt(_) => true,
+            Action::Interrupt(_) | Action::Tick(_) => true,
             _ => false,
         };
         let entering = matches!(a, Action::Step(_)) && self.in_host_code(v);
