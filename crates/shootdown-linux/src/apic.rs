@@ -37,22 +37,7 @@ impl Machine {
             });
         }
         if env.timed() {
-            let costs = &self.perf.profile.costs;
-            let mut t = self.core_time(if from_user {
-                costs.irq_entry + costs.irq_user_entry
-            } else {
-                costs.irq_entry
-            });
-            if was_halted && self.opts.idle == Idle::Halt {
-                t += costs.idle_wakeup;
-            }
-            if self.host.is_some() && !self.opts.posted_interrupts {
-                // Without APICv: the kick exit that injects the interrupt, and the EOI exit.
-                t += Time(self.vm_exit_cost().0 * 2);
-                self.perf
-                    .counters
-                    .add(crate::counters::Counter::KvmExits, 2);
-            }
+            let t = self.irq_entry_time(from_user, was_halted);
             env.charge(t);
         }
         self.cpus[cpu]
@@ -61,6 +46,39 @@ impl Machine {
                 from_user,
             )));
         Park::Run
+    }
+
+    /// Timed driver: the cost of taking an interrupt (entry up to the handler), from user mode
+    /// or not, on a CPU that was halted or not; in a guest without APICv, with the exits that
+    /// inject and acknowledge it.
+    pub(crate) fn irq_entry_time(&mut self, from_user: bool, was_halted: bool) -> Time {
+        let costs = &self.perf.profile.costs;
+        let mut t = self.core_time(if from_user {
+            costs.irq_entry + costs.irq_user_entry
+        } else {
+            costs.irq_entry
+        });
+        if was_halted && self.opts.idle == Idle::Halt {
+            t += costs.idle_wakeup;
+        }
+        if self.host.is_some() && !self.opts.posted_interrupts {
+            // Without APICv: the kick exit that injects the interrupt, and the EOI exit.
+            t += Time(self.vm_exit_cost().0 * 2);
+            self.perf
+                .counters
+                .add(crate::counters::Counter::KvmExits, 2);
+        }
+        t
+    }
+
+    /// Timed driver: the cost of returning from an interrupt handler (to user mode or not).
+    pub(crate) fn irq_exit_time(&self, to_user: bool) -> Time {
+        let c = &self.perf.profile.costs;
+        self.core_time(if to_user {
+            c.irq_exit + c.irq_user_exit
+        } else {
+            c.irq_exit
+        })
     }
 
     /// Send the CALL_FUNCTION IPI to `targets` (one ICR write, x2APIC cluster-style: the first

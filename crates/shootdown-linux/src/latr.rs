@@ -98,9 +98,6 @@ pub struct LatrState {
     pub frames: Vec<FrameRun>,
     pub tables: Vec<PtPageId>,
     pub zapped_before: u64,
-    /// The oracle epoch the flush began at: once every CPU has drained the state, the flush
-    /// has in effect returned.
-    pub begin: u64,
 }
 
 /// The scheduler tick's `native_flush_saved_states()` on one CPU: an interrupt handler.
@@ -128,6 +125,7 @@ pub enum LatrTickPc {
 /// the hot paths ask for (how many states name each CPU, how many each CPU's ring holds).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LatrStates {
+    /// Keyed by the begin epoch of the saved flush (unique per flush).
     pub states: std::collections::BTreeMap<u64, LatrState>,
     pub named: Vec<u32>,
     pub ring: Vec<u32>,
@@ -193,7 +191,6 @@ impl Machine {
                 frames,
                 tables,
                 zapped_before,
-                begin,
             },
         );
     }
@@ -228,15 +225,9 @@ impl Machine {
     /// The timer interrupt: enter `scheduler_tick()`'s drain.
     pub(crate) fn take_latr_tick<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
         let from_user = env.timed() && !self.in_kernel_mode(cpu);
-        self.cpus[cpu].halted = false;
+        let was_halted = std::mem::replace(&mut self.cpus[cpu].halted, false);
         if env.timed() {
-            let c = &self.perf.profile.costs;
-            let t = if from_user {
-                c.irq_entry + c.irq_user_entry
-            } else {
-                c.irq_entry
-            };
-            let t = self.core_time(t);
+            let t = self.irq_entry_time(from_user, was_halted);
             env.charge(t);
             let next = self.perf.cpu[cpu].next_tick + TICK;
             self.perf.cpu[cpu].next_tick = next.max(env.now() + TICK);
@@ -282,13 +273,7 @@ impl Machine {
                 }
                 let Some(&key) = s.todo.last() else {
                     if env.timed() {
-                        let c = &self.perf.profile.costs;
-                        let t = if s.from_user {
-                            c.irq_exit + c.irq_user_exit
-                        } else {
-                            c.irq_exit
-                        };
-                        let t = self.core_time(t);
+                        let t = self.irq_exit_time(s.from_user);
                         env.charge(t);
                     }
                     self.summary(|| "tick: no saved flush left for this CPU; return".into());
@@ -341,9 +326,10 @@ impl Machine {
         let l = &mut self.latr;
         let st = l.states.remove(&key).expect("a live state");
         l.ring[st.initiator] -= 1;
+        // The flush has now reached every CPU it named: it returned, as of its begin epoch.
         let range =
             (st.info.end != crate::state::TLB_FLUSH_ALL).then_some((st.info.start, st.info.end));
-        self.oracle.flush_returned(st.mm, range, st.begin);
+        self.oracle.flush_returned(st.mm, range, key);
         if !st.frames.is_empty() {
             let n: u32 = st.frames.iter().map(|f| f.1).sum();
             self.say(|| format!("LATR state drained everywhere: free its {n} page(s)"));

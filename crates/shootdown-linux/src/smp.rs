@@ -335,12 +335,7 @@ impl Machine {
                 if s.i >= s.entries.len() {
                     // `exiting_irq()` and the return path, after every csd is unlocked.
                     if env.timed() {
-                        let c = &self.perf.profile.costs;
-                        let t = self.core_time(if s.from_user {
-                            c.irq_exit + c.irq_user_exit
-                        } else {
-                            c.irq_exit
-                        });
+                        let t = self.irq_exit_time(s.from_user);
                         env.charge(t);
                     }
                     self.summary(|| "return from interrupt".into());
