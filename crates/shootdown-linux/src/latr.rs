@@ -93,11 +93,10 @@ pub struct LatrState {
     pub info: FlushTlbInfo,
     /// CPUs that have not drained it yet (`cpu_mask`).
     pub cpus: CpuMask,
-    /// `lazy_free`: what the call freed, held until the state is drained, and the oracle epoch
-    /// its PTEs were cleared before.
+    /// `lazy_free`: what the call freed, held until the state is drained (then checked
+    /// against every TLB: no epoch needed).
     pub frames: Vec<FrameRun>,
     pub tables: Vec<PtPageId>,
-    pub zapped_before: u64,
 }
 
 /// The scheduler tick's `native_flush_saved_states()` on one CPU: an interrupt handler.
@@ -162,15 +161,13 @@ impl Machine {
         let mm = info.mm.expect("a LATR flush names its mm");
         let t = self.cpus[cpu].curr as usize;
         self.tasks[t].latr_saved = true;
-        let (frames, zapped_before, tables) = if self.opts.latr == Latr::LazyFree {
-            let task = &mut self.tasks[t];
+        let (frames, tables) = if self.opts.latr == Latr::LazyFree {
             (
-                std::mem::take(&mut task.gathered),
-                std::mem::take(&mut task.zapped_before),
+                std::mem::take(&mut self.tasks[t].gathered),
                 std::mem::take(&mut self.mms[mm as usize].tables_to_free),
             )
         } else {
-            (Vec::new(), 0, Vec::new())
+            (Vec::new(), Vec::new())
         };
         self.perf.counters.inc(Counter::LatrSaved);
         self.summary(|| {
@@ -190,7 +187,6 @@ impl Machine {
                 cpus: CpuMask::from_cpus(&targets),
                 frames,
                 tables,
-                zapped_before,
             },
         );
     }
