@@ -118,6 +118,9 @@ RUN: Dict[str, Run] = {
     "shootdown run will-it-scale-tlb-flush2": Run(
         add=("--quick",), expect=_prints("v6.15 INVLPGB", "iterations/s")
     ),
+    "shootdown check early_ack --set options.early_ack=rfc_v2": Run(
+        status=1, expect=_prints(r"verdict: violation \(INV-STALE\)")
+    ),
     "shootdown run FILE --set variants.after.options.smp_call=remote_then_local --format csv": Run(
         add=("--quick",), expect=_csv
     ),

@@ -31,7 +31,7 @@ pub fn run_with(name: &str, mutant: Option<&str>, mm: &str, strategy: &str) -> C
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A row of docs/checker.md's "Results" table.
+/// A row of a "Results" table (docs/checker.md, docs/designs.md).
 #[derive(Debug)]
 pub struct DocRow {
     pub scenario: String,
@@ -46,38 +46,50 @@ pub struct DocRow {
     pub pinned: bool,
 }
 
-/// The rows of docs/checker.md's "Results" table.
+/// The rows of the "Results" tables: docs/checker.md's, and docs/designs.md's for the flush
+/// designs since the seeds.
 pub fn docs_results_rows() -> Vec<DocRow> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/checker.md");
-    let doc = std::fs::read_to_string(path).unwrap();
     let head = "| scenario | mutant | bug | memory model | verdict | invariant | steps | states | seconds |";
-    let start = doc.find(head).expect("the Results table");
-    let rows: Vec<DocRow> = doc[start..]
-        .lines()
-        .skip(2)
-        .take_while(|l| l.starts_with('|'))
-        .map(|l| {
-            let c: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
-            let num = |s: &str| {
-                s.trim_end_matches('†')
-                    .replace(',', "")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            };
-            DocRow {
-                scenario: c[0].split(' ').next().unwrap().to_string(),
-                mutant: (!c[1].starts_with('—')).then(|| c[1].to_string()),
-                finding: c[1].contains("as written"),
-                memory_models: c[3].split(" / ").map(str::to_string).collect(),
-                steps: num(c[6]).map(|n| n as usize),
-                states: num(c[7]),
-                pinned: !c[7].ends_with('†'),
-            }
-        })
-        .collect();
+    let mut rows = Vec::new();
+    for file in ["checker.md", "designs.md"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../docs")
+            .join(file);
+        let doc = std::fs::read_to_string(path).unwrap();
+        let start = doc
+            .find(head)
+            .unwrap_or_else(|| panic!("docs/{file}: the Results table"));
+        rows.extend(
+            doc[start..]
+                .lines()
+                .skip(2)
+                .take_while(|l| l.starts_with('|'))
+                .map(doc_row),
+        );
+    }
     assert!(rows.len() > 40, "{} rows", rows.len());
     rows
+}
+
+/// One line of a Results table.
+fn doc_row(l: &str) -> DocRow {
+    let c: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+    let num = |s: &str| {
+        s.trim_end_matches('†')
+            .replace(',', "")
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    DocRow {
+        scenario: c[0].split(' ').next().unwrap().to_string(),
+        mutant: (!c[1].starts_with('—')).then(|| c[1].to_string()),
+        finding: c[1].contains("as written"),
+        memory_models: c[3].split(" / ").map(str::to_string).collect(),
+        steps: num(c[6]).map(|n| n as usize),
+        states: num(c[7]),
+        pinned: !c[7].ends_with('†'),
+    }
 }
 
 /// `check NAME --strategy bfs --set KEY=VALUE…` (a kernel version's form of the scenario).

@@ -141,6 +141,22 @@ const LATR: &[(&str, &str, u64, u64)] = &[
     ("latr", "sc", 319188, 966340),
     ("latr", "tso", 695518, 2552850),
 ];
+/// Amit et al.'s designs after the concurrent flushes (research designs, `smp.rs`, `tlb.rs`):
+/// early acknowledgement against perf's NMI (`early_ack`) and with a page-table page freed
+/// under a lazy CPU (`early_ack_freed_tables`), and in-context PTI user flushes with two
+/// deferred ranges to merge (`pti_deferred_user_flush`); Shoot4U's host-side flush of a
+/// preemptible vCPU (`shoot4u`).
+const FLUSH_DESIGNS: &[(&str, &str, u64, u64)] = &[
+    ("early_ack", "sc", 5553, 12833),
+    ("early_ack", "tso", 8949, 24177),
+    ("early_ack_freed_tables", "sc", 85, 137),
+    ("early_ack_freed_tables", "tso", 167, 370),
+    ("pti_deferred_user_flush", "sc", 6414, 12742),
+    ("pti_deferred_user_flush", "tso", 9887, 22602),
+    // Shoot4U (VEE'16): the host flushes a preemptible target vCPU through a host IPI.
+    ("shoot4u", "sc", 581, 1352),
+    ("shoot4u", "tso", 633, 1505),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -162,6 +178,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     STEAL_TIME_CACHE,
     GLOBAL_ASID,
     LATR,
+    FLUSH_DESIGNS,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -251,6 +268,11 @@ fn fixed_global_asids_verify() {
 #[test]
 fn fixed_latr_verifies() {
     verify(LATR);
+}
+
+#[test]
+fn fixed_flush_designs_verify() {
+    verify(FLUSH_DESIGNS);
 }
 
 #[test]

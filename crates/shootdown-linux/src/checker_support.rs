@@ -184,6 +184,7 @@ impl Machine {
                 Frame::SwitchMm(_) | Frame::RwSemDown(_) | Frame::Syscall(_) => {}
                 // Host frames: symmetry is not available with a host (scenario.rs).
                 Frame::VcpuRun(_)
+                | Frame::Shoot4u(_)
                 | Frame::MakeAllCpusRequest(_)
                 | Frame::FlushRemoteTlbs(_)
                 | Frame::SynchronizeSrcu(_)

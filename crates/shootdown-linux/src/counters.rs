@@ -33,6 +33,14 @@ counters! {
     LatrTicks = "tlb.latr_ticks",
     /// LATR: saved flushes run by a tick (`flush_tlb_func` on a CPU the state named).
     LatrFlushes = "tlb.latr_flushes",
+    /// Early acknowledgement: flush csds a target unlocked before running `flush_tlb_func`.
+    EarlyAcks = "smp.early_acks",
+    /// In-context flushes: user-PCID ranges a shootdown deferred to the return to user.
+    UserFlushDeferred = "tlb.user_flush_deferred",
+    /// In-context flushes: deferred user ranges widened to a full user-PCID flush.
+    UserFlushDeferredFull = "tlb.user_flush_deferred_full",
+    /// Shoot4U: `KVM_HC_SHOOT4U` hypercalls (`shoot4u.rs`).
+    Shoot4uHypercalls = "kvm.shoot4u_hypercalls",
     /// Global ASIDs handed out (`use_global_asid`).
     GlobalAsidsAssigned = "tlb.global_asids_assigned",
     /// Flushes of an mm in ASID transition that found a CPU still on a dynamic ASID and sent

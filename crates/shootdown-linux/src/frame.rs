@@ -70,6 +70,8 @@ pub enum Frame {
     Syscall(Syscall),
     /// Guest PV flush (seed 001).
     PvFlushTlbMulti(Box<PvFlushTlbMulti>),
+    /// Shoot4U's hypercall (a research design).
+    Shoot4u(Box<crate::shoot4u::Shoot4u>),
     /// Host (KVM): a vCPU thread's way back into the guest.
     VcpuRun(VcpuRun),
     /// Host (KVM): requests, flushes, SRCU, memslots, MMU notifiers (kvm_main.c).
@@ -112,6 +114,7 @@ shootdown_engine::clone_by_variants!(Frame {
     RwSemDown,
     Syscall,
     PvFlushTlbMulti,
+    Shoot4u,
     VcpuRun,
     MakeAllCpusRequest,
     FlushRemoteTlbs,
@@ -154,6 +157,7 @@ impl Frame {
             Frame::FlushMmRange(b) => boxed(&**b),
             Frame::SmpCallMany(b) => boxed(&**b),
             Frame::PvFlushTlbMulti(b) => boxed(&**b),
+            Frame::Shoot4u(b) => boxed(&**b),
             Frame::MakeAllCpusRequest(b) => boxed(&**b),
             Frame::SetMemoryRegion(b) => boxed(&**b),
             Frame::MmuNotifierInvalidate(b) => boxed(&**b),
@@ -206,7 +210,8 @@ impl Frame {
             | Frame::Schedule(_)
             | Frame::CallFunctionIrq(_)
             | Frame::PageListLocked(_)
-            | Frame::LatrTick(_) => true,
+            | Frame::LatrTick(_)
+            | Frame::Shoot4u(_) => true,
             Frame::Syscall(s) => s.irqs_off(),
             _ => false,
         }
@@ -234,6 +239,7 @@ impl Frame {
             Frame::RwSemDown(RwSemDown { write: true, .. }) => "i_mmap_lock_write",
             Frame::RwSemDown(_) => "i_mmap_lock_read",
             Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
+            Frame::Shoot4u(_) => "shoot4u_flush_tlb_others",
             Frame::VcpuRun(_) => "vcpu_run",
             Frame::MakeAllCpusRequest(_) => "kvm_make_all_cpus_request",
             Frame::FlushRemoteTlbs(_) => "kvm_flush_remote_tlbs",
@@ -277,6 +283,7 @@ impl Frame {
             Frame::Schedule(s) => format!("{:?}", s.pc),
             Frame::RwSemDown(s) => format!("{:?}", s.pc),
             Frame::PvFlushTlbMulti(s) => format!("{:?}", s.pc),
+            Frame::Shoot4u(s) => format!("{:?}", s.pc),
             Frame::VcpuRun(s) => format!("{:?}", s.pc),
             Frame::MakeAllCpusRequest(s) => format!("{:?}", s.pc),
             Frame::FlushRemoteTlbs(s) => format!("{:?}", s.pc),

@@ -233,7 +233,7 @@ impl Machine {
             return;
         }
         for vpn in f.start..f.end {
-            self.flush_tlb_one_user(cpu, vpn, env);
+            self.flush_tlb_one_user(cpu, vpn, false, env);
             self.perf.counters.inc(Counter::NrTlbLocalFlushOne);
         }
         let (s, e) = (f.start, f.end);

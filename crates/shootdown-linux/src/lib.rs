@@ -51,6 +51,7 @@ pub mod perf;
 pub mod prefetch;
 pub mod sched;
 pub mod setup;
+pub mod shoot4u;
 pub mod smp;
 pub mod smt;
 pub mod spinlock;

@@ -11,6 +11,9 @@
 //! CR3 write in `kthread_use_mm()`. The oracle's `INV-CTX` is that a read on behalf of `current`
 //! goes through `current->mm`'s page tables.
 //!
+//! With early acknowledgement (`early_ack`, a research design), `nmi_uaccess_okay()` is also
+//! false while `async_func_in_progress` names `flush_tlb_func` (the RFC's addition).
+//!
 //! Versions (`nmi_uaccess_okay`): v4.18 and earlier read unconditionally; v4.19+
 //! (4012e77a903d, "x86/nmi: Fix NMI uaccess race against CR3 switching") read only if
 //! `nmi_uaccess_okay()`: `cpu_tlbstate.loaded_mm == current->mm`, which holds mid-switch only
@@ -94,6 +97,15 @@ impl Machine {
                         "perf_callchain_user: nmi_uaccess_okay() is false (loaded_mm = {}, current->mm = mm{mm}): no user callchain",
                         loaded_name(loaded)
                     )
+                });
+                return;
+            }
+            // Early acknowledgement (a research design, `smp.rs`): between its early unlock
+            // and its flush the CPU may still cache translations the initiator considers gone.
+            if self.async_flush_in_progress(cpu) && !self.opts.mutants.early_ack_nmi_unchecked() {
+                self.perf.counters.inc(Counter::NmiUaccessSkipped);
+                self.say(|| {
+                    "perf_callchain_user: nmi_uaccess_okay() is false (async_func_in_progress = flush_tlb_func): no user callchain".into()
                 });
                 return;
             }

@@ -297,6 +297,46 @@ named_enum! {
 }
 
 named_enum! {
+    /// Early acknowledgement of flush IPIs (Nadav Amit's "x86: Flush remote TLBs concurrently
+    /// and async", RFC v2, May 2019, patches 10-11, and Amit, Tai and Wei, "Don't shoot down TLB
+    /// shootdowns!", EuroSys'20; a research design, never merged: `smp.rs`). The responder
+    /// copies the flush request inlined in the csd, sets `async_func_in_progress`, unlocks the
+    /// csd, and only then runs `flush_tlb_func`; `nmi_uaccess_okay()` refuses user reads while
+    /// `async_func_in_progress` names the flush. Flushes that free page tables, and
+    /// `flush_tlb_kernel_range`, stay synchronous (unlock after the flush).
+    pub enum EarlyAck {
+        /// The kernel: every flush csd is unlocked after `flush_tlb_func` ran.
+        Off = "off",
+        /// The RFC as posted: the flush is sent with `wait = 0`, so the initiator returns
+        /// without waiting even for the acknowledgement (its author's own remark in the
+        /// thread); only its next call's `csd_lock` waits for the unlock.
+        RfcV2 = "rfc_v2",
+        /// The design as the thread and the paper describe it: the initiator waits in
+        /// `csd_lock_wait` for each target's early unlock.
+        Acked = "acked",
+    }
+}
+
+named_enum! {
+    /// Where, under PTI, a flush of user-PCID entries runs (`tlb.rs`, `user.rs`).
+    pub enum PtiUserFlush {
+        /// The kernel (v4.15+): `flush_tlb_func`'s partial flush does INVLPG in the kernel PCID
+        /// and INVPCID in the user PCID for each page at once (or, without INVPCID, marks the
+        /// whole user PCID in `user_pcid_flush_mask` for the return to user).
+        Immediate = "immediate",
+        /// In-context flushes (Nadav Amit's RFC v2 "x86/mm/tlb: Defer PTI flushes", Aug 2019;
+        /// the EuroSys'20 paper's in-context flushes; a research design, never merged): a
+        /// shootdown's handler flushes only the kernel PCID and records the user range in
+        /// `cpu_tlbstate` (`user_flush_start/end/stride_shift`), merged with one already
+        /// recorded when it starts at or above it, has its stride and stays under the
+        /// ceiling, else widened to a full flush; the return to user (`SWITCH_TO_USER_CR3`)
+        /// then INVLPGs the range in the user PCID. Not on the initiating CPU, and not for a
+        /// flush that frees page tables.
+        Deferred = "deferred",
+    }
+}
+
+named_enum! {
     /// How a guest kernel's `spin_lock` waits (`spinlock.rs`; v4.15's `kvm_spinlock_init`).
     pub enum SpinlockKind {
         /// Native queued spinlock (FIFO, waiters spin).
@@ -764,6 +804,23 @@ mutants! {
     /// mask (`cpumask_clear` for `cpumask_clear_cpu`): the state is retired and its pages
     /// freed while another CPU it named has not flushed yet.
     latr_drain_clears_whole_mask = "",
+    /// Seeded (issue #43, early acknowledgement): `nmi_uaccess_okay()` without the RFC's
+    /// `async_func_in_progress` test: an NMI between a CPU's early unlock and its flush reads
+    /// user memory through a translation the initiator already considers gone.
+    early_ack_nmi_unchecked = "",
+    /// Seeded (issue #43, early acknowledgement): a flush that frees page tables is
+    /// acknowledged early too (the RFC keeps it synchronous, "since otherwise speculative page
+    /// walks might cause machine-checks"): the initiator frees the table while the target's
+    /// page walker can still use its paging-structure entries.
+    early_ack_freed_tables = "",
+    /// Seeded (issue #43, in-context flushes): `flush_user_tlb_deferred()` merges a range that
+    /// starts below the recorded one without moving the start: the pages below it are never
+    /// flushed from the user PCID.
+    deferred_user_flush_merge_ignores_start = "",
+    /// Seeded (issue #43, Shoot4U): `kvm_pv_shoot4u_op()` sends its host IPIs with
+    /// `smp_call_function_single(…, wait = 0)`: the hypercall returns before a target's pCPU
+    /// has flushed its VPID.
+    shoot4u_no_wait = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -842,6 +899,13 @@ options! {
     /// ticks instead of IPIs.
     latr: Latr = Latr::Off,
         accepts = format!("{} (LATR's lazy shootdowns: a research design)", names(Latr::NAMES));
+    /// Early acknowledgement of flush IPIs (a research design, `smp.rs`).
+    early_ack: EarlyAck = EarlyAck::Off,
+        accepts = format!("{} (flush IPIs acknowledged before the flush: a research design)", names(EarlyAck::NAMES));
+    /// Under PTI: user-PCID flushes at once or deferred to the return to user (a research
+    /// design, `tlb.rs`).
+    pti_user_flush: PtiUserFlush = PtiUserFlush::Immediate,
+        accepts = format!("{} (PTI user-PCID flushes deferred to the return to user: a research design)", names(PtiUserFlush::NAMES));
     /// Nadav's "Privatize cpu_tlbstate": `is_lazy` in its own cache line
     /// (`cpu_tlbstate_shared`) instead of the line `switch_mm` writes on every context switch.
     tlbstate_shared: bool = true, accepts = "true | false";
@@ -915,6 +979,11 @@ options! {
     /// steal-time byte says preempted, setting `KVM_VCPU_FLUSH_TLB` for the host instead of an
     /// IPI. Only meaningful on a machine with a host (vCPUs).
     pv_tlb_flush: bool = false, accepts = "true | false (guest PV TLB flush; needs a [host])";
+    /// Guest and host: Shoot4U (a research design, `shoot4u.rs`): a flush's remote part is one
+    /// hypercall, and the host flushes each target vCPU's VPID through a host IPI to its pCPU,
+    /// preempted or not. Only meaningful on a machine with a host (vCPUs).
+    shoot4u: bool = false,
+        accepts = "true | false (Shoot4U: the host flushes the target vCPUs, a research design; needs a [host])";
     /// Guest: PV send-IPI (one hypercall for a whole destination set instead of one exiting
     /// ICR write per target). Off in the 4.15 baseline.
     pv_send_ipi: bool = false, accepts = "true | false (guest PV send-IPI hypercall; needs a [host])";

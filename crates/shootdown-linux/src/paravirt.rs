@@ -61,6 +61,9 @@ impl Machine {
     /// The cross call of a flush: the native `smp_call_function_many_cond`, or — in a guest with
     /// `pv_tlb_flush` — the PV filter in front of it.
     pub(crate) fn flush_others_frame(&self, call: SmpCallMany) -> Frame {
+        if self.opts.shoot4u && self.host.is_some() && !call.candidates.is_empty() {
+            return crate::shoot4u::Shoot4u::call(call);
+        }
         if self.opts.pv_tlb_flush && self.host.is_some() && !call.candidates.is_empty() {
             Frame::PvFlushTlbMulti(Box::new(PvFlushTlbMulti {
                 pc: PvFlushTlbMultiPc::ReadPreempted,

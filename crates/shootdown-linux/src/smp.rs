@@ -5,11 +5,31 @@
 //! Simplifications: the v5.x single-target fast path (`smp_call_function_single` with an
 //! on-stack csd) is folded into the general path (same steps, same costs); `cond_func` reads the
 //! remote CPU's state in one step.
+//!
+//! **Early acknowledgement** (option `early_ack`, a research design: Nadav Amit's RFC v2 "x86:
+//! Flush remote TLBs concurrently and async", May 2019, patches 10–11 — "smp: Enable data
+//! inlining for inter-processor function call" and "x86/mm/tlb: Use async and inline messages
+//! for flushing" — and the EuroSys'20 paper "Don't shoot down TLB shootdowns!"). The flush
+//! request is copied into the csd (`CSD_FLAG_INLINED`), so the responder can let the initiator
+//! go before it flushes: `flush_smp_call_function_queue()` copies `csd->inlined_info`, sets
+//! `async_func_in_progress = func`, unlocks the csd, runs `func`, then clears
+//! `async_func_in_progress`. The argument is that a CPU inside the interrupt handler uses no
+//! user translation before it returns, by which time it has flushed; only NMIs read user memory
+//! from there, and `nmi_uaccess_okay()` refuses while `async_func_in_progress` names the flush
+//! (`nmi.rs`). Flushes that free page tables stay synchronous ("speculative page walks might
+//! cause machine-checks"), and so does `flush_tlb_kernel_range` (`kernel_map.rs`). In the RFC as
+//! posted the call is made with `wait = 0`: the initiator does not even wait for the
+//! acknowledgement (`rfc_v2`); `acked` waits for each early unlock, as the thread describes the
+//! design. Simplified: the model's flush request is still read from the initiator's per-CPU
+//! `flush_tlb_info` in the same step as the unlock (the inlined copy and the unlock touch no
+//! location another CPU writes meanwhile), and the lazy filter is the configured kernel's
+//! (`flush_cond`), where the RFC used `tlb_is_not_lazy`.
 
 use crate::counters::Counter;
-use crate::frame::{CallCond, Flow};
+use crate::frame::{CallCond, Flow, Frame};
 use crate::machine::Machine;
 use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
+use crate::options::EarlyAck;
 use crate::state::*;
 use crate::tlb::{loaded_mm_text, FlushFunc};
 use shootdown_engine::Env;
@@ -102,6 +122,9 @@ pub struct CallFunctionIrq {
     /// The interrupt arrived in user mode, so it returns there (timed runs only: it prices
     /// the return).
     pub from_user: bool,
+    /// Early acknowledgement: `async_func_in_progress` is `flush_tlb_func` (its csd is
+    /// unlocked, its flush not yet done).
+    pub async_running: bool,
 }
 
 /// The steps of the CALL_FUNCTION handler.
@@ -113,6 +136,8 @@ pub enum CallFunctionIrqPc {
     Run,
     /// `csd_unlock` of the entry just run.
     Unlock,
+    /// Early acknowledgement: `flush_tlb_func` returned; `async_func_in_progress = NULL`.
+    AsyncDone,
 }
 
 impl CallFunctionIrq {
@@ -128,11 +153,34 @@ impl CallFunctionIrq {
             entries: Vec::new(),
             i: 0,
             from_user,
+            async_running: false,
         }
     }
 }
 
 impl Machine {
+    /// Early acknowledgement: may this request's csd be unlocked before its flush? Not for a
+    /// kernel-range flush, nor (but for the mutant) one that frees page tables.
+    pub(crate) fn early_ack_allowed(&self, info: &FlushTlbInfo) -> bool {
+        self.opts.early_ack != EarlyAck::Off
+            && !info.kernel
+            && (!info.freed_tables || self.opts.mutants.early_ack_freed_tables())
+    }
+
+    /// Early acknowledgement as the RFC posted it: an async flush is sent with `wait = 0`.
+    fn no_wait(&self, info: &FlushTlbInfo) -> bool {
+        self.opts.early_ack == EarlyAck::RfcV2 && self.early_ack_allowed(info)
+    }
+
+    /// `this_cpu_read(async_func_in_progress) == flush_tlb_func`: `cpu` is between an early
+    /// unlock and the end of that flush (`nmi_uaccess_okay()`'s added test).
+    pub(crate) fn async_flush_in_progress(&self, cpu: CpuId) -> bool {
+        self.cpus[cpu]
+            .irq_stack
+            .iter()
+            .any(|f| matches!(f, Frame::CallFunctionIrq(s) if s.async_running))
+    }
+
     /// Mainline `should_flush_tlb(cpu, info)`.
     fn should_flush_tlb<E: Env>(
         &mut self,
@@ -267,7 +315,12 @@ impl Machine {
             }
             RunLocal => {
                 s.pc = Wait;
-                s.i = 0;
+                // The RFC's flush_tlb_multi() with wait = 0: no csd_lock_wait at all.
+                s.i = if self.no_wait(&s.info) {
+                    s.queued.len()
+                } else {
+                    0
+                };
                 if s.run_local {
                     if s.inc_gen_locally {
                         if let Some(mm) = s.info.mm {
@@ -282,12 +335,22 @@ impl Machine {
                         return Flow::Call(FlushFunc::call(s.info, true));
                     }
                 }
-                self.summary(|| "wait for the targets".into());
+                if self.no_wait(&s.info) {
+                    self.summary(|| "wait = 0 (async flush, RFC v2 as posted)".into());
+                } else {
+                    self.summary(|| "wait for the targets".into());
+                }
                 Flow::Next
             }
             Wait => {
                 if s.i >= s.queued.len() {
-                    self.summary(|| "return: every target has run flush_tlb_func".into());
+                    if self.no_wait(&s.info) {
+                        self.summary(|| "return without waiting for the targets (wait = 0)".into());
+                    } else if self.early_ack_allowed(&s.info) {
+                        self.summary(|| "return: every target has acknowledged (early ack)".into());
+                    } else {
+                        self.summary(|| "return: every target has run flush_tlb_func".into());
+                    }
                     if s.local_after && self.call_cond(cpu, cpu, s, env) {
                         // on_each_cpu_mask(): the calling CPU runs func after the remote ones
                         // (flush_tlb_func_remote, which finds itself up to date).
@@ -302,7 +365,13 @@ impl Machine {
                     return Flow::Spin(spin_key(Loc::CsdLock(k)));
                 }
                 self.load(env, cpu, Loc::CsdLock(k));
-                self.summary(|| format!("csd_lock_wait(cpu{t}): csd unlocked, request done"));
+                if self.early_ack_allowed(&s.info) {
+                    self.summary(|| {
+                        format!("csd_lock_wait(cpu{t}): csd unlocked, request acknowledged")
+                    });
+                } else {
+                    self.summary(|| format!("csd_lock_wait(cpu{t}): csd unlocked, request done"));
+                }
                 s.i += 1;
                 Flow::Next
             }
@@ -342,13 +411,38 @@ impl Machine {
                     return Flow::Return;
                 }
                 let k = s.entries[s.i];
-                self.summary(|| format!("run flush_tlb_func for cpu{}'s request", k.src));
                 s.pc = Unlock;
                 let Some(info) = self.flush_info[k.src] else {
+                    self.summary(|| format!("run flush_tlb_func for cpu{}'s request", k.src));
                     return Flow::Next;
                 };
                 self.touch_line(env, cpu, flush_info_line(k.src), false);
+                if !self.early_ack_allowed(&info) {
+                    self.summary(|| format!("run flush_tlb_func for cpu{}'s request", k.src));
+                } else {
+                    // Copy the inlined request, async_func_in_progress = flush_tlb_func,
+                    // csd_unlock(): the initiator may go on before this CPU flushes.
+                    self.store(env, cpu, Loc::CsdLock(k), 0);
+                    self.perf.counters.inc(Counter::EarlyAcks);
+                    s.async_running = true;
+                    s.pc = AsyncDone;
+                    self.summary(|| {
+                        format!(
+                            "copy cpu{}'s inlined flush_tlb_info; async_func_in_progress = flush_tlb_func; csd_unlock (early ack): cpu{} may go on; now run flush_tlb_func",
+                            k.src, k.src
+                        )
+                    });
+                }
                 Flow::Call(FlushFunc::call(info, false))
+            }
+            AsyncDone => {
+                s.async_running = false;
+                self.summary(|| {
+                    "async_func_in_progress = NULL: the early-acked flush is done".into()
+                });
+                s.i += 1;
+                s.pc = Run;
+                Flow::Next
             }
             Unlock => {
                 let k = s.entries[s.i];

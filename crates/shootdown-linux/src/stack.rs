@@ -236,6 +236,7 @@ impl Machine {
             Frame::RwSemDown(s) => self.rwsem_down_step(cpu, s, env),
             Frame::Syscall(s) => self.syscall_step(cpu, s, env),
             Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
+            Frame::Shoot4u(s) => self.shoot4u_step(cpu, s, env),
             Frame::VcpuRun(s) => self.vcpu_run_step(cpu, s, env),
             Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_step(cpu, s, env),
             Frame::FlushRemoteTlbs(s) => self.flush_remote_tlbs_step(cpu, s, env),
@@ -271,6 +272,7 @@ impl Machine {
             Frame::FlushMmRange(s) => self.finish_asid_transition_waits(cpu, s),
             Frame::Schedule(s) => self.schedule_spins(cpu, s),
             Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_spins(cpu, s),
+            Frame::Shoot4u(s) => self.shoot4u_spins(cpu, s),
             Frame::SynchronizeSrcu(s) => self.srcu_waits(cpu, s),
             Frame::InstallMemslots(s) => {
                 s.pc == InstallMemslotsPc::WaitNotifiers && self.memslots_wait_notifiers(cpu)

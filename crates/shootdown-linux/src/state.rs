@@ -177,6 +177,12 @@ pub struct TlbState {
     pub legacy_lazy: bool,
     /// PTI: user PCIDs whose flush is deferred to the next return to user (bit per ASID).
     pub user_pcid_flush_mask: u16,
+    /// In-context flushes (`pti_user_flush = "deferred"`, a research design): the user range
+    /// the next return to user INVLPGs (`user_flush_start/end/stride_shift`); an end of
+    /// `TLB_FLUSH_ALL` is a full user-PCID flush, as it always is without the design.
+    pub user_flush_start: Vpn,
+    pub user_flush_end: Vpn,
+    pub user_flush_stride_shift: u8,
     pub ctxs: [TlbContext; TLB_NR_DYN_ASIDS],
 }
 
@@ -192,17 +198,23 @@ impl std::hash::Hash for TlbState {
             is_lazy,
             legacy_lazy,
             user_pcid_flush_mask,
+            user_flush_start,
+            user_flush_end,
+            user_flush_stride_shift,
         } = self;
-        let mut w = [0u64; 2 + 2 * TLB_NR_DYN_ASIDS];
+        let mut w = [0u64; 4 + 2 * TLB_NR_DYN_ASIDS];
         w[0] = *loaded_mm;
         w[1] = u64::from(*loaded_mm_asid)
             | u64::from(*next_asid) << 16
             | u64::from(*user_pcid_flush_mask) << 32
             | u64::from(*is_lazy) << 48
-            | u64::from(*legacy_lazy) << 49;
+            | u64::from(*legacy_lazy) << 49
+            | u64::from(*user_flush_stride_shift) << 50;
+        w[2] = *user_flush_start;
+        w[3] = *user_flush_end;
         for (i, c) in ctxs.iter().enumerate() {
-            w[2 + 2 * i] = c.ctx_id;
-            w[3 + 2 * i] = c.tlb_gen;
+            w[4 + 2 * i] = c.ctx_id;
+            w[5 + 2 * i] = c.tlb_gen;
         }
         u64::hash_slice(&w, h);
     }
@@ -218,6 +230,9 @@ impl Default for TlbState {
             is_lazy: false,
             legacy_lazy: false,
             user_pcid_flush_mask: 0,
+            user_flush_start: 0,
+            user_flush_end: TLB_FLUSH_ALL,
+            user_flush_stride_shift: 0,
         }
     }
 }

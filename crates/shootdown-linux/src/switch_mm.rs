@@ -101,6 +101,11 @@ impl Machine {
             };
         }
         ts.loaded_mm_asid = s.asid;
+        if s.prev != s.next as u64 {
+            // In-context flushes: a range deferred for the previous mm's ASID must not be
+            // taken for the next one's; its bit stays set, and flushes the whole user PCID.
+            ts.user_flush_end = TLB_FLUSH_ALL;
+        }
         if s.need_flush {
             self.touch_line(env, cpu, tlbstate_ctx_line(cpu, s.asid), true);
         }

@@ -8,7 +8,7 @@ use crate::machine::Machine;
 use crate::mem::{
     flush_info_line, tlbstate_ctx_line, tlbstate_line, Loc, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET,
 };
-use crate::options::{FlushStride, LazyTlb, SmpCall};
+use crate::options::{FlushStride, LazyTlb, PtiUserFlush, SmpCall};
 use crate::smp::SmpCallMany;
 use crate::state::*;
 use crate::switch_mm::SwitchMm;
@@ -274,8 +274,16 @@ impl Machine {
     }
 
     /// `native_flush_tlb_one_user(addr)`: INVLPG in the kernel PCID, and under PTI either
-    /// INVPCID for the user PCID or a deferred user flush.
-    pub(crate) fn flush_tlb_one_user<E: Env>(&mut self, cpu: CpuId, vpn: Vpn, env: &mut E) {
+    /// INVPCID for the user PCID or a deferred user flush. With in-context flushes
+    /// (`defer_user`: the RFC's `__flush_tlb_range` for a shootdown) only the kernel PCID's
+    /// INVLPG; the caller records the user range ([`Machine::flush_user_tlb_deferred`]).
+    pub(crate) fn flush_tlb_one_user<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        vpn: Vpn,
+        defer_user: bool,
+        env: &mut E,
+    ) {
         self.fence(cpu);
         let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         let kp = self.kern_pcid(asid);
@@ -283,7 +291,7 @@ impl Machine {
         self.invlpg(cpu, kp, vpn);
         self.charge(env, |c| c.invlpg);
         self.perf.counters.inc(Counter::InvlpgCount);
-        if self.pti {
+        if self.pti && !defer_user {
             if self.invpcid {
                 self.cpus[cpu].tlb.invlpg(up, vpn);
                 self.charge(env, |c| c.invpcid_single);
@@ -302,7 +310,68 @@ impl Machine {
         if !self.pti || is_global_asid(asid) {
             return;
         }
-        self.cpus[cpu].tlbstate.user_pcid_flush_mask |= 1 << asid;
+        let ts = &mut self.cpus[cpu].tlbstate;
+        ts.user_pcid_flush_mask |= 1 << asid;
+        // In-context flushes: whatever range was deferred, the next return flushes it all.
+        ts.user_flush_end = TLB_FLUSH_ALL;
+        self.touch_line(
+            env,
+            cpu,
+            tlbstate_line(cpu, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
+            true,
+        );
+    }
+
+    /// In-context flushes (`pti_user_flush = "deferred"`, Nadav Amit's RFC v2 "x86/mm/tlb:
+    /// Defer PTI flushes", 2019; a research design): `flush_user_tlb_deferred()` records the
+    /// user-PCID range a shootdown leaves for the return to user. The first deferral for the
+    /// ASID (its `user_pcid_flush_mask` bit clear) records the range; a later one finds it
+    /// full already, or merges if it starts at or above the recorded start, has its stride and
+    /// the merged range stays under `tlb_single_page_flush_ceiling`, or else widens it to a
+    /// full flush. Reconstructed from the RFC's description of the rules (the merged range
+    /// keeps the recorded start and the larger end).
+    fn flush_user_tlb_deferred<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        (start, end, stride): (Vpn, Vpn, u8),
+        env: &mut E,
+    ) {
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        if is_global_asid(asid) {
+            return;
+        }
+        let ceiling = self.opts.tlb_single_page_flush_ceiling.0;
+        let ts = &mut self.cpus[cpu].tlbstate;
+        let first = ts.user_pcid_flush_mask & (1 << asid) == 0;
+        ts.user_pcid_flush_mask |= 1 << asid;
+        let what = if first {
+            ts.user_flush_start = start;
+            ts.user_flush_end = end;
+            ts.user_flush_stride_shift = stride;
+            "recorded"
+        } else if ts.user_flush_end == TLB_FLUSH_ALL {
+            "already a full flush"
+        } else if (start >= ts.user_flush_start
+            || self.opts.mutants.deferred_user_flush_merge_ignores_start())
+            && stride == ts.user_flush_stride_shift
+            && (end.max(ts.user_flush_end) - ts.user_flush_start) >> stride < ceiling
+        {
+            ts.user_flush_end = ts.user_flush_end.max(end);
+            "merged"
+        } else {
+            ts.user_flush_end = TLB_FLUSH_ALL;
+            self.perf.counters.inc(Counter::UserFlushDeferredFull);
+            "widened to a full flush"
+        };
+        self.perf.counters.inc(Counter::UserFlushDeferred);
+        let ts = &self.cpus[cpu].tlbstate;
+        let now = range_text(ts.user_flush_start, ts.user_flush_end);
+        self.say(|| {
+            format!(
+                "defer the user-PCID flush of {}: {what} (user range now {now})",
+                range_text(start, end)
+            )
+        });
         self.touch_line(
             env,
             cpu,
@@ -610,6 +679,14 @@ impl Machine {
                     format!("read mm_cpumask(mm{mm}): remote cpus {c:?} -> flush_tlb_multi/others")
                 });
             }
+            Frame::Shoot4u(p) => {
+                let c = &p.call.candidates;
+                self.summary(|| {
+                    format!(
+                        "read mm_cpumask(mm{mm}): remote vcpus {c:?} -> shoot4u_flush_tlb_others"
+                    )
+                });
+            }
             _ => {}
         }
         Flow::Call(frame)
@@ -723,6 +800,7 @@ impl Machine {
                     } else {
                         None
                     },
+                    f.freed_tables,
                     env,
                 );
                 self.cpus[cpu].tlbstate.ctxs[s.asid as usize].tlb_gen = s.mm_gen;
@@ -745,7 +823,7 @@ impl Machine {
                 } else {
                     Some((f.start, f.end, f.stride_shift))
                 };
-                self.do_flush(cpu, s.local, range, env);
+                self.do_flush(cpu, s.local, range, f.freed_tables, env);
                 self.summary(|| "flush the requested range (v4.12)".into());
                 Flow::Return
             }
@@ -843,17 +921,29 @@ impl Machine {
 
     /// The flush itself: a partial range of INVLPGs, one per `1 << stride_shift` pages, or a
     /// full local flush, with counters.
+    ///
+    /// With in-context flushes a shootdown's partial flush leaves the user PCID to the return
+    /// to user: not on the initiating CPU (it "has cycles to burn" while it waits), nor for a
+    /// flush that frees page tables.
     fn do_flush<E: Env>(
         &mut self,
         cpu: CpuId,
         local: bool,
         range: Option<(Vpn, Vpn, u8)>,
+        freed_tables: bool,
         env: &mut E,
     ) {
         match range {
             Some((start, end, stride_shift)) => {
+                let defer = self.pti
+                    && self.opts.pti_user_flush == PtiUserFlush::Deferred
+                    && !local
+                    && !freed_tables;
                 for v in (start..end).step_by(1 << stride_shift) {
-                    self.flush_tlb_one_user(cpu, v, env);
+                    self.flush_tlb_one_user(cpu, v, defer, env);
+                }
+                if defer {
+                    self.flush_user_tlb_deferred(cpu, (start, end, stride_shift), env);
                 }
                 let n = (end - start).div_ceil(1 << stride_shift);
                 self.perf.counters.add(Counter::NrTlbLocalFlushOne, n);

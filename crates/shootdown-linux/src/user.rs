@@ -369,6 +369,56 @@ impl Machine {
         }
     }
 
+    /// `SWITCH_TO_USER_CR3` (arch/x86/entry/calling.h): if the user PCID's bit is set in
+    /// `user_pcid_flush_mask`, clear it and load the user CR3 without NOFLUSH, flushing the
+    /// whole user PCID. With in-context flushes (`pti_user_flush = "deferred"`, the RFC's
+    /// `SWITCH_TO_USER_CR3 has_stack=1`) a recorded range is flushed instead: the user CR3
+    /// with NOFLUSH, then an INVLPG per page in the user PCID, then `lfence`. Simplified: the
+    /// return paths without a stack (`SWITCH_TO_USER_CR3_NOSTACK`, which always flush the
+    /// whole PCID) are not told apart; the range is reset once flushed (the kernel leaves it
+    /// for the next first deferral to overwrite: no state differs in what it flushes).
+    fn switch_to_user_cr3<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
+        let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
+        let ts = &mut self.cpus[cpu].tlbstate;
+        if ts.user_pcid_flush_mask & (1 << asid) == 0 {
+            return;
+        }
+        ts.user_pcid_flush_mask &= !(1 << asid);
+        let (start, end, stride) = (
+            ts.user_flush_start,
+            ts.user_flush_end,
+            ts.user_flush_stride_shift,
+        );
+        (
+            ts.user_flush_start,
+            ts.user_flush_end,
+            ts.user_flush_stride_shift,
+        ) = (0, TLB_FLUSH_ALL, 0);
+        self.touch_line(
+            env,
+            cpu,
+            tlbstate_line(cpu, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
+            true,
+        );
+        let up = self.user_pcid(asid);
+        if end == TLB_FLUSH_ALL {
+            self.cpus[cpu].tlb.flush_pcid(up);
+            self.charge(env, |c| c.cr3_write_flush);
+            return;
+        }
+        for v in (start..end).step_by(1 << stride) {
+            self.invlpg(cpu, up, v);
+            self.charge(env, |c| c.invlpg);
+            self.perf.counters.inc(Counter::InvlpgCount);
+        }
+        self.say(|| {
+            format!(
+                "return to user: INVLPG the deferred user range ({}) in the user PCID",
+                crate::tlb::range_text(start, end)
+            )
+        });
+    }
+
     /// One step of user mode for the current task.
     pub(crate) fn user_step<E: Env>(&mut self, cpu: CpuId, env: &mut E) -> Park {
         let t = self.cpus[cpu].curr as usize;
@@ -378,19 +428,7 @@ impl Machine {
         // Return to user: PTI's deferred user-PCID flush (SWITCH_TO_USER_CR3). A kernel
         // thread never returns to user.
         if self.pti && !self.tasks[t].kthread {
-            let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
-            if self.cpus[cpu].tlbstate.user_pcid_flush_mask & (1 << asid) != 0 {
-                self.cpus[cpu].tlbstate.user_pcid_flush_mask &= !(1 << asid);
-                self.touch_line(
-                    env,
-                    cpu,
-                    tlbstate_line(cpu, TLBSTATE_USER_PCID_FLUSH_MASK_OFFSET),
-                    true,
-                );
-                let up = self.user_pcid(asid);
-                self.cpus[cpu].tlb.flush_pcid(up);
-                self.charge(env, |c| c.cr3_write_flush);
-            }
+            self.switch_to_user_cr3(cpu, env);
         }
         // Time-slice preemption at return to user.
         if env.timed()

@@ -113,6 +113,17 @@ fn overcommitted_with(pv: bool, f: impl FnOnce(&mut HostConfig)) -> Machine {
 }
 
 fn overcommitted_opts(pv: bool, sched_yield: bool, f: impl FnOnce(&mut HostConfig)) -> Machine {
+    let opts = Options {
+        pv_tlb_flush: pv,
+        pv_sched_yield: sched_yield,
+        ..Options::default()
+    };
+    overcommitted_options(opts, f)
+}
+
+/// Two VMs of 4 vCPUs on 4 pCPUs, every vCPU a flusher, with the guest and host options
+/// `opts`.
+fn overcommitted_options(opts: Options, f: impl FnOnce(&mut HostConfig)) -> Machine {
     let topo = Topology::new(1, 4, 1).unwrap();
     let prof = Arc::new(CostProfile::uniform("t", 100.0, Features::modern()));
     let mut cfg = HostConfig {
@@ -125,10 +136,8 @@ fn overcommitted_opts(pv: bool, sched_yield: bool, f: impl FnOnce(&mut HostConfi
     // Seed 001's kernel (v4.16): a nested mmu_gather force-flushes only its range (mainline's
     // full flush with freed_tables would also IPI the lazy vCPUs).
     let opts = Options {
-        pv_tlb_flush: pv,
-        pv_sched_yield: sched_yield,
         mmu_gather: shootdown_linux::options::MmuGather::V4_13,
-        ..Options::default()
+        ..opts
     };
     let mut m = Machine::with_host(topo, prof, opts, MemoryModel::Sc, cfg);
     for vm in 0..2 {
@@ -159,6 +168,29 @@ fn pv_tlb_flush_skips_preempted_vcpus_and_the_host_flushes_them() {
     // at the start of their sending step; +20 % since they land after the send completes.)
     let (ev, ep) = (v.get(Counter::Events), p.get(Counter::Events));
     assert!(10 * ep > 11 * ev, "vanilla {ev}, pv {ep}");
+}
+
+/// Shoot4U (`shoot4u.rs`): each guest flush's remote part is one hypercall, and the host
+/// flushes every target vCPU's VPID through a host IPI to its pCPU, running or preempted; no
+/// guest IPI is sent and the oracle finds nothing.
+#[test]
+fn shoot4u_flushes_every_target_through_the_host() {
+    let opts = Options {
+        shoot4u: true,
+        ..Options::default()
+    };
+    let mut m = overcommitted_options(opts, |_| {});
+    assert_eq!(run(&mut m, 30), Stop::TimeLimit);
+    let c = m.counters();
+    let calls = c.get(Counter::Shoot4uHypercalls);
+    assert!(calls > 100, "{:?}", c.named());
+    assert_eq!(c.get(Counter::CallFunctionIpis), 0);
+    // Each hypercall IPIs, one after the other, the pCPUs of the VM's other vCPUs in
+    // `mm_cpumask` (at most 3), and each IPI flushes its vCPU's VPID.
+    let (ipis, flushes) = (c.get(Counter::KvmKickIpis), c.get(Counter::KvmTlbFlush));
+    assert!(ipis <= 3 * calls && ipis > 2 * calls, "{ipis} {calls}");
+    assert!(flushes <= ipis && flushes + 8 >= ipis, "{flushes} {ipis}");
+    assert!(m.perf.uses_checked > 1000);
 }
 
 /// Pause-loop exiting (host/ple.rs): an initiator spinning in `csd_lock_wait` for a preempted

@@ -35,6 +35,7 @@
 //! 128 ticks; nothing read says how the CPU counts it): assumed recognised when `ple_gap > 0`.
 
 use crate::counters::Counter;
+use crate::frame::Frame;
 use crate::kvm::{Exit, ThreadState, VcpuRun};
 use crate::machine::Machine;
 use shootdown_engine::trace::TraceEvent;
@@ -116,7 +117,13 @@ impl Machine {
     /// Timed driver: has running vCPU `v`'s PAUSE loop outlasted its window by `now`, with the
     /// guest still only spinning? Then it takes `PleExit(v)`.
     pub(crate) fn ple_exit_due(&self, v: CpuId, now: Time) -> bool {
-        self.perf.host.ple_due.get(v).is_some_and(|&d| now >= d) && self.step_blocked(v)
+        self.perf.host.ple_due.get(v).is_some_and(|&d| now >= d) && self.spins_in_guest(v)
+    }
+
+    /// The vCPU's guest spins (a PAUSE loop): its next step only waits, and not inside a
+    /// hypercall (Shoot4U's waits run in the host).
+    fn spins_in_guest(&self, v: CpuId) -> bool {
+        self.step_blocked(v) && !matches!(self.top_frame(v), Some(Frame::Shoot4u(_)))
     }
 
     /// Explorer: may running vCPU `v` take a PLE exit now? Its guest only spins, in kernel
@@ -126,7 +133,7 @@ impl Machine {
     pub(crate) fn ple_may_exit(&self, v: CpuId) -> bool {
         self.ple_enabled()
             && self.in_kernel_mode(v)
-            && self.step_blocked(v)
+            && self.spins_in_guest(v)
             && self.ple_candidate(v, false).is_some()
     }
 

@@ -210,6 +210,9 @@ impl Machine {
     /// The kick IPIs pending on vCPU `v`'s pCPU are taken (interrupts on): `ack_flush` runs and
     /// each sender's csd is unlocked.
     pub(crate) fn ack_kicks<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        for _ in 0..std::mem::take(&mut self.host_mut().vcpus[v].shoot4u_flushes) {
+            self.flush_tlb_func_shoot4u(v, env);
+        }
         let senders = std::mem::take(&mut self.host_mut().vcpus[v].kicks);
         for src in senders {
             self.store(env, v, Loc::KickCsd(src, v as u32), 0);
@@ -532,7 +535,7 @@ impl Machine {
     }
 
     /// Send a kick IPI from agent `src` to vCPU `v`'s pCPU.
-    fn send_kick<E: Env>(&mut self, src: usize, v: usize, env: &mut E) {
+    pub(crate) fn send_kick<E: Env>(&mut self, src: usize, v: usize, env: &mut E) {
         self.perf.counters.inc(Counter::KvmKickIpis);
         let pending = !self.host_ref().vcpus[v].kicks.is_empty();
         self.host_mut().vcpus[v].kicks.push(src as u32);

@@ -149,6 +149,9 @@ pub struct Vcpu {
     /// A host IPI (a kick from `kvm_make_all_cpus_request`) is pending on the vCPU's pCPU, from
     /// these senders (agents).
     pub kicks: Vec<u32>,
+    /// Shoot4U (`shoot4u.rs`): how many of the pending host IPIs run `flush_tlb_func_shoot4u`
+    /// (flush this vCPU's VPID) rather than `ack_flush`.
+    pub shoot4u_flushes: u8,
     /// What the fault paths left for `vcpu_run` to emulate.
     pub emulate: Option<mmu::fault::Emulation>,
     /// The guest's MTRRs (`vcpu->arch.mtrr_state`; all zero at reset: disabled).
@@ -178,6 +181,7 @@ shootdown_engine::clone_by_fields!(Vcpu {
     st_cache,
     irqs_off,
     kicks,
+    shoot4u_flushes,
     emulate,
     mtrr,
     cr0_cd,
@@ -205,6 +209,7 @@ impl Vcpu {
             st_cache: None,
             irqs_off: false,
             kicks: Vec::new(),
+            shoot4u_flushes: 0,
             emulate: None,
             mtrr: mtrr::MtrrState::default(),
             cr0_cd: true,

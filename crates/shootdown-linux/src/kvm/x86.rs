@@ -218,6 +218,15 @@ impl Machine {
                 });
                 self.enter_or_continue(v, s, env)
             }
+            (VcpuRunPc::Exited, _) if !self.has_kvm_mmu(v) => {
+                // A VM without a modelled MMU leaves the guest only for a host IPI here
+                // (Shoot4U's): the exit's interrupt is handled, then VM entry.
+                self.host_mut().vcpus[v].irqs_off = false;
+                self.say(|| format!("VM exit (host IPI): handle the interrupt on vcpu{v}'s pCPU"));
+                self.ack_kicks(v, env);
+                self.vm_enter(v);
+                Flow::Return
+            }
             _ => self.vcpu_enter_guest_step(v, s, env),
         }
     }
