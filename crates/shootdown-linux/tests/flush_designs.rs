@@ -25,47 +25,7 @@ fn run(opts: Options, pti: bool) -> (Stop, Time, Counters) {
     let prof = Arc::new(prof);
     let mut m = Machine::new(topo, prof, opts, MemoryModel::Sc);
     let mm = m.add_mm("mm1");
-    m.map_pages(mm, 0x10, 16, true);
-    m.add_task(
-        "zapper",
-        mm,
-        0,
-        vec![
-            UserOp::Touch {
-                vpn: 0x10,
-                write: true,
-            },
-            UserOp::MadviseDontneed {
-                start: 0x10,
-                npages: 1,
-            },
-            UserOp::Compute { ns: 2_000 },
-            UserOp::NextPage { to: 0, pages: 16 },
-            UserOp::Loop {
-                to: 0,
-                times: Some(12),
-            },
-            UserOp::Exit,
-        ],
-    );
-    m.add_task(
-        "reader",
-        mm,
-        1,
-        vec![
-            UserOp::TouchRange {
-                start: 0x10,
-                npages: 16,
-                write: false,
-            },
-            UserOp::Compute { ns: 500 },
-            UserOp::Loop {
-                to: 0,
-                times: Some(2_000),
-            },
-            UserOp::Exit,
-        ],
-    );
+    common::madvise_against_reader(&mut m, mm, 2_000, 500, 2_000);
     let st = TimedDriver::new(m.agents(), 1, 0).run(
         &mut m,
         Limits {

@@ -19,47 +19,7 @@ fn run(latr: Latr) -> (Stop, Counters) {
     };
     let mut m = machine_with(2, opts);
     let mm = m.add_mm("mm1");
-    m.map_pages(mm, 0x10, 16, true);
-    m.add_task(
-        "zapper",
-        mm,
-        0,
-        vec![
-            UserOp::Touch {
-                vpn: 0x10,
-                write: true,
-            },
-            UserOp::MadviseDontneed {
-                start: 0x10,
-                npages: 1,
-            },
-            UserOp::Compute { ns: 20_000 },
-            UserOp::NextPage { to: 0, pages: 16 },
-            UserOp::Loop {
-                to: 0,
-                times: Some(12),
-            },
-            UserOp::Exit,
-        ],
-    );
-    m.add_task(
-        "reader",
-        mm,
-        1,
-        vec![
-            UserOp::TouchRange {
-                start: 0x10,
-                npages: 16,
-                write: false,
-            },
-            UserOp::Compute { ns: 5_000 },
-            UserOp::Loop {
-                to: 0,
-                times: Some(4_000),
-            },
-            UserOp::Exit,
-        ],
-    );
+    common::madvise_against_reader(&mut m, mm, 20_000, 5_000, 4_000);
     let st = TimedDriver::new(m.agents(), 1, 0).run(
         &mut m,
         Limits {

@@ -33,3 +33,57 @@ pub fn run_to_end(m: &mut Machine, ms: u64, max_steps: u64) -> Time {
     assert_eq!(st.stop, Stop::Finished, "{st:?}");
     st.end
 }
+
+/// A zapper on CPU 0 and a reader on CPU 1, threads of `mm` (16 pages mapped from 0x10): 208
+/// rounds of the zapper writing page 0x10 + i (mod 16), madvising it away and computing
+/// `zap_ns`; the reader reads all 16 pages and computes `read_ns`, `read_loops` times. Every
+/// madvise is a shootdown of the reader's CPU.
+pub fn madvise_against_reader(
+    m: &mut Machine,
+    mm: MmId,
+    zap_ns: u64,
+    read_ns: u64,
+    read_loops: u32,
+) {
+    m.map_pages(mm, 0x10, 16, true);
+    m.add_task(
+        "zapper",
+        mm,
+        0,
+        vec![
+            UserOp::Touch {
+                vpn: 0x10,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x10,
+                npages: 1,
+            },
+            UserOp::Compute { ns: zap_ns },
+            UserOp::NextPage { to: 0, pages: 16 },
+            UserOp::Loop {
+                to: 0,
+                times: Some(12),
+            },
+            UserOp::Exit,
+        ],
+    );
+    m.add_task(
+        "reader",
+        mm,
+        1,
+        vec![
+            UserOp::TouchRange {
+                start: 0x10,
+                npages: 16,
+                write: false,
+            },
+            UserOp::Compute { ns: read_ns },
+            UserOp::Loop {
+                to: 0,
+                times: Some(read_loops),
+            },
+            UserOp::Exit,
+        ],
+    );
+}
