@@ -365,11 +365,12 @@ impl Machine {
         };
         self.perf.counters.inc(Counter::UserFlushDeferred);
         let ts = &self.cpus[cpu].tlbstate;
-        let now = range_text(ts.user_flush_start, ts.user_flush_end);
+        let (now_start, now_end) = (ts.user_flush_start, ts.user_flush_end);
         self.say(|| {
             format!(
-                "defer the user-PCID flush of {}: {what} (user range now {now})",
-                range_text(start, end)
+                "defer the user-PCID flush of {}: {what} (user range now {})",
+                range_text(start, end),
+                range_text(now_start, now_end)
             )
         });
         self.touch_line(
