@@ -30,6 +30,7 @@ use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use crate::smp::SmpCallMany;
 use crate::tlb::{range_text, FlushFunc};
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
 
@@ -89,6 +90,14 @@ impl Machine {
             Hypercall => {
                 self.vm_exit(env);
                 self.perf.counters.inc(Counter::Shoot4uHypercalls);
+                if env.tracing() {
+                    let n = s.call.candidates.len();
+                    env.trace(TraceEvent::Instant {
+                        agent: me,
+                        name: "KVM_HC_SHOOT4U",
+                        detail: Some(format!("{n} target vCPU(s)")),
+                    });
+                }
                 let (targets, range) = (
                     s.call.candidates.clone(),
                     range_text(s.call.info.start, s.call.info.end),

@@ -32,6 +32,7 @@ use crate::mem::{call_queue_line, flush_info_line, spin_key, Loc};
 use crate::options::EarlyAck;
 use crate::state::*;
 use crate::tlb::{loaded_mm_text, FlushFunc};
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
 
@@ -424,6 +425,16 @@ impl Machine {
                     // csd_unlock(): the initiator may go on before this CPU flushes.
                     self.store(env, cpu, Loc::CsdLock(k), 0);
                     self.perf.counters.inc(Counter::EarlyAcks);
+                    if env.tracing() {
+                        env.trace(TraceEvent::Instant {
+                            agent: cpu,
+                            name: "early ack",
+                            detail: Some(format!(
+                                "cpu{}'s flush acknowledged before it runs",
+                                k.src
+                            )),
+                        });
+                    }
                     s.async_running = true;
                     s.pc = AsyncDone;
                     self.summary(|| {

@@ -11,6 +11,7 @@ use crate::state::*;
 use crate::syscalls::{
     FdatasyncPc, Gather, MmapPc, PageFaultPc, ReclaimUnmapPc, SetAffinityPc, Syscall, ZapPc,
 };
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::ept::EptWalk;
 use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
@@ -410,6 +411,13 @@ impl Machine {
             self.invlpg(cpu, up, v);
             self.charge(env, |c| c.invlpg);
             self.perf.counters.inc(Counter::InvlpgCount);
+        }
+        if env.tracing() {
+            env.trace(TraceEvent::Instant {
+                agent: cpu,
+                name: "deferred user flush",
+                detail: Some(crate::tlb::range_text(start, end)),
+            });
         }
         self.say(|| {
             format!(

@@ -5,6 +5,7 @@
 
 mod common;
 use shootdown_engine::timed::{Limits, Stop, TimedDriver};
+use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Model, Time};
 use shootdown_hw::{CostProfile, Features, Topology};
 use shootdown_linux::options::{EarlyAck, PtiUserFlush};
@@ -13,8 +14,8 @@ use std::sync::Arc;
 
 /// 2 CPUs of uniform 10 ns costs but a 2 µs IPI delivery, PTI as asked; 208 rounds of: write page 0x10 + i (mod 16),
 /// madvise it away, while the other thread reads all 16 pages in a loop. Returns the stop,
-/// the simulated end and the counters.
-fn run(opts: Options, pti: bool) -> (Stop, Time, Counters) {
+/// the trace's instant marks (Perfetto) and the counters.
+fn run(opts: Options, pti: bool) -> (Stop, Vec<&'static str>, Counters) {
     let topo = Topology::new(1, 2, 1).unwrap();
     let features = Features {
         pti,
@@ -26,14 +27,29 @@ fn run(opts: Options, pti: bool) -> (Stop, Time, Counters) {
     let mut m = Machine::new(topo, prof, opts, MemoryModel::Sc);
     let mm = m.add_mm("mm1");
     common::madvise_against_reader(&mut m, mm, 2_000, 500, 2_000);
-    let st = TimedDriver::new(m.agents(), 1, 0).run(
+    let mut d = TimedDriver::new(m.agents(), 1, 0);
+    d.enable_trace();
+    let st = d.run(
         &mut m,
         Limits {
             max_time: Time::from_ms(100),
             max_steps: 10_000_000,
         },
     );
-    (st.stop, st.end, m.counters().clone())
+    let marks = d
+        .take_trace()
+        .into_iter()
+        .filter_map(|e| match e.ev {
+            TraceEvent::Instant { name, .. } => Some(name),
+            _ => None,
+        })
+        .collect();
+    (st.stop, marks, m.counters().clone())
+}
+
+/// How many of the trace's instant marks are named `name`.
+fn count(marks: &[&str], name: &str) -> u64 {
+    marks.iter().filter(|&&m| m == name).count() as u64
 }
 
 fn with_early_ack(early_ack: EarlyAck) -> Options {
@@ -48,12 +64,14 @@ fn early_acked_flushes_are_acknowledged_before_they_run() {
     let (stop, _, off) = run(with_early_ack(EarlyAck::Off), false);
     assert_eq!(stop, Stop::Finished);
     assert_eq!(off.get(Counter::EarlyAcks), 0);
-    let (stop, _, on) = run(with_early_ack(EarlyAck::Acked), false);
+    let (stop, marks, on) = run(with_early_ack(EarlyAck::Acked), false);
     assert_eq!(stop, Stop::Finished, "the oracle found nothing");
     let shootdowns = on.get(Counter::TlbShootdowns);
     assert!(shootdowns >= 150, "{shootdowns}");
-    // Every flush the reader's CPU ran from an IPI was acknowledged first (none frees tables).
+    // Every flush the reader's CPU ran from an IPI was acknowledged first (none frees tables),
+    // each with its Perfetto mark.
     assert_eq!(on.get(Counter::EarlyAcks), shootdowns);
+    assert_eq!(count(&marks, "early ack"), shootdowns);
 }
 
 #[test]
@@ -72,13 +90,19 @@ fn deferred_user_flushes_leave_the_user_pcid_to_the_return_to_user() {
     let (stop, _, imm) = run(Options::default(), true);
     assert_eq!(stop, Stop::Finished);
     assert_eq!(imm.get(Counter::UserFlushDeferred), 0);
-    let (stop, _, def) = run(deferred.clone(), true);
+    let (stop, marks, def) = run(deferred.clone(), true);
     assert_eq!(stop, Stop::Finished, "the oracle found nothing");
     // Each shootdown's one page is deferred by the reader's handler; the zapper's own local
-    // flushes are not.
+    // flushes are not. Each deferred range is flushed at a return to user (a Perfetto mark),
+    // several merged into one when they arrive before it.
     let shootdowns = def.get(Counter::TlbShootdowns);
     assert!(shootdowns >= 150, "{shootdowns}");
     assert_eq!(def.get(Counter::UserFlushDeferred), shootdowns);
+    let returns = count(&marks, "deferred user flush");
+    assert!(
+        returns > 0 && returns <= shootdowns,
+        "{returns} {shootdowns}"
+    );
     // Without PTI there is no user PCID to defer.
     let (stop, _, nopti) = run(deferred, false);
     assert_eq!(stop, Stop::Finished);
