@@ -131,7 +131,8 @@ impl Machine {
                 if !self.vcpu_in_guest(t) {
                     // The pCPU runs another thread (or t's thread in host code): the IPI's
                     // handler flushes t's VPID there as it arrives, and the initiator waits
-                    // the round trip.
+                    // the round trip. (Not a kick: this is a guest frame, and a guest step's
+                    // wake-up of a preempted vCPU waits until that vCPU runs, `host/env.rs`.)
                     if env.timed() {
                         let c = &self.perf.profile.costs;
                         let lat = match self.topo.distance(self.phys_cpu(me), self.phys_cpu(t)) {
