@@ -310,6 +310,12 @@ where
                 self.depth += 1;
             }
         }
+        // A stop requested while a level was expanded leaves the rest of that level
+        // unexpanded (`expand`), and so its next level possibly empty: the loop then ends here
+        // having proved nothing.
+        if crate::explore::cancel_requested() {
+            return (Verdict::Interrupted, None, vec![], false);
+        }
         (Verdict::Verified, None, vec![], false)
     }
 
