@@ -81,6 +81,16 @@ impl Machine {
         })
     }
 
+    /// An IPI's delivery latency from `src` to `dst` (by their pCPUs' distance): what
+    /// CALL_FUNCTION IPIs, reschedule kicks and the host's IPIs all take to arrive.
+    pub(crate) fn ipi_latency(&self, src: CpuId, dst: CpuId) -> Time {
+        let c = &self.perf.profile.costs;
+        match self.topo.distance(self.phys_cpu(src), self.phys_cpu(dst)) {
+            shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
+            _ => c.ipi_latency_same_socket,
+        }
+    }
+
     /// Send the CALL_FUNCTION IPI to `targets` (one ICR write, x2APIC cluster-style: the first
     /// target costs `ipi_send`, each further one `ipi_send_per_target`).
     pub(crate) fn send_call_function_ipi<E: Env>(
@@ -124,11 +134,7 @@ impl Machine {
             self.perf.counters.inc(Counter::CallFunctionIpis);
             let already = std::mem::replace(&mut self.cpus[t].ipi_pending, true);
             if env.timed() {
-                let c = &self.perf.profile.costs;
-                let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(t)) {
-                    shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
-                    _ => c.ipi_latency_same_socket,
-                };
+                let lat = self.ipi_latency(src, t);
                 // An IPI already pending (not yet taken) coalesces with this one: the
                 // interrupt is taken at the earlier arrival.
                 let mut arrival = sent + lat;
@@ -167,10 +173,7 @@ impl Machine {
         let at = if self.opts.idle == Idle::Poll {
             env.now() + env.elapsed() + c.poll_idle_notice
         } else {
-            let lat = match self.topo.distance(self.phys_cpu(from), self.phys_cpu(cpu)) {
-                shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
-                _ => c.ipi_latency_same_socket,
-            };
+            let lat = self.ipi_latency(from, cpu);
             env.charge(c.ipi_send);
             env.now() + env.elapsed() + lat + c.idle_wakeup + c.irq_entry + c.irq_exit
         };

@@ -134,11 +134,8 @@ impl Machine {
                     // the round trip. (Not a kick: this is a guest frame, and a guest step's
                     // wake-up of a preempted vCPU waits until that vCPU runs, `host/env.rs`.)
                     if env.timed() {
+                        let lat = self.ipi_latency(me, t);
                         let c = &self.perf.profile.costs;
-                        let lat = match self.topo.distance(self.phys_cpu(me), self.phys_cpu(t)) {
-                            shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
-                            _ => c.ipi_latency_same_socket,
-                        };
                         let t_ipi = c.ipi_send + lat + lat + c.irq_entry + c.irq_exit;
                         env.charge(t_ipi);
                     }

@@ -540,12 +540,8 @@ impl Machine {
         let pending = !self.host_ref().vcpus[v].kicks.is_empty();
         self.host_mut().vcpus[v].kicks.push(src as u32);
         if env.timed() {
-            let c = &self.perf.profile.costs;
-            let lat = match self.topo.distance(self.phys_cpu(src), self.phys_cpu(v)) {
-                shootdown_hw::Distance::CrossSocket => c.ipi_latency_cross_socket,
-                _ => c.ipi_latency_same_socket,
-            };
-            let send = c.ipi_send;
+            let lat = self.ipi_latency(src, v);
+            let send = self.perf.profile.costs.ipi_send;
             env.charge(send);
             let at = env.now() + env.elapsed() + lat;
             // With a kick already on its way, the vCPU takes the first to arrive and
