@@ -98,12 +98,13 @@ impl Machine {
                         detail: Some(format!("{n} target vCPU(s)")),
                     });
                 }
-                let (targets, range) = (
-                    s.call.candidates.clone(),
-                    range_text(s.call.info.start, s.call.info.end),
-                );
+                let call = &s.call;
                 self.summary(|| {
-                    format!("kvm_hypercall3(KVM_HC_SHOOT4U, vcpus {targets:?}, {range}): VM exit; kvm_pv_shoot4u_op")
+                    format!(
+                        "kvm_hypercall3(KVM_HC_SHOOT4U, vcpus {:?}, {}): VM exit; kvm_pv_shoot4u_op",
+                        call.candidates,
+                        range_text(call.info.start, call.info.end)
+                    )
                 });
                 s.pc = Ipi;
                 Flow::Next
