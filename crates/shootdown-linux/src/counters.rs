@@ -69,6 +69,9 @@ counters! {
     TlbMisses = "dtlb_misses",
     PageFaults = "page_faults",
     ContextSwitches = "context_switches",
+    /// EEVDF (`sched = "eevdf"`): wake-ups that preempted the running task
+    /// (`check_preempt_wakeup_fair` → `resched_curr`).
+    WakeupPreemptions = "sched.wakeup_preemptions",
     Migrations = "migrations",
     MmapSemContended = "mmap_sem_contended",
     /// Guest mm: `lru_lock` sections run (`page_lists.rs`).

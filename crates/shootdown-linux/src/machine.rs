@@ -87,6 +87,8 @@ pub struct Machine {
     pub csd_locked: CsdLocks,
     /// Each initiator's `flush_tlb_info` (per-CPU since v5.x).
     pub flush_info: Vec<Option<FlushTlbInfo>>,
+    /// What each sender's queued csds run (`csd->func`; `smp.rs`).
+    pub cfd_func: Vec<crate::smp::CallFunc>,
     /// Pages the explorer lets the walker fill speculatively: (mm, vpn).
     pub spec_pages: Vec<(MmId, Vpn)>,
     /// Files on a DAX filesystem mapped into mms (fdatasync writes back their dirty entries).
@@ -95,6 +97,8 @@ pub struct Machine {
     pub dax_index: BTreeMap<(MmId, Vpn), u32>,
     /// Files mapped into mms through VMAs (`vma.rs`): their page cache, `i_mmap` and size.
     pub files: Vec<crate::vma::File>,
+    /// Pipes between tasks (`pipe.rs`): hackbench's.
+    pub pipes: Vec<crate::pipe::Pipe>,
     /// sysbench fileio's process-wide request generator, if a workload uses one.
     pub fileio: Option<FileioGen>,
     /// Last fresh page frame number handed out (`page_alloc.rs`).
@@ -125,10 +129,12 @@ shootdown_engine::state_fields!(Machine {
     oracle,
     csd_locked,
     flush_info,
+    cfd_func,
     spec_pages,
     dax_files,
     dax_index,
     files,
+    pipes,
     fileio,
     next_pfn,
     free_frames,

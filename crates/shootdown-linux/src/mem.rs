@@ -395,6 +395,11 @@ pub(crate) fn tlbstate_ctx_line(cpu: CpuId, asid: u16) -> LineId {
 pub(crate) fn struct_file_line(file: u32) -> LineId {
     (11u64 << 56) | file as u64
 }
+/// A pipe's `struct pipe_inode_info` (its `mutex`, ring indices and wait queues), and the
+/// message just written into it (`pipe.rs`).
+pub(crate) fn pipe_line(pipe: u32) -> LineId {
+    (12u64 << 56) | pipe as u64
+}
 /// The initiator's `flush_tlb_info` (per-CPU, or on its stack before v5.x: also local).
 pub(crate) fn flush_info_line(cpu: CpuId) -> LineId {
     percpu_line(cpu, PerCpuLine::FlushInfo)

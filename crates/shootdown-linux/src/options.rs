@@ -337,6 +337,18 @@ named_enum! {
 }
 
 named_enum! {
+    /// The guest (or native) kernel's scheduler for its tasks (`sched.rs`, `fair.rs`).
+    pub enum Sched {
+        /// The model's simplification: one FIFO runqueue per CPU, a woken task waits for the
+        /// CPU's next scheduling point, preemption only after `sched_timeslice_us`.
+        Fifo = "fifo",
+        /// v6.6+ EEVDF (`fair.rs`): lag, eligibility and deadlines; a woken task preempts the
+        /// running one when `pick_eevdf` picks it. Timed runs only.
+        Eevdf = "eevdf",
+    }
+}
+
+named_enum! {
     /// How a guest kernel's `spin_lock` waits (`spinlock.rs`; v4.15's `kvm_spinlock_init`).
     pub enum SpinlockKind {
         /// Native queued spinlock (FIFO, waiters spin).
@@ -964,7 +976,12 @@ options! {
     /// `tlb_single_page_flush_ceiling`: ranges above this many pages become full flushes.
     tlb_single_page_flush_ceiling: AtLeastOne = AtLeastOne(33), accepts = "pages (integer >= 1)";
     idle: Idle = Idle::Halt, accepts = names(Idle::NAMES);
-    /// Scheduler time slice (µs) before a task with others waiting is preempted.
+    /// The guest (or native) kernel's scheduler: `fifo` (the model's simplification, with
+    /// `sched_timeslice_us`) or `eevdf` (v6.6+: wake-up preemption, deadlines; `fair.rs`).
+    sched: Sched = Sched::Fifo,
+        accepts = format!("{} (the kernel's task scheduler; eevdf: v6.6+, timed runs only)", names(Sched::NAMES));
+    /// Scheduler time slice (µs) before a task with others waiting is preempted (`sched =
+    /// "fifo"`; EEVDF's slice follows the CPU count).
     sched_timeslice_us: AtLeastOne = AtLeastOne(3000), accepts = "microseconds (integer >= 1)";
     /// Guest kernel: how `spin_lock` waits (`queued` native qspinlock, `tas` =
     /// `virt_spin_lock` without PV spinlocks, `pv` = PV qspinlock with `pv_wait`/`pv_kick`).

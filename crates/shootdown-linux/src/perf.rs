@@ -60,6 +60,10 @@ pub struct Perf {
     pub last_event_at: Time,
     /// Per task: times of its `Mark` ops.
     pub marks: Vec<Vec<Time>>,
+    /// Per task and per CPU: EEVDF's entities and run queues (`sched = "eevdf"`, `fair.rs`),
+    /// grown on first use.
+    pub se: Vec<crate::fair::SchedEntity>,
+    pub fair_rq: Vec<crate::fair::FairRq>,
     /// Host threads' `Mark` ops: (thread, time).
     pub host_marks: Vec<(usize, Time)>,
     /// Host threads not yet exited.
@@ -149,6 +153,8 @@ perf_parts!(arrays {
     frames,
     ipi_flows,
     marks,
+    se,
+    fair_rq,
     host_marks,
     host,
     core_executing,
@@ -331,6 +337,8 @@ impl Perf {
             first_event_at: None,
             last_event_at: Time::ZERO,
             marks: Vec::new(),
+            se: Vec::new(),
+            fair_rq: Vec::new(),
             host_marks: Vec::new(),
             host_threads_alive: 0,
             user_tasks_alive: 0,

@@ -1,13 +1,16 @@
 //! kernel/sched: `__schedule()`/`context_switch()`, the idle loop, `try_to_wake_up()`, and
 //! `mmap_sem` as a blocking reader/writer semaphore.
 //!
-//! Simplifications: one FIFO runqueue per CPU; no load balancing (tasks stay where they were put
-//! or moved by `sched_setaffinity`); preemption only at return to user after the time slice; a
-//! woken task does not preempt a busy CPU (it runs at that CPU's next scheduling point).
+//! Simplifications: one runqueue per CPU, FIFO (`sched = "fifo"`) or ordered by EEVDF
+//! (`sched = "eevdf"`, `fair.rs`); no load balancing (tasks stay where they were put or moved by
+//! `sched_setaffinity`); preemption only at return to user, after the time slice (FIFO: a woken
+//! task does not preempt a busy CPU, it runs at that CPU's next scheduling point) or, with
+//! EEVDF, after an expired deadline or a wake-up that `pick_eevdf` gives the CPU.
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
+use crate::options::Sched;
 use crate::state::*;
 use crate::switch_mm::SwitchMm;
 use shootdown_engine::trace::TraceEvent;
@@ -85,11 +88,27 @@ impl Machine {
         // running this very schedule() may be picked again: it was woken before it switched out
         // (a lock handed over between its decision to sleep and its call to schedule()).
         s.pc == SchedulePc::Pick
-            && self.cpus[cpu]
-                .runqueue
-                .front()
-                .map(|&n| n != self.cpus[cpu].curr && self.tasks[n as usize].on_cpu)
+            && self
+                .queued_pick(cpu)
+                .map(|i| self.cpus[cpu].runqueue[i])
+                .map(|n| n != self.cpus[cpu].curr && self.tasks[n as usize].on_cpu)
                 .unwrap_or(false)
+    }
+
+    /// Whether `cpu`'s current task is still runnable (it is picked again if nothing else is).
+    fn prev_runnable(&self, cpu: CpuId) -> bool {
+        let prev = self.cpus[cpu].curr;
+        prev != self.cpus[cpu].idle_task && self.tasks[prev as usize].state == TaskState::Running
+    }
+
+    /// Which queued task `schedule()` switches to (its index in the runqueue), if any: the
+    /// head of the FIFO, or EEVDF's pick (`fair.rs`), which can keep the previous task. With
+    /// no timed run behind it EEVDF's entities are all alike, and its pick is the head too.
+    fn queued_pick(&self, cpu: CpuId) -> Option<usize> {
+        match self.opts.sched {
+            Sched::Fifo => (!self.cpus[cpu].runqueue.is_empty()).then_some(0),
+            Sched::Eevdf => self.eevdf_pick_next(cpu, self.prev_runnable(cpu)),
+        }
     }
 
     pub(crate) fn schedule_frame(&self) -> Frame {
@@ -110,20 +129,30 @@ impl Machine {
         use SchedulePc::*;
         match s.pc {
             Pick => {
-                if self.schedule_spins(cpu, s) {
-                    let waited = self.cpus[cpu].runqueue[0];
-                    return Flow::Spin(crate::mem::on_cpu_key(waited));
-                }
                 let prev = self.cpus[cpu].curr;
                 let idle = self.cpus[cpu].idle_task;
-                let prev_runnable =
-                    prev != idle && self.tasks[prev as usize].state == TaskState::Running;
-                let next = match self.cpus[cpu].runqueue.pop_front() {
+                let prev_runnable = self.prev_runnable(cpu);
+                let eevdf = self.eevdf(env);
+                if eevdf {
+                    self.eevdf_update_curr(cpu, env.now());
+                    if self.tasks[prev as usize].state == TaskState::Blocked {
+                        self.eevdf_dequeue(cpu, prev);
+                    }
+                }
+                let pick = self.queued_pick(cpu);
+                if self.schedule_spins(cpu, s) {
+                    let waited = self.cpus[cpu].runqueue[pick.unwrap_or(0)];
+                    return Flow::Spin(crate::mem::on_cpu_key(waited));
+                }
+                let next = match pick.and_then(|i| self.cpus[cpu].runqueue.remove(i)) {
                     Some(n) => n,
                     None if prev_runnable => prev,
                     None => idle,
                 };
                 self.cpus[cpu].need_resched = false;
+                if eevdf && next != prev && next != idle {
+                    self.eevdf_set_next(next);
+                }
                 if next == prev {
                     self.tasks[prev as usize].state = TaskState::Running;
                     self.perf.cpu[cpu].slice_start = env.now();
@@ -221,10 +250,21 @@ impl Machine {
         }
         t.state = TaskState::Runnable;
         let target = t.cpu;
+        let eevdf = self.eevdf(env);
+        if eevdf {
+            // enqueue_entity(): update_curr() first, then place_entity().
+            let now = env.now() + env.elapsed();
+            if self.eevdf_update_curr(target, now) {
+                self.cpus[target].need_resched = true;
+            }
+            self.eevdf_place(target, task);
+        }
         self.cpus[target].runqueue.push_back(task);
         self.charge(env, |c| c.wakeup);
         if self.is_idle(target) {
             self.kick_cpu(waker, target, env);
+        } else if eevdf && self.eevdf_wakeup_preempts(target, task) {
+            self.resched_curr(waker, target, env);
         }
     }
 

@@ -60,9 +60,11 @@ impl Machine {
             oracle: HashCached::new(Oracle::new(1)),
             csd_locked: CsdLocks::new(n),
             flush_info: vec![None; n],
+            cfd_func: vec![crate::smp::CallFunc::FlushTlb; n],
             spec_pages: Vec::new(),
             dax_files: Vec::new(),
             files: Vec::new(),
+            pipes: Vec::new(),
             dax_index: BTreeMap::new(),
             fileio: None,
             next_pfn: crate::page_alloc::FIRST_PFN,
@@ -203,6 +205,9 @@ impl Machine {
         )));
         if let Some(mm) = mm.filter(|&m| m != INIT_MM) {
             self.mms[mm as usize].mm_users += 1;
+        }
+        if self.opts.sched == crate::options::Sched::Eevdf {
+            self.eevdf_place_new(cpu, id);
         }
         self.cpus[cpu].runqueue.push_back(id);
         self.cpus[cpu].need_resched = true;

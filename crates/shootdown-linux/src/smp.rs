@@ -1,6 +1,7 @@
 //! kernel/smp.c: `smp_call_function_many_cond()` and the CALL_FUNCTION handler
-//! `__flush_smp_call_function_queue()` (docs/design/kernel-model.md §2). Only `flush_tlb_func` is ever
-//! called through it in this model.
+//! `__flush_smp_call_function_queue()` (docs/design/kernel-model.md §2). What it calls is
+//! `flush_tlb_func`, or a kernel module's function ([`CallFunc`]: the `ipi_benchmark` module's,
+//! through [`crate::UserOp::CrossCall`]).
 //!
 //! Simplifications: the v5.x single-target fast path (`smp_call_function_single` with an
 //! on-stack csd) is folded into the general path (same steps, same costs); `cond_func` reads the
@@ -36,10 +37,38 @@ use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
 
-/// `smp_call_function_many_cond()` running `flush_tlb_func` (the only cross call modelled).
+/// What a cross call runs on its targets (`smp_call_func_t func`, kept in each csd).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum CallFunc {
+    /// `flush_tlb_func` with the initiator's `flush_tlb_info`.
+    FlushTlb,
+    /// The `ipi_benchmark` module's `handle_ipi`: it records when it ran (`ktime_get()`, whose
+    /// cost is not modelled), so here it does nothing.
+    Nop,
+    /// `ipi_benchmark`'s `handle_ipi_spinlock`: `spin_lock()` then `spin_unlock()` of one lock
+    /// every target shares (a [`Machine::add_kernel_lock`] id).
+    SpinLock { lock: u32 },
+}
+
+/// Where a module's cross call goes ([`crate::UserOp::CrossCall`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum CrossCallTo {
+    /// `smp_call_function_single(this_cpu, func, info, 1)`: `func` runs here, with interrupts
+    /// off, and no IPI is sent.
+    This,
+    /// `smp_call_function_single(cpumask_any_but(cpu_online_mask, this_cpu), …, 1)`: the first
+    /// other CPU.
+    AnyBut,
+    /// `smp_call_function_many(cpu_online_mask, …, 1)`: every other CPU.
+    AllOthers,
+}
+
+/// `smp_call_function_many_cond()` running `func` (`flush_tlb_func` unless a module's call).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct SmpCallMany {
     pub pc: SmpCallManyPc,
+    /// What the targets run.
+    pub func: CallFunc,
     pub info: FlushTlbInfo,
     pub cond: CallCond,
     /// Remote candidates (the mask minus this CPU), in order.
@@ -60,6 +89,7 @@ pub struct SmpCallMany {
 
 shootdown_engine::clone_by_fields!(SmpCallMany {
     pc,
+    func,
     info,
     cond,
     candidates,
@@ -101,6 +131,7 @@ impl SmpCallMany {
     pub fn new(cond: CallCond, candidates: Vec<CpuId>, info: FlushTlbInfo) -> SmpCallMany {
         SmpCallMany {
             pc: SmpCallManyPc::Cond,
+            func: CallFunc::FlushTlb,
             info,
             cond,
             candidates,
@@ -139,6 +170,8 @@ pub enum CallFunctionIrqPc {
     Unlock,
     /// Early acknowledgement: `flush_tlb_func` returned; `async_func_in_progress = NULL`.
     AsyncDone,
+    /// `handle_ipi_spinlock`: take the shared lock (spinning), then release it.
+    LockFunc,
 }
 
 impl CallFunctionIrq {
@@ -169,8 +202,49 @@ impl Machine {
     }
 
     /// Early acknowledgement as the RFC posted it: an async flush is sent with `wait = 0`.
-    fn no_wait(&self, info: &FlushTlbInfo) -> bool {
-        self.opts.early_ack == EarlyAck::RfcV2 && self.early_ack_allowed(info)
+    fn no_wait(&self, s: &SmpCallMany) -> bool {
+        self.opts.early_ack == EarlyAck::RfcV2 && self.call_early_acked(s)
+    }
+
+    /// Is this call's flush acknowledged early (never a module's call)?
+    fn call_early_acked(&self, s: &SmpCallMany) -> bool {
+        s.func == CallFunc::FlushTlb && self.early_ack_allowed(&s.info)
+    }
+
+    /// A module's cross call from `cpu` to `to` running `func`, waiting for it
+    /// (`smp_call_function_single` / `smp_call_function_many` with `wait = 1`).
+    pub(crate) fn cross_call_frame(&self, cpu: CpuId, to: CrossCallTo, func: CallFunc) -> Frame {
+        let others = (0..self.cpus.len()).filter(|&c| c != cpu);
+        let candidates: Vec<CpuId> = match to {
+            CrossCallTo::This => Vec::new(),
+            CrossCallTo::AnyBut => others.take(1).collect(),
+            CrossCallTo::AllOthers => others.collect(),
+        };
+        let info = FlushTlbInfo {
+            mm: None,
+            start: 0,
+            end: 0,
+            new_tlb_gen: 0,
+            stride_shift: 0,
+            freed_tables: false,
+            trim_cpumask: false,
+            initiator: cpu,
+            kernel: false,
+        };
+        Frame::SmpCallMany(Box::new(SmpCallMany {
+            func,
+            run_local: to == CrossCallTo::This,
+            ..SmpCallMany::new(CallCond::All, candidates, info)
+        }))
+    }
+
+    /// Would the CALL_FUNCTION handler's next step only spin (on `handle_ipi_spinlock`'s lock)?
+    pub(crate) fn call_function_spins(&self, cpu: CpuId, s: &CallFunctionIrq) -> bool {
+        s.pc == CallFunctionIrqPc::LockFunc
+            && match self.cfd_func[s.entries[s.i].src] {
+                CallFunc::SpinLock { lock } => self.kernel_lock_waits(cpu, lock),
+                _ => false,
+            }
     }
 
     /// `this_cpu_read(async_func_in_progress) == flush_tlb_func`: `cpu` is between an early
@@ -270,6 +344,8 @@ impl Machine {
                     return Flow::Spin(spin_key(Loc::CsdLock(k)));
                 }
                 self.store(env, cpu, Loc::CsdLock(k), 1);
+                // The csd's func (one per sender's cfd here: a sender runs one call at a time).
+                self.cfd_func[cpu] = s.func;
                 // llist_add(): cmpxchg on the target's queue head (full barrier).
                 self.fence(cpu);
                 self.touch_line(env, cpu, call_queue_line(t), true);
@@ -302,9 +378,11 @@ impl Machine {
                 } else {
                     (s.info.end - s.info.start).div_ceil(1 << s.info.stride_shift)
                 };
-                self.perf
-                    .counters
-                    .add(Counter::FlushRemoteSendIpi, n * s.queued.len() as u64);
+                if s.func == CallFunc::FlushTlb {
+                    self.perf
+                        .counters
+                        .add(Counter::FlushRemoteSendIpi, n * s.queued.len() as u64);
+                }
                 if targets.is_empty() {
                     self.summary(|| "no IPI to send".into());
                 } else {
@@ -317,11 +395,15 @@ impl Machine {
             RunLocal => {
                 s.pc = Wait;
                 // The RFC's flush_tlb_multi() with wait = 0: no csd_lock_wait at all.
-                s.i = if self.no_wait(&s.info) {
-                    s.queued.len()
-                } else {
-                    0
-                };
+                s.i = if self.no_wait(s) { s.queued.len() } else { 0 };
+                if s.run_local && s.func != CallFunc::FlushTlb {
+                    // smp_call_function_single() to this CPU: func runs here, interrupts off.
+                    if let CallFunc::SpinLock { .. } = s.func {
+                        unreachable!("a module's local call runs handle_ipi only");
+                    }
+                    self.summary(|| "run the function here, interrupts off (no IPI)".into());
+                    return Flow::Next;
+                }
                 if s.run_local {
                     if s.inc_gen_locally {
                         if let Some(mm) = s.info.mm {
@@ -336,7 +418,7 @@ impl Machine {
                         return Flow::Call(FlushFunc::call(s.info, true));
                     }
                 }
-                if self.no_wait(&s.info) {
+                if self.no_wait(s) {
                     self.summary(|| "wait = 0 (async flush, RFC v2 as posted)".into());
                 } else {
                     self.summary(|| "wait for the targets".into());
@@ -345,10 +427,12 @@ impl Machine {
             }
             Wait => {
                 if s.i >= s.queued.len() {
-                    if self.no_wait(&s.info) {
+                    if self.no_wait(s) {
                         self.summary(|| "return without waiting for the targets (wait = 0)".into());
-                    } else if self.early_ack_allowed(&s.info) {
+                    } else if self.call_early_acked(s) {
                         self.summary(|| "return: every target has acknowledged (early ack)".into());
+                    } else if s.func != CallFunc::FlushTlb {
+                        self.summary(|| "return: every target has run the function".into());
                     } else {
                         self.summary(|| "return: every target has run flush_tlb_func".into());
                     }
@@ -366,7 +450,7 @@ impl Machine {
                     return Flow::Spin(spin_key(Loc::CsdLock(k)));
                 }
                 self.load(env, cpu, Loc::CsdLock(k));
-                if self.early_ack_allowed(&s.info) {
+                if self.call_early_acked(s) {
                     self.summary(|| {
                         format!("csd_lock_wait(cpu{t}): csd unlocked, request acknowledged")
                     });
@@ -413,6 +497,18 @@ impl Machine {
                 }
                 let k = s.entries[s.i];
                 s.pc = Unlock;
+                match self.cfd_func[k.src] {
+                    CallFunc::FlushTlb => {}
+                    CallFunc::Nop => {
+                        self.summary(|| format!("run cpu{}'s handle_ipi", k.src));
+                        return Flow::Next;
+                    }
+                    CallFunc::SpinLock { .. } => {
+                        s.pc = LockFunc;
+                        self.summary(|| format!("run cpu{}'s handle_ipi_spinlock", k.src));
+                        return Flow::Next;
+                    }
+                }
                 let Some(info) = self.flush_info[k.src] else {
                     self.summary(|| format!("run flush_tlb_func for cpu{}'s request", k.src));
                     return Flow::Next;
@@ -453,6 +549,19 @@ impl Machine {
                 });
                 s.i += 1;
                 s.pc = Run;
+                Flow::Next
+            }
+            LockFunc => {
+                let k = s.entries[s.i];
+                let CallFunc::SpinLock { lock } = self.cfd_func[k.src] else {
+                    unreachable!("LockFunc runs handle_ipi_spinlock only");
+                };
+                if let Some(wait) = self.kernel_spin_lock(cpu, lock, env) {
+                    return wait;
+                }
+                self.kernel_spin_unlock(cpu, lock, env);
+                self.summary(|| "spin_lock + spin_unlock of the benchmark's lock".into());
+                s.pc = Unlock;
                 Flow::Next
             }
             Unlock => {

@@ -269,6 +269,7 @@ impl Machine {
         use crate::kvm::mmu::page::{MmuLoadPc, MmuUnloadPc};
         match f {
             Frame::SmpCallMany(s) => self.smp_call_spins(cpu, s),
+            Frame::CallFunctionIrq(s) => self.call_function_spins(cpu, s),
             Frame::FlushMmRange(s) => self.finish_asid_transition_waits(cpu, s),
             Frame::Schedule(s) => self.schedule_spins(cpu, s),
             Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_spins(cpu, s),

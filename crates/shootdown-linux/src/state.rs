@@ -659,6 +659,21 @@ pub enum UserOp {
         word: u32,
         parties: u32,
     },
+    /// `write()` of one message to pipe `pipe` (a [`crate::Machine::add_pipe`] number):
+    /// sleeps while it is full (`pipe.rs`).
+    PipeWrite {
+        pipe: u32,
+    },
+    /// `read()` of one message from pipe `pipe`: sleeps while it is empty.
+    PipeRead {
+        pipe: u32,
+    },
+    /// A kernel module's cross call (the `ipi_benchmark` module): `smp_call_function_single`
+    /// or `smp_call_function_many` of `func` to `to`, with `wait = 1` (`smp.rs`).
+    CrossCall {
+        to: crate::smp::CrossCallTo,
+        func: crate::smp::CallFunc,
+    },
     /// `pause()` (or a futex wait nobody wakes): enter the kernel and sleep for good. The CPU
     /// then runs its idle task with this task's mm still loaded (`enter_lazy_tlb`): the
     /// *sleeping sibling* of `shootdown validate`'s cases.

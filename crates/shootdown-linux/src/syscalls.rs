@@ -884,6 +884,9 @@ impl Machine {
                         return Flow::Return;
                     }
                     // Move ourselves: queue on the target, wake it, switch away here.
+                    if self.eevdf(env) {
+                        self.eevdf_migrate(cpu, target, me, env.now());
+                    }
                     self.tasks[me as usize].state = TaskState::Runnable;
                     self.cpus[target].runqueue.push_back(me);
                     self.kick_cpu(cpu, target, env);

@@ -438,12 +438,18 @@ impl Machine {
         if self.pti && !self.tasks[t].kthread {
             self.switch_to_user_cr3(cpu, env);
         }
-        // Time-slice preemption at return to user.
-        if env.timed()
-            && !self.cpus[cpu].runqueue.is_empty()
-            && env.now().saturating_sub(self.perf.cpu[cpu].slice_start)
-                >= Time::from_us(self.opts.sched_timeslice_us.0)
-        {
+        // Preemption at return to user: FIFO's time slice, or EEVDF's expired deadline or a
+        // wake-up's resched_curr.
+        let preempt = if self.eevdf(env) {
+            let expired = self.eevdf_update_curr(cpu, env.now());
+            expired || (self.cpus[cpu].need_resched && !self.cpus[cpu].runqueue.is_empty())
+        } else {
+            env.timed()
+                && !self.cpus[cpu].runqueue.is_empty()
+                && env.now().saturating_sub(self.perf.cpu[cpu].slice_start)
+                    >= Time::from_us(self.opts.sched_timeslice_us.0)
+        };
+        if preempt {
             let f = self.schedule_frame();
             self.call(cpu, env, f);
             return Park::Run;
@@ -808,6 +814,13 @@ impl Machine {
                 let task: &mut Task = &mut self.tasks[t];
                 take_loop(&mut task.pc, &mut task.loop_left, to, times);
             }
+            UserOp::CrossCall { to, func } => {
+                self.tasks[t].pc += 1;
+                let f = self.cross_call_frame(cpu, to, func);
+                self.call(cpu, env, f);
+            }
+            UserOp::PipeWrite { pipe } => self.pipe_write(cpu, t, pipe, env),
+            UserOp::PipeRead { pipe } => self.pipe_read(cpu, t, pipe, env),
             UserOp::Pause => {
                 // sys_pause(): the task sleeps in TASK_INTERRUPTIBLE until a signal, and none
                 // comes. Only the entry is paid: the sleep never returns.
@@ -981,9 +994,12 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
         | UserOp::Smi
         | UserOp::Rsm
         | UserOp::Exit
+        | UserOp::PipeWrite { .. }
+        | UserOp::PipeRead { .. }
         | UserOp::Pause => return None,
         UserOp::Compute { ns } => format!("compute {ns} ns"),
         UserOp::Event => "count an event".into(),
+        UserOp::CrossCall { to, func } => format!("cross call of {func:?} to {to:?}, wait = 1"),
         UserOp::Mark => "mark the time".into(),
         UserOp::Loop { to, .. } => format!("loop to operation {to}"),
         UserOp::NextPage { to, pages } => format!("next of {pages} pages: loop to operation {to}"),
