@@ -182,3 +182,59 @@ fn pthread_mmap_munmaps_free_page_tables_which_latr_holds_and_early_ack_leaves_s
     assert_eq!(early.2[2], 0, "{early:?}");
     assert_eq!((early.1, early.2[0]), (v614.1, v614.2[0]), "{early:?}");
 }
+
+#[test]
+fn hackbench_switches_mms_without_a_flush_so_v6_14s_trim_changes_nothing() {
+    let keys = [
+        "context_switches",
+        "sched.wakeup_preemptions",
+        "tlb_shootdowns",
+        "nr_tlb_remote_flush",
+    ];
+    // The full run's 100 loops: the quick 20 end before any receiver has lag to preempt with.
+    let sets = ["experiment.quick_rows=[1]", "quick.workload.loops=100"];
+    let r = quick_points("hackbench-designs", &sets, &keys);
+    let names: Vec<&str> = r.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(names, ["v6_12", "v6_13", "v6_14"]);
+    for (variant, value, c) in &r {
+        assert!(*value > 0.0, "{variant}");
+        // Receivers sleep and wake: every CPU switches between processes, and EEVDF lets some
+        // woken receivers preempt. Nobody unmaps anything.
+        assert!(c[0] > 100 && c[1] > 0, "{variant}: {c:?}");
+        assert_eq!((c[2], c[3]), (0, 0), "{variant}: {c:?}");
+    }
+    // v6.14 trims mm_cpumask only inside a flush: with none, its run is v6.13's to the digit.
+    assert_eq!((r[1].1, &r[1].2), (r[2].1, &r[2].2));
+}
+
+#[test]
+fn ipi_benchmark_broadcasts_with_pv_send_ipi_exit_once_per_call_instead_of_once_per_cluster() {
+    let keys = ["call_function_ipis", "kvm.exits", "events"];
+    let r = quick_points(
+        "ipi-benchmark-designs",
+        &["experiment.quick_rows=[64]"],
+        &keys,
+    );
+    let names: Vec<&str> = r.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "cluster",
+            "pv_send_ipi",
+            "cluster_posted",
+            "pv_send_ipi_posted"
+        ]
+    );
+    let calls = r[0].2[2];
+    for (variant, value, c) in &r {
+        assert!(*value > 0.0, "{variant}");
+        // Every call interrupts the 63 other vCPUs.
+        assert_eq!(c[0], 63 * calls, "{variant}: {c:?}");
+    }
+    // 63 targets in 4 x2APIC clusters of 16: four exiting ICR writes per call, or one
+    // hypercall; with or without posted interrupts the difference is the same.
+    assert_eq!(r[0].2[1] - r[1].2[1], 3 * calls, "{r:?}");
+    assert_eq!(r[2].2[1] - r[3].2[1], 3 * calls, "{r:?}");
+    // Posted interrupts deliver to running vCPUs without an exit, so fewer exits.
+    assert!(r[2].2[1] < r[0].2[1], "{r:?}");
+}

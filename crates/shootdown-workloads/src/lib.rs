@@ -15,6 +15,8 @@
 //! | `mmtest_rom` | 003 | threads re-access 2000 MB each while QEMU creates and deletes a ROM memslot | ms per pass |
 //! | `host_micro` | — | `shootdown validate`'s cases: madvise / mprotect / munmap + touch on CPU 0 with busy or sleeping siblings | µs per iteration |
 //! | `guest_boot` | 004 | every vCPU runs its firmware's and kernel's MTRR / CR0.CD script (data) while KVM zaps | zap M cycles |
+//! | `hackbench` | — | groups of senders write messages through pipes to receivers, which sleep and wake (mm switches) | seconds |
+//! | `ipi_benchmark` | — | the `ipi_benchmark` module's cases: cross calls to this CPU, another, or all | µs per call |
 //! | `will_it_scale` | — | will-it-scale's `tlb_flush1/2/3`: write a page, `madvise(MADV_DONTNEED)` it, read it, next page | iterations/s |
 //!
 //! A workload table may carry a `host` sub-table (the experiment's `[host]`, see
@@ -24,7 +26,9 @@
 
 pub mod ebizzy;
 pub mod guest_boot;
+pub mod hackbench;
 pub mod host_micro;
+pub mod ipi_benchmark;
 pub mod madv_pingpong;
 pub mod mmtest_rom;
 pub mod params;
@@ -128,6 +132,8 @@ pub const KINDS: &[&str] = &[
     "guest_boot",
     "host_micro",
     "will_it_scale",
+    "hackbench",
+    "ipi_benchmark",
 ];
 
 /// The workload kinds that accept a `[host]` (run in a VM on the topology's pCPUs).
@@ -140,6 +146,8 @@ pub const HOST_KINDS: &[&str] = &[
     "guest_boot",
     "host_micro",
     "will_it_scale",
+    "hackbench",
+    "ipi_benchmark",
 ];
 
 /// Read a `[host]` table into a validated [`HostConfig`] for a host with `pcpus` pCPUs. Errors
@@ -215,6 +223,8 @@ pub fn build(
         "guest_boot" => guest_boot::build(&p, machine)?,
         "host_micro" => host_micro::build(&p, machine)?,
         "will_it_scale" => will_it_scale::build(&p, machine)?,
+        "hackbench" => hackbench::build(&p, machine)?,
+        "ipi_benchmark" => ipi_benchmark::build(&p, machine)?,
         other => {
             return Err((
                 "kind".into(),
