@@ -195,6 +195,15 @@ const MUTANTS: &[Pinned] = &[
         374,
     ),
     (
+        "hv_tlb_flush",
+        "vcpu_request_mode_first",
+        None,
+        "sc",
+        "INV-STALE",
+        22,
+        1470,
+    ),
+    (
         "latr",
         "latr_drain_clears_whole_mask",
         None,

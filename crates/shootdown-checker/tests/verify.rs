@@ -157,6 +157,12 @@ const FLUSH_DESIGNS: &[(&str, &str, u64, u64)] = &[
     ("shoot4u", "sc", 581, 1352),
     ("shoot4u", "tso", 633, 1505),
 ];
+/// The Hyper-V enlightened flush on KVM (v6.3+, `hv_tlb_flush`): a flush request of a
+/// preemptible target vCPU, kicked and waited for while it is in the guest.
+const HYPERV: &[(&str, &str, u64, u64)] = &[
+    ("hv_tlb_flush", "sc", 1200, 2665),
+    ("hv_tlb_flush", "tso", 1641, 4122),
+];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];
 
@@ -179,6 +185,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     GLOBAL_ASID,
     LATR,
     FLUSH_DESIGNS,
+    HYPERV,
     SLOT_ZAP_TSO,
     PV_3VCPU_TSO,
     THREE_CPU_CATCHUP,
@@ -273,6 +280,11 @@ fn fixed_latr_verifies() {
 #[test]
 fn fixed_flush_designs_verify() {
     verify(FLUSH_DESIGNS);
+}
+
+#[test]
+fn hyperv_flush_verifies() {
+    verify(HYPERV);
 }
 
 #[test]

@@ -185,6 +185,7 @@ impl Machine {
                 // Host frames: symmetry is not available with a host (scenario.rs).
                 Frame::VcpuRun(_)
                 | Frame::Shoot4u(_)
+                | Frame::HvFlushTlbMulti(_)
                 | Frame::MakeAllCpusRequest(_)
                 | Frame::FlushRemoteTlbs(_)
                 | Frame::SynchronizeSrcu(_)

@@ -41,6 +41,8 @@ counters! {
     UserFlushDeferredFull = "tlb.user_flush_deferred_full",
     /// Shoot4U: `KVM_HC_SHOOT4U` hypercalls (`shoot4u.rs`).
     Shoot4uHypercalls = "kvm.shoot4u_hypercalls",
+    /// Hyper-V enlightened flushes: `HvFlushVirtualAddressList/Space` hypercalls (`hyperv.rs`).
+    HvFlushHypercalls = "kvm.hv_flush_hypercalls",
     /// Global ASIDs handed out (`use_global_asid`).
     GlobalAsidsAssigned = "tlb.global_asids_assigned",
     /// Flushes of an mm in ASID transition that found a CPU still on a dynamic ASID and sent

@@ -72,6 +72,8 @@ pub enum Frame {
     PvFlushTlbMulti(Box<PvFlushTlbMulti>),
     /// Shoot4U's hypercall (a research design).
     Shoot4u(Box<crate::shoot4u::Shoot4u>),
+    /// A guest's Hyper-V enlightened flush hypercall (`hyperv.rs`).
+    HvFlushTlbMulti(Box<crate::hyperv::HvFlushTlbMulti>),
     /// Host (KVM): a vCPU thread's way back into the guest.
     VcpuRun(VcpuRun),
     /// Host (KVM): requests, flushes, SRCU, memslots, MMU notifiers (kvm_main.c).
@@ -115,6 +117,7 @@ shootdown_engine::clone_by_variants!(Frame {
     Syscall,
     PvFlushTlbMulti,
     Shoot4u,
+    HvFlushTlbMulti,
     VcpuRun,
     MakeAllCpusRequest,
     FlushRemoteTlbs,
@@ -158,6 +161,7 @@ impl Frame {
             Frame::SmpCallMany(b) => boxed(&**b),
             Frame::PvFlushTlbMulti(b) => boxed(&**b),
             Frame::Shoot4u(b) => boxed(&**b),
+            Frame::HvFlushTlbMulti(b) => boxed(&**b),
             Frame::MakeAllCpusRequest(b) => boxed(&**b),
             Frame::SetMemoryRegion(b) => boxed(&**b),
             Frame::MmuNotifierInvalidate(b) => boxed(&**b),
@@ -211,7 +215,10 @@ impl Frame {
             | Frame::CallFunctionIrq(_)
             | Frame::PageListLocked(_)
             | Frame::LatrTick(_)
-            | Frame::Shoot4u(_) => true,
+            | Frame::Shoot4u(_)
+            | Frame::HvFlushTlbMulti(_)
+            // On a guest stack only inside the Hyper-V flush hypercall: the vCPU is in KVM.
+            | Frame::MakeAllCpusRequest(_) => true,
             Frame::Syscall(s) => s.irqs_off(),
             _ => false,
         }
@@ -240,7 +247,9 @@ impl Frame {
             Frame::RwSemDown(_) => "i_mmap_lock_read",
             Frame::PvFlushTlbMulti(_) => "kvm_flush_tlb_multi",
             Frame::Shoot4u(_) => "shoot4u_flush_tlb_others",
+            Frame::HvFlushTlbMulti(_) => "hyperv_flush_tlb_multi",
             Frame::VcpuRun(_) => "vcpu_run",
+            Frame::MakeAllCpusRequest(s) if s.mask.is_some() => "kvm_make_vcpus_request_mask",
             Frame::MakeAllCpusRequest(_) => "kvm_make_all_cpus_request",
             Frame::FlushRemoteTlbs(_) => "kvm_flush_remote_tlbs",
             Frame::SynchronizeSrcu(_) => "synchronize_srcu_expedited",
@@ -284,6 +293,7 @@ impl Frame {
             Frame::RwSemDown(s) => format!("{:?}", s.pc),
             Frame::PvFlushTlbMulti(s) => format!("{:?}", s.pc),
             Frame::Shoot4u(s) => format!("{:?}", s.pc),
+            Frame::HvFlushTlbMulti(s) => format!("{:?}", s.pc),
             Frame::VcpuRun(s) => format!("{:?}", s.pc),
             Frame::MakeAllCpusRequest(s) => format!("{:?}", s.pc),
             Frame::FlushRemoteTlbs(s) => format!("{:?}", s.pc),

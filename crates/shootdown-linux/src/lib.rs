@@ -33,6 +33,7 @@ pub mod frame;
 pub mod global_asid;
 pub mod host;
 pub mod huge_memory;
+pub mod hyperv;
 pub mod kernel_map;
 pub mod khugepaged;
 pub mod kvm;
@@ -72,6 +73,7 @@ pub use host::HostConfig;
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
 pub use options::{
-    Count, Idle, LazyTlb, Mutants, OptValue, Options, SmpCall, SpinlockKind, StealTimeMap,
+    Count, HvTlbFlush, Idle, LazyTlb, Mutants, OptValue, Options, Sched, SmpCall, SpinlockKind,
+    StealTimeMap,
 };
 pub use state::{DaxFile, FileioGen, MmId, TaskId, UserOp, INIT_MM};

@@ -337,6 +337,26 @@ named_enum! {
 }
 
 named_enum! {
+    /// A guest's Hyper-V enlightened TLB flush on KVM (`hyperv.rs`, `kvm/hyperv.rs`): the
+    /// guest's `hyperv_flush_tlb_multi` hypercall and KVM's `kvm_hv_flush_tlb`, by version.
+    pub enum HvTlbFlush {
+        /// No enlightenment: the guest flushes by IPIs.
+        Off = "off",
+        /// v4.18 (KVM's first `kvm_hv_flush_tlb`): `KVM_REQ_TLB_FLUSH` of each target vCPU,
+        /// with `KVM_REQUEST_WAIT`; the guest sends every CPU of the mask.
+        V4_18 = "v4_18",
+        /// After 0baedd792713 ("make Hyper-V PV TLB flush use tlb_flush_guest()") until
+        /// 1ebfaa11ebb5 (v5.16): `KVM_REQ_TLB_FLUSH_GUEST` without `KVM_REQUEST_WAIT`, so the
+        /// hypercall returns before the kicked vCPUs have left the guest.
+        V5_10 = "v5_10",
+        /// v6.3+: `KVM_REQ_HV_TLB_FLUSH` with `KVM_REQUEST_WAIT` and the per-vCPU FIFO of
+        /// addresses to flush (a flush-all entry when it is full); the guest leaves lazy CPUs
+        /// out unless page tables were freed.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// The guest (or native) kernel's scheduler for its tasks (`sched.rs`, `fair.rs`).
     pub enum Sched {
         /// The model's simplification: one FIFO runqueue per CPU, a woken task waits for the
@@ -833,6 +853,10 @@ mutants! {
     /// `smp_call_function_single(…, wait = 0)`: the hypercall returns before a target's pCPU
     /// has flushed its VPID.
     shoot4u_no_wait = "",
+    /// Seeded (issue #41, Hyper-V flush): `kvm_make_vcpus_request_mask()` reads a vCPU's mode
+    /// (`kvm_request_needs_ipi`) before it sets the request bit: a vCPU that enters the guest
+    /// in between sees no request at entry and is not kicked either.
+    vcpu_request_mode_first = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
@@ -1001,6 +1025,11 @@ options! {
     /// preempted or not. Only meaningful on a machine with a host (vCPUs).
     shoot4u: bool = false,
         accepts = "true | false (Shoot4U: the host flushes the target vCPUs, a research design; needs a [host])";
+    /// Guest and host: the Hyper-V enlightened TLB flush (`hyperv.rs`): a flush's remote part is
+    /// one `HvFlushVirtualAddressList/Space` hypercall, and KVM makes a flush request of each
+    /// target vCPU. Only meaningful on a machine with a host (vCPUs).
+    hv_tlb_flush: HvTlbFlush = HvTlbFlush::Off,
+        accepts = format!("{} (Hyper-V enlightened TLB flush on KVM, by version; needs a [host])", names(HvTlbFlush::NAMES));
     /// Guest: PV send-IPI (one hypercall for a whole destination set instead of one exiting
     /// ICR write per target). Off in the 4.15 baseline.
     pv_send_ipi: bool = false, accepts = "true | false (guest PV send-IPI hypercall; needs a [host])";

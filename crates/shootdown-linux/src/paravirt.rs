@@ -64,6 +64,12 @@ impl Machine {
         if self.opts.shoot4u && self.host.is_some() && !call.candidates.is_empty() {
             return crate::shoot4u::Shoot4u::call(call);
         }
+        if self.opts.hv_tlb_flush != crate::options::HvTlbFlush::Off
+            && self.host.is_some()
+            && !call.candidates.is_empty()
+        {
+            return crate::hyperv::HvFlushTlbMulti::call(call);
+        }
         if self.opts.pv_tlb_flush && self.host.is_some() && !call.candidates.is_empty() {
             Frame::PvFlushTlbMulti(Box::new(PvFlushTlbMulti {
                 pc: PvFlushTlbMultiPc::ReadPreempted,

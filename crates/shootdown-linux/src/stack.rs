@@ -237,6 +237,7 @@ impl Machine {
             Frame::Syscall(s) => self.syscall_step(cpu, s, env),
             Frame::PvFlushTlbMulti(s) => self.pv_flush_tlb_multi_step(cpu, s, env),
             Frame::Shoot4u(s) => self.shoot4u_step(cpu, s, env),
+            Frame::HvFlushTlbMulti(s) => self.hv_flush_tlb_multi_step(cpu, s, env),
             Frame::VcpuRun(s) => self.vcpu_run_step(cpu, s, env),
             Frame::MakeAllCpusRequest(s) => self.make_all_cpus_request_step(cpu, s, env),
             Frame::FlushRemoteTlbs(s) => self.flush_remote_tlbs_step(cpu, s, env),

@@ -688,6 +688,12 @@ impl Machine {
                     )
                 });
             }
+            Frame::HvFlushTlbMulti(p) => {
+                let c = &p.call.candidates;
+                self.summary(|| {
+                    format!("read mm_cpumask(mm{mm}): remote vcpus {c:?} -> hyperv_flush_tlb_multi")
+                });
+            }
             _ => {}
         }
         Flow::Call(frame)

@@ -193,6 +193,31 @@ fn shoot4u_flushes_every_target_through_the_host() {
     assert!(m.perf.uses_checked > 1000);
 }
 
+/// The Hyper-V enlightened flush (`hyperv.rs`, `kvm/hyperv.rs`): every remote flush is one
+/// hypercall; KVM sets a flush request on each target vCPU and kicks those in the guest, which
+/// flush before they enter it again. v6.3+ puts the pages in each target's FIFO.
+#[test]
+fn hyperv_flushes_are_hypercalls_whose_targets_flush_before_entry() {
+    for form in [HvTlbFlush::V4_18, HvTlbFlush::V5_10, HvTlbFlush::Mainline] {
+        let opts = Options {
+            hv_tlb_flush: form,
+            ..Options::default()
+        };
+        let mut m = overcommitted_options(opts, |_| {});
+        assert_eq!(run(&mut m, 30), Stop::TimeLimit, "{form:?}");
+        let c = m.counters();
+        let calls = c.get(Counter::HvFlushHypercalls);
+        assert!(calls > 100, "{form:?}: {:?}", c.named());
+        assert_eq!(c.get(Counter::CallFunctionIpis), 0, "{form:?}");
+        // A kick only for a target in the guest (at most 3 per call), and every target
+        // flushes, kicked or not, before it runs guest code again.
+        let (kicks, flushes) = (c.get(Counter::KvmKickIpis), c.get(Counter::KvmTlbFlush));
+        assert!(kicks <= 3 * calls && kicks > 0, "{form:?}: {kicks} {calls}");
+        assert!(flushes > kicks / 2, "{form:?}: {flushes} {kicks}");
+        assert!(m.perf.uses_checked > 1000);
+    }
+}
+
 /// Pause-loop exiting (host/ple.rs): an initiator spinning in `csd_lock_wait` for a preempted
 /// target exits after its window, `kvm_vcpu_on_spin` boosts a preempted vCPU of its VM and the
 /// spinner gives its pCPU to the other VM's vCPU. Without PLE nothing exits and the spinners

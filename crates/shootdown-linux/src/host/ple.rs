@@ -123,7 +123,11 @@ impl Machine {
     /// The vCPU's guest spins (a PAUSE loop): its next step only waits, and not inside a
     /// hypercall (Shoot4U's waits run in the host).
     fn spins_in_guest(&self, v: CpuId) -> bool {
-        self.step_blocked(v) && !matches!(self.top_frame(v), Some(Frame::Shoot4u(_)))
+        self.step_blocked(v)
+            && !matches!(
+                self.top_frame(v),
+                Some(Frame::Shoot4u(_) | Frame::MakeAllCpusRequest(_))
+            )
     }
 
     /// Explorer: may running vCPU `v` take a PLE exit now? Its guest only spins, in kernel

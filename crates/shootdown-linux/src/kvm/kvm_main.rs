@@ -231,26 +231,36 @@ impl Machine {
     }
 }
 
-/// `kvm_make_all_cpus_request(kvm, req)` with a `KVM_REQUEST_WAIT` request: set the request on
-/// every vCPU, IPI those not outside guest mode, wait until each took the IPI.
+/// `kvm_make_all_cpus_request(kvm, req)`, or `kvm_make_vcpus_request_mask(kvm, req, mask)`
+/// with a `mask` of vCPUs: set the request on each vCPU, IPI those not outside guest mode, and
+/// with `KVM_REQUEST_WAIT` (`wait`) wait until each took the IPI.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct MakeAllCpusRequest {
     pub pc: MakeAllCpusRequestPc,
     pub req: Request,
-    /// The VM's vCPUs still to look at / wait for.
+    /// The vCPUs (every vCPU of the VM if `None`).
+    pub mask: Option<Vec<u32>>,
+    /// `KVM_REQUEST_WAIT`: wait for the IPIs to be taken.
+    pub wait: bool,
+    /// The vCPUs still to look at / wait for.
     pub i: usize,
     /// vCPUs that need the IPI (`kvm_request_needs_ipi`), in order.
     pub targets: Vec<u32>,
     /// Some IPI was sent (`called`).
     pub called: bool,
+    /// `vcpu_request_mode_first` mutant: the current vCPU's mode was read already.
+    pub mode_read: bool,
 }
 
 shootdown_engine::clone_by_fields!(MakeAllCpusRequest {
     pc,
     req,
+    mask,
+    wait,
     i,
     targets,
     called,
+    mode_read,
 });
 
 /// The steps of `kvm_make_all_cpus_request()`.
@@ -269,12 +279,21 @@ pub enum MakeAllCpusRequestPc {
 
 impl MakeAllCpusRequest {
     pub fn call(req: Request) -> Frame {
+        Self::call_mask(req, None, true)
+    }
+
+    /// `kvm_make_vcpus_request_mask(kvm, req, mask)` (`wait`: the request has
+    /// `KVM_REQUEST_WAIT`).
+    pub fn call_mask(req: Request, mask: Option<Vec<u32>>, wait: bool) -> Frame {
         Frame::MakeAllCpusRequest(Box::new(MakeAllCpusRequest {
             pc: MakeAllCpusRequestPc::SetRequest,
             req,
+            mask,
+            wait,
             i: 0,
             targets: Vec::new(),
             called: false,
+            mode_read: false,
         }))
     }
 }
@@ -434,7 +453,9 @@ pub enum MmuNotifierPc {
 }
 
 impl Machine {
-    /// One step of `kvm_make_all_cpus_request(kvm, req)` (`KVM_REQUEST_WAIT | NO_WAKEUP`).
+    /// One step of `kvm_make_all_cpus_request(kvm, req)` or `kvm_make_vcpus_request_mask()`
+    /// (`NO_WAKEUP`; `KVM_REQUEST_WAIT` unless `s.wait` is off). The `vcpu_request_mode_first`
+    /// mutant reads each vCPU's mode before it sets the request.
     pub(crate) fn make_all_cpus_request_step<E: Env>(
         &mut self,
         me: usize,
@@ -442,53 +463,91 @@ impl Machine {
         env: &mut E,
     ) -> Flow {
         use MakeAllCpusRequestPc::*;
-        let vm = self.vm_of(me);
-        let vcpus = self.kvm(vm).vcpus.clone();
         let name = s.req.name();
+        let vcpu_at = |m: &Machine, i: usize| -> Option<usize> {
+            match &s.mask {
+                Some(mask) => mask.get(i).map(|&v| v as usize),
+                None => m.kvm(m.vm_of(me)).vcpus.clone().nth(i),
+            }
+        };
+        let mode_first = self.opts.mutants.vcpu_request_mode_first();
         match s.pc {
             SetRequest => {
-                let Some(v) = vcpus.clone().nth(s.i) else {
+                let Some(v) = vcpu_at(self, s.i) else {
                     s.pc = Kick;
                     s.i = 0;
-                    self.say(|| format!("{name} requested of every vCPU"));
+                    if s.mask.is_some() {
+                        self.say(|| format!("{name} requested of the vCPUs in the mask"));
+                    } else {
+                        self.say(|| format!("{name} requested of every vCPU"));
+                    }
                     return Flow::Next;
                 };
+                if mode_first && v != me && !s.mode_read {
+                    // The mutant's order: the mode first, the request after it.
+                    s.pc = ExitingGuestMode;
+                    return self.make_all_cpus_request_step(me, s, env);
+                }
                 // smp_wmb(); set_bit(): a locked op.
                 let bit = s.req.bit();
                 self.rmw(env, me, Loc::VcpuRequests(v as u32), |r| r | bit);
                 self.say(|| format!("kvm_make_request({name}, vcpu{v})"));
-                s.pc = if v == me {
-                    SetRequest
-                } else {
-                    ExitingGuestMode
-                };
-                if v == me {
+                if v == me || mode_first {
+                    s.mode_read = false;
                     s.i += 1;
+                    s.pc = SetRequest;
+                } else {
+                    s.pc = ExitingGuestMode;
                 }
                 Flow::Next
             }
             ExitingGuestMode => {
-                let v = vcpus.clone().nth(s.i).expect("a vCPU");
-                let old = self.rmw(env, me, Loc::VcpuMode(v as u32), |m| {
-                    if m == mode::IN_GUEST_MODE {
-                        mode::EXITING_GUEST_MODE
-                    } else {
-                        m
-                    }
-                });
-                let ipi = old != mode::OUTSIDE_GUEST_MODE;
+                let v = vcpu_at(self, s.i).expect("a vCPU");
+                let ipi = if self.has_kvm_mmu(v) {
+                    let old = self.rmw(env, me, Loc::VcpuMode(v as u32), |m| {
+                        if m == mode::IN_GUEST_MODE {
+                            mode::EXITING_GUEST_MODE
+                        } else {
+                            m
+                        }
+                    });
+                    self.say(|| {
+                        format!(
+                            "kvm_vcpu_exiting_guest_mode(vcpu{v}): mode was {}{}",
+                            mode_name(old),
+                            if old != mode::OUTSIDE_GUEST_MODE {
+                                ": needs an IPI"
+                            } else {
+                                ": no IPI"
+                            }
+                        )
+                    });
+                    old != mode::OUTSIDE_GUEST_MODE
+                } else {
+                    // A VM without a modelled MMU enters the guest in one step (its requests
+                    // looked at in the same step): whether the vCPU runs guest code is its mode.
+                    let in_guest = self.vcpu_in_guest(v);
+                    self.say(|| {
+                        format!(
+                            "kvm_vcpu_exiting_guest_mode(vcpu{v}): {}",
+                            if in_guest {
+                                "in the guest: needs an IPI"
+                            } else {
+                                "outside the guest: no IPI"
+                            }
+                        )
+                    });
+                    in_guest
+                };
                 if ipi {
                     s.targets.push(v as u32);
                 }
-                self.say(|| {
-                    format!(
-                        "kvm_vcpu_exiting_guest_mode(vcpu{v}): mode was {}{}",
-                        mode_name(old),
-                        if ipi { ": needs an IPI" } else { ": no IPI" }
-                    )
-                });
-                s.i += 1;
                 s.pc = SetRequest;
+                if mode_first {
+                    s.mode_read = true;
+                } else {
+                    s.i += 1;
+                }
                 Flow::Next
             }
             Kick => {
@@ -498,20 +557,35 @@ impl Machine {
                     self.send_kick(me, t as usize, env);
                 }
                 s.called = !targets.is_empty();
+                let wait = s.wait;
                 self.say(|| {
                     if targets.is_empty() {
                         "kvm_kick_many_cpus: no vCPU to IPI".into()
                     } else {
-                        format!("kvm_kick_many_cpus: IPI vcpus {targets:?}, wait")
+                        format!(
+                            "kvm_kick_many_cpus: IPI vcpus {targets:?}, {}",
+                            if wait {
+                                "wait"
+                            } else {
+                                "no wait (no KVM_REQUEST_WAIT)"
+                            }
+                        )
                     }
                 });
+                if !s.wait {
+                    return Flow::Return;
+                }
                 s.pc = Wait;
                 s.i = 0;
                 Flow::Next
             }
             Wait => {
                 let Some(&t) = s.targets.get(s.i) else {
-                    self.summary(|| format!("every vCPU has {name}"));
+                    if s.mask.is_some() {
+                        self.summary(|| format!("every vCPU in the mask has {name}"));
+                    } else {
+                        self.summary(|| format!("every vCPU has {name}"));
+                    }
                     return Flow::Return;
                 };
                 if self.make_all_cpus_request_spins(me, s) {

@@ -28,6 +28,7 @@
 //! the memory types they give, [`mtrr_zap`] the zaps an MTRR write or a CR0.CD toggle asks for
 //! (and patch 9's serialized list), `vmx::vmx_get_mt_mask` the type baked into each leaf.
 
+pub mod hyperv;
 pub mod kvm_main;
 pub mod memslot;
 pub mod mmu;
@@ -68,6 +69,10 @@ pub enum Request {
     /// `KVM_REQ_MMU_RELOAD` (v5.x; `KVM_REQ_MMU_FREE_OBSOLETE_ROOTS` in mainline): drop the
     /// root and load a new one before re-entering.
     MmuReload = 1,
+    /// `KVM_REQ_TLB_FLUSH_GUEST`: flush the guest's translations (the VPID), before entry.
+    TlbFlushGuest = 2,
+    /// `KVM_REQ_HV_TLB_FLUSH` (v6.3+): flush what the vCPU's Hyper-V flush FIFO holds.
+    HvTlbFlush = 3,
 }
 
 impl Request {
@@ -78,6 +83,8 @@ impl Request {
         match self {
             Request::TlbFlush => "KVM_REQ_TLB_FLUSH",
             Request::MmuReload => "KVM_REQ_MMU_RELOAD",
+            Request::TlbFlushGuest => "KVM_REQ_TLB_FLUSH_GUEST",
+            Request::HvTlbFlush => "KVM_REQ_HV_TLB_FLUSH",
         }
     }
 }
@@ -152,6 +159,9 @@ pub struct Vcpu {
     /// Shoot4U (`shoot4u.rs`): how many of the pending host IPIs run `flush_tlb_func_shoot4u`
     /// (flush this vCPU's VPID) rather than `ack_flush`.
     pub shoot4u_flushes: u8,
+    /// `vcpu->arch.hyperv->tlb_flush_fifo` (v6.3+, `hyperv.rs`): what `KVM_REQ_HV_TLB_FLUSH`
+    /// flushes at the next entry.
+    pub hv_tlb_flush_fifo: Vec<hyperv::HvFlushEntry>,
     /// What the fault paths left for `vcpu_run` to emulate.
     pub emulate: Option<mmu::fault::Emulation>,
     /// The guest's MTRRs (`vcpu->arch.mtrr_state`; all zero at reset: disabled).
@@ -182,6 +192,7 @@ shootdown_engine::clone_by_fields!(Vcpu {
     irqs_off,
     kicks,
     shoot4u_flushes,
+    hv_tlb_flush_fifo,
     emulate,
     mtrr,
     cr0_cd,
@@ -210,6 +221,7 @@ impl Vcpu {
             irqs_off: false,
             kicks: Vec::new(),
             shoot4u_flushes: 0,
+            hv_tlb_flush_fifo: Vec::new(),
             emulate: None,
             mtrr: mtrr::MtrrState::default(),
             cr0_cd: true,

@@ -220,10 +220,12 @@ impl Machine {
             }
             (VcpuRunPc::Exited, _) if !self.has_kvm_mmu(v) => {
                 // A VM without a modelled MMU leaves the guest only for a host IPI here
-                // (Shoot4U's): the exit's interrupt is handled, then VM entry.
+                // (Shoot4U's, or a kick of a flush request): the exit's interrupt is handled,
+                // the requests, then VM entry.
                 self.host_mut().vcpus[v].irqs_off = false;
                 self.say(|| format!("VM exit (host IPI): handle the interrupt on vcpu{v}'s pCPU"));
                 self.ack_kicks(v, env);
+                self.kvm_service_flush_requests(v, env);
                 self.vm_enter(v);
                 Flow::Return
             }
@@ -235,6 +237,7 @@ impl Machine {
     /// `vcpu_run` retakes SRCU after `cond_resched()` and goes on to the requests.
     fn enter_or_continue<E: Env>(&mut self, v: CpuId, s: &mut VcpuRun, env: &mut E) -> Flow {
         if !self.has_kvm_mmu(v) {
+            self.kvm_service_flush_requests(v, env);
             self.vm_enter(v);
             return Flow::Return;
         }
@@ -339,6 +342,19 @@ impl Machine {
                     self.rmw(env, v, reqs, |x| x & !Request::MmuReload.bit());
                     self.say(|| "kvm_check_request(KVM_REQ_MMU_RELOAD): kvm_mmu_unload".into());
                     return Flow::Call(MmuUnload::call());
+                }
+                if r & Request::TlbFlushGuest.bit() != 0 {
+                    self.rmw(env, v, reqs, |x| x & !Request::TlbFlushGuest.bit());
+                    self.say(|| {
+                        "kvm_check_request(KVM_REQ_TLB_FLUSH_GUEST): flush the VPID".into()
+                    });
+                    self.kvm_vcpu_flush_tlb(v, env);
+                    return Flow::Next;
+                }
+                if r & Request::HvTlbFlush.bit() != 0 {
+                    self.rmw(env, v, reqs, |x| x & !Request::HvTlbFlush.bit());
+                    self.kvm_hv_vcpu_flush_tlb(v, env);
+                    return Flow::Next;
                 }
                 if r & Request::TlbFlush.bit() != 0 {
                     self.rmw(env, v, reqs, |x| x & !Request::TlbFlush.bit());
