@@ -128,12 +128,13 @@ fn sysbench_under_pti_acknowledges_early_and_defers_user_ranges() {
 }
 
 #[test]
-fn ebizzy_guests_flush_through_pv_or_shoot4u() {
+fn ebizzy_guests_flush_through_pv_shoot4u_or_hyperv() {
     let keys = [
         "call_function_ipis",
         "kvm.pv_tlb_flush_skipped",
         "smp.early_acks",
         "kvm.shoot4u_hypercalls",
+        "kvm.hv_flush_hypercalls",
     ];
     let r = quick_points(
         "ebizzy-overcommit-designs",
@@ -148,18 +149,16 @@ fn ebizzy_guests_flush_through_pv_or_shoot4u() {
             "pv_flush",
             "early_ack",
             "pv_flush_early_ack",
-            "shoot4u"
+            "shoot4u",
+            "hv_flush"
         ]
     );
     for (variant, value, c) in &r {
         assert!(*value > 0.0, "{variant}");
         assert_eq!(c[2] > 0, variant.contains("early_ack"), "{variant}: {c:?}");
-        if variant == "shoot4u" {
-            // Every remote flush is a hypercall: no guest IPI is sent for a flush.
-            assert!(c[3] > 0, "{variant}: {c:?}");
-        } else {
-            assert_eq!(c[3], 0, "{variant}: {c:?}");
-        }
+        // Every remote flush of Shoot4U and of the Hyper-V flush is a hypercall.
+        assert_eq!(c[3] > 0, variant == "shoot4u", "{variant}: {c:?}");
+        assert_eq!(c[4] > 0, variant == "hv_flush", "{variant}: {c:?}");
     }
     assert!(r[1].2[1] > 0, "PV flush skips preempted vCPUs: {:?}", r[1]);
 }
