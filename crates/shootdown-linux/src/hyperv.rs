@@ -28,7 +28,7 @@ use crate::mem::Loc;
 use crate::options::HvTlbFlush;
 use crate::smp::SmpCallMany;
 use crate::state::TLB_FLUSH_ALL;
-use crate::tlb::{range_text, FlushFunc};
+use crate::tlb::range_text;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
@@ -118,16 +118,8 @@ impl Machine {
                 Flow::Call(self.kvm_hv_flush_tlb(&targets, start, end))
             }
             Returned => {
-                if s.call.run_local {
-                    self.summary(|| {
-                        "the hypercall returns (VM entry); mm loaded here: flush_tlb_func (local)"
-                            .into()
-                    });
-                    s.pc = Done;
-                    return Flow::Call(FlushFunc::call(s.call.info, true));
-                }
-                self.summary(|| "the hypercall returns (VM entry): return".into());
-                Flow::Return
+                s.pc = Done;
+                self.flush_hypercall_returned(&s.call)
             }
             Done => {
                 self.summary(|| "return".into());

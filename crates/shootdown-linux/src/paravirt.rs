@@ -83,6 +83,20 @@ impl Machine {
         }
     }
 
+    /// A flush hypercall that replaced the remote part of `call` (Shoot4U's, Hyper-V's) has
+    /// returned (VM entry): this vCPU's own flush if it has the mm loaded (`flush_tlb_multi`'s
+    /// local part), else return. The caller's next step is its last.
+    pub(crate) fn flush_hypercall_returned(&mut self, call: &SmpCallMany) -> Flow {
+        if call.run_local {
+            self.summary(|| {
+                "the hypercall returns (VM entry); mm loaded here: flush_tlb_func (local)".into()
+            });
+            return Flow::Call(crate::tlb::FlushFunc::call(call.info, true));
+        }
+        self.summary(|| "the hypercall returns (VM entry): return".into());
+        Flow::Return
+    }
+
     /// One step of `kvm_flush_tlb_multi(cpumask, info)`: `ReadPreempted` reads the next
     /// candidate's byte (G1), `SetFlushTlb` the cmpxchg (G2); when every candidate was looked
     /// at, the native call with the vCPUs that were not skipped.

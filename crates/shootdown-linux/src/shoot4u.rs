@@ -29,7 +29,7 @@ use crate::frame::{Flow, Frame};
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use crate::smp::SmpCallMany;
-use crate::tlb::{range_text, FlushFunc};
+use crate::tlb::range_text;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
 use shootdown_hw::CpuId;
@@ -111,18 +111,8 @@ impl Machine {
             }
             Ipi => {
                 let Some(&t) = s.call.candidates.get(s.i) else {
-                    // The hypercall returns (VM entry); then this vCPU's own flush, if it has
-                    // the mm loaded (flush_tlb_multi's local part).
-                    if s.call.run_local {
-                        self.summary(|| {
-                            "the hypercall returns (VM entry); mm loaded here: flush_tlb_func (local)"
-                                .into()
-                        });
-                        s.pc = Done;
-                        return Flow::Call(FlushFunc::call(s.call.info, true));
-                    }
-                    self.summary(|| "the hypercall returns (VM entry): return".into());
-                    return Flow::Return;
+                    s.pc = Done;
+                    return self.flush_hypercall_returned(&s.call);
                 };
                 if self.shoot4u_spins(me, s) {
                     // csd_lock(): this vCPU's previous host IPI to t is still pending.

@@ -14,8 +14,7 @@ fn reader_latency(sched: &str) -> (Time, u64) {
     opts.set("sched", &OptValue::Str(sched.into())).unwrap();
     let mut m = machine_with(2, opts);
     let pipe = m.add_pipe(16);
-    let mm = |m: &mut Machine, n: &str| m.add_mm(n);
-    let hog_mm = mm(&mut m, "hog");
+    let hog_mm = m.add_mm("hog");
     m.add_task(
         "hog",
         hog_mm,
@@ -29,14 +28,14 @@ fn reader_latency(sched: &str) -> (Time, u64) {
             UserOp::Exit,
         ],
     );
-    let reader_mm = mm(&mut m, "reader");
+    let reader_mm = m.add_mm("reader");
     let reader = m.add_task(
         "reader",
         reader_mm,
         0,
         vec![UserOp::PipeRead { pipe }, UserOp::Mark, UserOp::Exit],
     );
-    let writer_mm = mm(&mut m, "writer");
+    let writer_mm = m.add_mm("writer");
     let writer = m.add_task(
         "writer",
         writer_mm,
