@@ -204,6 +204,15 @@ const MUTANTS: &[Pinned] = &[
         1470,
     ),
     (
+        "hv_tlb_flush_lazy",
+        "hv_flush_skips_lazy_freed_tables",
+        None,
+        "sc",
+        "INV-PTFREE",
+        15,
+        60,
+    ),
+    (
         "latr",
         "latr_drain_clears_whole_mask",
         None,

@@ -158,10 +158,13 @@ const FLUSH_DESIGNS: &[(&str, &str, u64, u64)] = &[
     ("shoot4u", "tso", 633, 1505),
 ];
 /// The Hyper-V enlightened flush on KVM (v6.3+, `hv_tlb_flush`): a flush request of a
-/// preemptible target vCPU, kicked and waited for while it is in the guest.
+/// preemptible target vCPU, kicked and waited for while it is in the guest; a lazy target
+/// under a flush that frees a page table.
 const HYPERV: &[(&str, &str, u64, u64)] = &[
     ("hv_tlb_flush", "sc", 1200, 2665),
     ("hv_tlb_flush", "tso", 1641, 4122),
+    ("hv_tlb_flush_lazy", "sc", 240, 601),
+    ("hv_tlb_flush_lazy", "tso", 269, 702),
 ];
 const SLOT_ZAP_TSO: &[(&str, &str, u64, u64)] = &[("kvm_slot_zap", "tso", 2150463, 7346267)];
 const PV_3VCPU_TSO: &[(&str, &str, u64, u64)] = &[("pv_tlb_flush_3vcpu", "tso", 507932, 2698951)];

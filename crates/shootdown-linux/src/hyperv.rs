@@ -75,8 +75,9 @@ impl Machine {
         use HvFlushTlbMultiPc::*;
         match s.pc {
             Hypercall => {
-                let skip_lazy =
-                    self.opts.hv_tlb_flush == HvTlbFlush::Mainline && !s.call.info.freed_tables;
+                let skip_lazy = self.opts.hv_tlb_flush == HvTlbFlush::Mainline
+                    && (!s.call.info.freed_tables
+                        || self.opts.mutants.hv_flush_skips_lazy_freed_tables());
                 let mut targets = Vec::new();
                 for &t in &s.call.candidates {
                     if skip_lazy && self.load_overlapped(env, me, Loc::IsLazy(t as u32)) != 0 {
@@ -96,9 +97,16 @@ impl Machine {
                     (false, true) => "HvFlushVirtualAddressListEx",
                 };
                 if targets.is_empty() {
-                    // The processor mask ended up empty: no hypercall.
-                    self.summary(|| "every target vCPU is lazy: no hypercall".into());
-                    return Flow::Next;
+                    // The processor mask ended up empty: no hypercall, only the local flush.
+                    s.pc = Done;
+                    if s.call.run_local {
+                        self.summary(|| {
+                            "every target vCPU is lazy: no hypercall; mm loaded here: flush_tlb_func (local)".into()
+                        });
+                        return Flow::Call(crate::tlb::FlushFunc::call(s.call.info, true));
+                    }
+                    self.summary(|| "every target vCPU is lazy: no hypercall: return".into());
+                    return Flow::Return;
                 }
                 self.vm_exit(env);
                 self.perf.counters.inc(Counter::HvFlushHypercalls);

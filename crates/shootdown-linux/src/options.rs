@@ -857,6 +857,10 @@ mutants! {
     /// (`kvm_request_needs_ipi`) before it sets the request bit: a vCPU that enters the guest
     /// in between sees no request at entry and is not kicked either.
     vcpu_request_mode_first = "",
+    /// Seeded (issue #41, Hyper-V flush): the v6.3+ guest's `hyperv_flush_tlb_multi()` leaves
+    /// lazy CPUs out of the processor set even when the flush frees page tables: a lazy vCPU
+    /// keeps its paging-structure entries for a table the initiator then frees.
+    hv_flush_skips_lazy_freed_tables = "",
 }
 
 /// The option table: each option is declared once, with its key (the field name), its type,
