@@ -122,20 +122,13 @@ impl Machine {
         (sum, n)
     }
 
-    /// `avg_vruntime(cfs_rq)`.
-    fn avg_vruntime(&self, cpu: CpuId) -> i64 {
-        let (sum, n) = self.eevdf_load(cpu);
+    /// `avg_vruntime(cfs_rq)` of `cpu`, whose entities' `load` is `eevdf_load`'s.
+    fn avg_vruntime(&self, cpu: CpuId, (sum, n): (i128, i64)) -> i64 {
         if n == 0 {
             self.fair_rq(cpu).min_vruntime
         } else {
             (sum / n as i128) as i64
         }
-    }
-
-    /// `entity_eligible()`: `vruntime <= V`, without the division.
-    fn eligible(&self, cpu: CpuId, v: i64) -> bool {
-        let (sum, n) = self.eevdf_load(cpu);
-        n == 0 || sum >= v as i128 * n as i128
     }
 
     /// `update_curr()` of `cpu`'s running task at `now`; true if `update_deadline` gave it a
@@ -173,7 +166,7 @@ impl Machine {
             sum += self.se_of(t).vruntime as i128;
             n += 1;
         }
-        let v = (sum / n as i128) as i64;
+        let v = self.avg_vruntime(cpu, (sum, n));
         let limit = (2 * self.base_slice()).max(TICK_PS);
         self.fair_rq_mut(cpu).min_vruntime = v;
         let se = self.se(t);
@@ -183,8 +176,8 @@ impl Machine {
 
     /// `place_entity()` of task `t` joining `cpu`'s queue (before it is pushed there).
     pub(crate) fn eevdf_place(&mut self, cpu: CpuId, t: TaskId) {
-        let (_, n) = self.eevdf_load(cpu);
-        let v = self.avg_vruntime(cpu);
+        let load = self.eevdf_load(cpu);
+        let (n, v) = (load.1, self.avg_vruntime(cpu, load));
         let slice = self.base_slice();
         let se = self.se(t);
         let lag = if n == 0 {
@@ -200,7 +193,7 @@ impl Machine {
     /// `place_entity()` of a new task on `cpu` (`wake_up_new_task`, `ENQUEUE_INITIAL`): at `V`,
     /// with half a slice to its deadline (`PLACE_DEADLINE_INITIAL`), before it is queued.
     pub(crate) fn eevdf_place_new(&mut self, cpu: CpuId, t: TaskId) {
-        let v = self.avg_vruntime(cpu);
+        let v = self.avg_vruntime(cpu, self.eevdf_load(cpu));
         let half = self.base_slice() / 2;
         *self.se(t) = SchedEntity {
             vruntime: v,
@@ -214,31 +207,34 @@ impl Machine {
     /// the runqueue of the task to run, or None for the running task.
     fn pick_eevdf(&self, cpu: CpuId, with_curr: bool) -> Option<usize> {
         let rq = &self.cpus[cpu].runqueue;
-        let curr = with_curr.then(|| self.eevdf_curr(cpu)).flatten();
-        let curr = curr
-            .map(|c| (c, self.se_of(c)))
-            .filter(|(_, se)| self.eligible(cpu, se.vruntime));
-        if let Some((_, se)) = curr {
-            if se.protected {
-                return None;
-            }
+        // entity_eligible(): `vruntime <= V`, without the division.
+        let (sum, n) = self.eevdf_load(cpu);
+        let eligible = |se: &SchedEntity| n == 0 || sum >= se.vruntime as i128 * n as i128;
+        let curr = with_curr
+            .then(|| self.eevdf_curr(cpu))
+            .flatten()
+            .map(|c| self.se_of(c))
+            .filter(eligible);
+        if curr.is_some_and(|se| se.protected) {
+            return None;
         }
         let best = rq
             .iter()
             .enumerate()
             .map(|(i, &t)| (i, self.se_of(t)))
-            .filter(|(_, se)| self.eligible(cpu, se.vruntime))
-            .min_by_key(|(i, se)| (se.deadline, *i))
-            .or_else(|| {
-                rq.iter()
-                    .enumerate()
-                    .map(|(i, &t)| (i, self.se_of(t)))
-                    .min_by_key(|(i, se)| (se.vruntime, *i))
-            });
+            .filter(|(_, se)| eligible(se))
+            .min_by_key(|(i, se)| (se.deadline, *i));
         match (curr, best) {
-            (Some((_, c)), Some((_, b))) if c.deadline < b.deadline => None,
+            (Some(c), Some((_, b))) if c.deadline < b.deadline => None,
+            (_, Some((i, _))) => Some(i),
             (Some(_), None) => None,
-            (_, best) => best.map(|(i, _)| i),
+            // Nothing eligible, which only rounding allows (the entity of least vruntime is):
+            // that entity.
+            (None, None) => rq
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, &t)| (self.se_of(t).vruntime, *i))
+                .map(|(i, _)| i),
         }
     }
 
