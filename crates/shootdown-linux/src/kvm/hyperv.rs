@@ -77,9 +77,8 @@ impl Machine {
             for &t in targets {
                 let fifo = &mut self.host_mut().vcpus[t].hv_tlb_flush_fifo;
                 // hv_tlb_flush_enqueue(): one slot is kept for the flush-all entry.
-                let avail =
-                    KVM_HV_TLB_FLUSH_FIFO_SIZE - 1 - fifo.len().min(KVM_HV_TLB_FLUSH_FIFO_SIZE - 1);
-                if entries.len() > avail || entries.len() >= KVM_HV_TLB_FLUSH_FIFO_SIZE {
+                let avail = (KVM_HV_TLB_FLUSH_FIFO_SIZE - 1).saturating_sub(fifo.len());
+                if entries.len() > avail {
                     if fifo.last() != Some(&HvFlushEntry::All) {
                         fifo.push(HvFlushEntry::All);
                     }
@@ -142,9 +141,7 @@ impl Machine {
                 include_global: true,
             });
             // Priced as an INVLPG a page: the profiles have no INVVPID individual-address cost.
-            for _ in start..end {
-                self.charge(env, |c| c.invlpg);
-            }
+            self.charge(env, |c| shootdown_engine::Time(c.invlpg.0 * (end - start)));
         }
         self.perf
             .counters
