@@ -123,7 +123,12 @@ impl Machine {
     /// a flush-all entry (`kvm_vcpu_flush_tlb_guest`, which also empties the FIFO).
     pub(crate) fn kvm_hv_vcpu_flush_tlb<E: Env>(&mut self, v: CpuId, env: &mut E) {
         let fifo = std::mem::take(&mut self.host_mut().vcpus[v].hv_tlb_flush_fifo);
-        if fifo.is_empty() || fifo.contains(&HvFlushEntry::All) {
+        if fifo.is_empty() {
+            // Another hypercall's request had these entries flushed already: nothing to do.
+            self.say(|| "kvm_check_request(KVM_REQ_HV_TLB_FLUSH): the FIFO is empty".into());
+            return;
+        }
+        if fifo.contains(&HvFlushEntry::All) {
             self.say(|| {
                 "kvm_check_request(KVM_REQ_HV_TLB_FLUSH): flush-all entry: flush the VPID".into()
             });
