@@ -15,7 +15,7 @@ use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::kvm::mtrr::{
     size_mask, MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MTRR_DEF_TYPE_E, MTRR_PHYS_MASK_VALID,
 };
-use shootdown_linux::options::MUTANT_NAMES;
+use shootdown_linux::options::{TdpZap, ZapLock, MUTANT_NAMES};
 use shootdown_linux::{
     Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp, INIT_MM,
 };
@@ -1212,6 +1212,14 @@ impl Scenario {
                     ));
                 }
                 check_memslots("kvm.smm_memslots", slots).map_err(|(key, r)| err(&key, r))?;
+            }
+            if options.zap_gfn_range_lock == ZapLock::Read && options.tdp_zap != TdpZap::Mainline {
+                // Patch 12 was written against v6.5's leaf-only walk; the older whole-table
+                // forms never ran under the read lock.
+                return Err(err(
+                    "options.tdp_zap",
+                    "zap_gfn_range_lock = \"read\" (seed 004's patch 12) needs tdp_zap = \"mainline\"".into(),
+                ));
             }
             for (i, t) in k.threads.iter().enumerate() {
                 for (j, op) in t.program.iter().enumerate() {

@@ -98,6 +98,10 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_mtrr_cd_toggle_shared", "tso", 20071, 43506),
     ("kvm_noncoherent_fault", "sc", 2938, 5382),
     ("kvm_noncoherent_fault", "tso", 3891, 8116),
+    ("kvm_tdp_zap_tables", "sc", 3657, 6865),
+    ("kvm_tdp_zap_tables", "tso", 4515, 9416),
+    ("kvm_tdp_zap_all_yield", "sc", 16231, 30829),
+    ("kvm_tdp_zap_all_yield", "tso", 19810, 40972),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it

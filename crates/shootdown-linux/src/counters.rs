@@ -167,8 +167,12 @@ counters! {
     KvmTdpMmuYields = "kvm.tdp_mmu_yields",
     /// Steps of the TDP MMU iterator in zaps (entries visited).
     KvmTdpIterSteps = "kvm.tdp_iter_steps",
-    /// Leaf SPTEs zapped by `kvm_zap_gfn_range()`.
+    /// SPTEs zapped by `kvm_zap_gfn_range()`: leaves, and before v5.18 (`tdp_zap`) whole
+    /// tables.
     KvmTdpSptesZapped = "kvm.tdp_sptes_zapped",
+    /// TDP MMU page-table pages freed after a zap removed them (at once in v5.10, after an RCU
+    /// grace period from v5.12; NX recovery and patch 12 too).
+    KvmTdpTablesFreed = "kvm.tdp_tables_freed",
     /// Zap requests for guest MTRR / CR0.CD changes (seed 004's "zap cnt": calls to
     /// `kvm_zap_gfn_range()` or, with patch 9, `kvm_mtrr_zap_gfn_range()` at the trigger sites).
     KvmMtrrZapRequests = "kvm.mtrr_zap_requests",

@@ -520,6 +520,29 @@ named_enum! {
 }
 
 named_enum! {
+    /// The form of `kvm_zap_gfn_range()`'s TDP MMU walk under the write lock
+    /// (`zap_gfn_range()` until v5.17, `tdp_mmu_zap_leafs()` from v5.18), and how a table it
+    /// removes is flushed for and freed (`kvm/mmu/tdp_mmu.rs`, `kvm/mmu/tdp_rcu.rs`).
+    pub enum TdpZap {
+        /// v5.10–v5.11: every present entry that lies wholly inside the range is zapped,
+        /// tables too; a removed table (`handle_changed_spte`) is flushed for over its range
+        /// and freed at once, under the spinlock; a yield flushes first.
+        V5_10 = "v5_10",
+        /// v5.12–v5.14 (7cca2d0b7e7d): as v5.10 under the rwlock and RCU: each root's walk is
+        /// an RCU read section, `handle_removed_tdp_mmu_page` flushes the table's range and
+        /// then `call_rcu`s it, and a yield drops RCU before its flush.
+        V5_12 = "v5_12",
+        /// v5.15–v5.17 (0103098fb4f1): as v5.12, and a zap of everything (`zap_all`) walks
+        /// the root's own entries only (`min_level` = the root level): zapping a top-level
+        /// table takes its subtree with it.
+        V5_15 = "v5_15",
+        /// v5.18+ (f47e5bbbc92f): leaves only; no table is freed, so the caller's flush
+        /// comes after RCU is dropped.
+        Mainline = "mainline",
+    }
+}
+
+named_enum! {
     /// How the NX huge page recovery worker (`kvm_recover_nx_huge_pages`) flushes for the TDP
     /// MMU tables it zaps.
     pub enum NxRecoveryFlush {
@@ -732,6 +755,17 @@ mutants! {
     /// each root with a flush flag of its own, and a yield flushes only that root's: SPTEs
     /// zapped in an earlier root stay unflushed while `mmu_lock` is dropped.
     tdp_zap_yield_drops_prior_flush = "K12",
+    /// Seeded on `tdp_zap = "v5_12"` (bb95dfb9e2df of v5.18 without bd29677952fa, which
+    /// v5.18 merged first "in anticipation of" it): `handle_removed_tdp_mmu_page()` leaves the
+    /// flush to its caller and only `call_rcu`s the table, while the walk still drops RCU
+    /// before its flush, at a yield and at the end of each root: the grace period can end and
+    /// free the table while a vCPU's paging-structure cache still points into it.
+    tdp_removed_pt_defers_flush = "",
+    /// CVE-2021-47094 (0103098fb4f1, fixed by 3a0f64de479c in v5.16): after a yield,
+    /// `tdp_mmu_iter_cond_resched()` restarts the iterator and the walk's loop then advances
+    /// it. A zap of everything on `tdp_zap = "v5_15"` walks top-level entries only, so the
+    /// entry the walk yielded at is skipped with its subtree, unzapped.
+    tdp_iter_advances_after_restart = "",
     /// K14 (fixed by 6d3085e4d89a in v6.1), in the catalog recipe's second form:
     /// `kvm_zap_gfn_range()` marks no invalidation in progress (the code before edb298c663fc;
     /// from it to v6.0 the mark was a GFN range compared with host virtual addresses, which only
@@ -1079,6 +1113,10 @@ options! {
     /// Host: the `mmu_lock` mode of `kvm_zap_gfn_range()`'s TDP walk (seed 004's patch 12).
     zap_gfn_range_lock: ZapLock = ZapLock::Write,
         accepts = format!("{} (patch 12: zap under the read lock)", names(ZapLock::NAMES));
+    /// Host: the form of `kvm_zap_gfn_range()`'s TDP MMU walk under the write lock (whole
+    /// tables before v5.18).
+    tdp_zap: TdpZap = TdpZap::Mainline,
+        accepts = format!("{} (the TDP MMU's GFN-range zap: whole tables before v5.18)", names(TdpZap::NAMES));
     /// Host: the iTLB multihit mitigation (`kvm.nx_huge_pages`, v5.4+; the kernel's `auto`
     /// turns it on for CPUs with the erratum): huge SPTEs are not executable, and a fetch
     /// maps its frame with 4 KiB SPTEs (`kvm/mmu/nx_huge_pages.rs`).

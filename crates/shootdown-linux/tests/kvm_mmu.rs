@@ -498,3 +498,79 @@ fn the_steal_time_cache_survives_reclaims_only_as_an_hva_cache() {
         }
     }
 }
+
+/// The TDP MMU's GFN-range zap in each form (`tdp_zap`): vCPU 1 rewrites `MTRRdefType` (WB)
+/// over and over while guest MTRRs are honoured, so each write zaps everything, while vCPU 0
+/// keeps touching two pages of a 2 MiB-mapped region. Before v5.18 the zap removes the whole
+/// subtree at the top level (its PDPT and PD) with its flush, and the toucher's next fault
+/// builds it again; the leaf-only walk frees nothing and visits every entry below. A violation
+/// would stop the run.
+#[test]
+fn tdp_zap_forms_free_whole_tables_before_v5_18() {
+    use shootdown_linux::options::{MtrrZap, TdpZap};
+    let mut steps = Vec::new();
+    for form in [
+        TdpZap::V5_10,
+        TdpZap::V5_12,
+        TdpZap::V5_15,
+        TdpZap::Mainline,
+    ] {
+        let o = Options {
+            tdp_mmu: true,
+            mtrr_zap: MtrrZap::V6_5,
+            tdp_zap: form,
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x400, true)]);
+        let mtrrs = shootdown_linux::kvm::mtrr::MtrrState {
+            deftype: 0x806,
+            ..Default::default()
+        };
+        m.set_guest_memtypes(0, true, mtrrs, false);
+        m.set_tdp_max_gfn(0, 1 << (23 - 12));
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 2, true);
+        let toucher = vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 2,
+                write: false,
+            },
+            UserOp::Compute { ns: 1_000 },
+            UserOp::Loop {
+                to: 0,
+                times: Some(40),
+            },
+            UserOp::Exit,
+        ];
+        let writer = vec![
+            UserOp::Wrmsr {
+                msr: 0x2ff,
+                value: 0x806,
+            },
+            UserOp::Compute { ns: 3_000 },
+            UserOp::Loop {
+                to: 0,
+                times: Some(9),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("toucher", mm, 0, toucher);
+        m.add_task("writer", mm, 1, writer);
+        let (stop, _) = run(&mut m, 50);
+        assert_eq!(stop, Stop::Finished, "{form:?}: {}", m.dump());
+        let c = m.counters();
+        assert_eq!(c.get(Counter::KvmZapGfnRange), 10, "{form:?}");
+        let freed = c.get(Counter::KvmTdpTablesFreed);
+        if form == TdpZap::Mainline {
+            assert_eq!(freed, 0);
+        } else {
+            // Each zap finds the subtree the toucher's last fault rebuilt (or none yet).
+            assert!((2..=20).contains(&freed), "{form:?}: {freed}");
+        }
+        steps.push(c.get(Counter::KvmTdpIterSteps));
+    }
+    // The whole-table walks visit the root's entries; the leaf-only walk descends.
+    assert!(steps[3] > steps[0], "{steps:?}");
+    assert_eq!(steps[1], steps[2], "{steps:?}");
+}

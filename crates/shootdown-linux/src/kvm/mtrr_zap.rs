@@ -277,6 +277,7 @@ impl Machine {
             Zap => {
                 if s.ranges.is_empty() {
                     s.pc = Done;
+                    self.say(|| "every range zapped".into());
                     return Flow::Next;
                 }
                 let (a, b) = s.ranges.remove(0);

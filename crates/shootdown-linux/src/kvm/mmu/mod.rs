@@ -13,7 +13,8 @@
 //! * [`nx_huge_pages`] — the iTLB multihit mitigation: no executable huge SPTEs, split pages
 //!   tracked and zapped again by the recovery worker, in both MMUs;
 //! * the TDP MMU (v5.10+, seed 004): [`rwlock`] (`mmu_lock` as a queued rwlock), [`tdp_iter`]
-//!   (the walk), [`tdp_mmu`] (roots, `kvm_zap_gfn_range`, the read-lock fault).
+//!   (the walk), [`tdp_mmu`] (roots, `kvm_zap_gfn_range`, the read-lock fault), [`tdp_rcu`]
+//!   (RCU-deferred freeing of the tables it removes).
 //!
 //! The EPT pages themselves (what the hardware walks) are `shootdown_hw::ept`; this is KVM's
 //! software view of them. Simplifications: direct MMU only (no shadow paging of guest page
@@ -28,6 +29,7 @@ pub mod rwlock;
 pub mod spte;
 pub mod tdp_iter;
 pub mod tdp_mmu;
+pub mod tdp_rcu;
 pub mod zap;
 
 use shootdown_hw::ept::{Gfn, SpId};
@@ -86,6 +88,8 @@ pub struct KvmMmu {
     pub last_flush_begin: u64,
     /// `kvm->arch.possible_nx_huge_pages`, oldest first (its length is `nx_lpage_splits`).
     pub possible_nx_huge_pages: Vec<SpId>,
+    /// The TDP MMU walks' RCU read sections and the removed tables waiting for a grace period.
+    pub rcu: tdp_rcu::TdpMmuRcu,
 }
 
 impl KvmMmu {

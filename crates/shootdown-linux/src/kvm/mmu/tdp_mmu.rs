@@ -11,6 +11,11 @@
 //!   progress and `mmu_lock` is contended (`rwlock_needbreak`), do the pending remote flush,
 //!   drop the lock (`cond_resched_rwlock_write`), take it again and restart the walk from the
 //!   root; then one remote flush if anything was zapped, `kvm_mmu_invalidate_end()`, unlock.
+//!   Before v5.18 (`tdp_zap`) the walk is `zap_gfn_range()`: it zaps whole tables that lie
+//!   inside the range too, each flushed for by `handle_removed_tdp_mmu_page()` and then freed
+//!   (v5.10) or `call_rcu`'d (v5.12+, `tdp_rcu.rs`: each root's walk is an RCU read section,
+//!   and a yield drops RCU before its flush); v5.15–v5.17 walk only the root's own entries
+//!   when zapping everything.
 //!   With patch 12 (`zap_gfn_range_lock = "read"`) the walk runs under the read lock and zaps
 //!   atomically: every present entry of at most 1 GiB inside the range (tables too) is frozen,
 //!   flushed for (`kvm_flush_remote_tlbs_gfn`, a full flush on VMX) and cleared, and a zapped
@@ -41,7 +46,7 @@ use crate::kvm::mmu::rwlock::RwlockWait;
 use crate::kvm::mmu::tdp_iter::TdpIter;
 use crate::machine::Machine;
 use crate::mem::Loc;
-use crate::options::ZapLock;
+use crate::options::{TdpZap, ZapLock};
 use crate::state::Access;
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::Env;
@@ -90,6 +95,8 @@ pub struct ZapGfnRange {
     pub prior_flush: bool,
     /// An MMU notifier's unmap, not `kvm_zap_gfn_range`.
     pub notifier: bool,
+    /// Before v5.18: the table just removed, freed once its flush is done.
+    pub removed: Option<SpId>,
 }
 
 /// The steps of `kvm_zap_gfn_range()`.
@@ -115,6 +122,9 @@ pub enum ZapGfnRangePc {
     Relock,
     /// Patch 12: the frozen entry was flushed for: clear it; a table's subtree is freed.
     ClearFrozen,
+    /// Before v5.18: `handle_removed_tdp_mmu_page()` flushed the removed table's range: free
+    /// it (v5.10) or `call_rcu` it (v5.12+).
+    FreeRemoved,
     /// Patch 12: `read_unlock`.
     UpgradeLock,
     /// Patch 12: `write_lock` again for the end.
@@ -148,6 +158,7 @@ impl ZapGfnRange {
             lock: RwlockWait::Fast,
             prior_flush: false,
             notifier,
+            removed: None,
         }))
     }
 }
@@ -285,6 +296,7 @@ impl Machine {
         }
         self.ept.free(sp);
         self.charge(env, |c| c.sp_free);
+        self.perf.counters.inc(Counter::KvmTdpTablesFreed);
         // tdp_mmu_unlink_sp(): a split page is no longer tracked for NX recovery.
         self.unaccount_nx_huge_page(vm, sp);
         if let Some(p) = self.kvm_mut(vm).mmu.pages.get_mut(&sp) {
@@ -355,7 +367,18 @@ impl Machine {
                 let root = self.tdp_roots_of(vm, s.as_id).nth(s.root as usize);
                 match root {
                     Some(sp) => {
-                        s.iter = TdpIter::start(sp, 1, s.start);
+                        // v5.15–v5.17 `zap_gfn_range()`: a zap of everything walks the root's
+                        // own entries only.
+                        let zap_all = s.start == 0 && s.end >= self.kvm(vm).max_gfn;
+                        let min_level = if zap_all && self.opts.tdp_zap == TdpZap::V5_15 {
+                            EPT_ROOT_LEVEL
+                        } else {
+                            1
+                        };
+                        s.iter = TdpIter::start(sp, min_level, s.start);
+                        if self.tdp_zap_rcu() {
+                            self.tdp_rcu_read_lock(me);
+                        }
                         s.pc = Walk;
                         let a = s.as_id;
                         self.say(|| format!("walk root EPT page #{sp} (address space {a})"));
@@ -380,6 +403,9 @@ impl Machine {
             }
             Walk => self.zap_walk_step(me, s, env),
             Yield => {
+                if self.tdp_rcu_holds(me) {
+                    self.tdp_rcu_read_unlock(me, env);
+                }
                 if shared {
                     self.mmu_read_unlock(me, env);
                 } else {
@@ -411,9 +437,27 @@ impl Machine {
                 if let Some(spin) = spin {
                     return spin;
                 }
-                s.iter.yielded = true;
+                if self.tdp_zap_rcu() {
+                    self.tdp_rcu_read_lock(me);
+                }
                 s.flush = false;
-                s.iter.next(&self.ept);
+                if self.opts.tdp_zap == TdpZap::V5_15
+                    && self.opts.mutants.tdp_iter_advances_after_restart()
+                {
+                    // tdp_iter_restart(), then the loop's tdp_iter_next(): the entry the walk
+                    // yielded at is stepped over.
+                    s.iter.restart();
+                    s.iter.next(&self.ept);
+                    let g = s.iter.gfn;
+                    self.say(|| {
+                        format!(
+                            "tdp_iter_restart, then tdp_iter_next: the walk goes on at gfn {g:#x}"
+                        )
+                    });
+                } else {
+                    s.iter.yielded = true;
+                    s.iter.next(&self.ept);
+                }
                 s.pc = Walk;
                 Flow::Next
             }
@@ -428,6 +472,19 @@ impl Machine {
                     self.tdp_mmu_free_subtree(vm, child, env);
                 }
                 self.say(|| format!("clear the frozen SPTE (EPT page #{sp} entry {idx})"));
+                s.iter.next(&self.ept);
+                s.pc = Walk;
+                Flow::Next
+            }
+            FreeRemoved => {
+                let sp = s.removed.take().expect("a removed table");
+                if self.opts.tdp_zap == TdpZap::V5_10 {
+                    self.tdp_mmu_free_subtree(vm, sp, env);
+                    self.say(|| format!("free_page(EPT page #{sp}) and its subtree"));
+                } else {
+                    self.tdp_call_rcu(vm, sp, env);
+                    self.say(|| format!("call_rcu(EPT page #{sp}): freed after a grace period"));
+                }
                 s.iter.next(&self.ept);
                 s.pc = Walk;
                 Flow::Next
@@ -500,6 +557,14 @@ impl Machine {
         if !s.iter.valid || s.iter.gfn >= end {
             s.root += 1;
             s.pc = ZapGfnRangePc::NextRoot;
+            if self.tdp_rcu_holds(me) {
+                let freed = self.tdp_rcu_read_unlock(me, env);
+                self.say(|| match freed {
+                    0 => "end of this root's walk: rcu_read_unlock".into(),
+                    n => format!("end of this root's walk: rcu_read_unlock: the grace period ends, {n} removed table(s) freed"),
+                });
+                return Flow::Next;
+            }
             self.say(|| "end of this root's walk".into());
             return Flow::Next;
         }
@@ -511,6 +576,14 @@ impl Machine {
             && (self.mmu_rwlock_contended(me, env) || self.need_resched(me, env))
         {
             s.pc = ZapGfnRangePc::Yield;
+            // v5.12–v5.17: rcu_read_unlock() before the flush (bd29677952fa, v5.18, moved it
+            // after).
+            if self.tdp_zap_rcu() {
+                let freed = self.tdp_rcu_read_unlock(me, env);
+                if freed > 0 {
+                    self.say(|| format!("tdp_mmu_iter_cond_resched: rcu_read_unlock: the grace period ends, {freed} removed table(s) freed"));
+                }
+            }
             if s.flush {
                 s.flush = false;
                 self.say(|| "tdp_mmu_iter_cond_resched: flush before yielding".into());
@@ -553,6 +626,11 @@ impl Machine {
             s.iter.next(&self.ept);
             return Flow::Next;
         }
+        if self.opts.tdp_zap != TdpZap::Mainline {
+            if let Some(flow) = self.zap_whole_table(me, s, env) {
+                return flow;
+            }
+        }
         if matches!(spte.kind, SpteKind::Leaf { .. }) {
             self.set_spte(vm, sp, idx, SpteKind::None);
             self.perf.counters.inc(Counter::KvmTdpSptesZapped);
@@ -569,6 +647,63 @@ impl Machine {
         }
         s.iter.next(&self.ept);
         Flow::Next
+    }
+
+    /// Before v5.18, `zap_gfn_range()` zaps a non-leaf entry that lies wholly inside the range
+    /// (one that sticks out is stepped into): `tdp_mmu_set_spte()` clears it and
+    /// `handle_removed_tdp_mmu_page()` (v5.10: `handle_changed_spte`) flushes the table's range
+    /// (a full flush on VMX) before the table goes. `None` if the entry is not such a table.
+    fn zap_whole_table<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut ZapGfnRange,
+        env: &mut E,
+    ) -> Option<Flow> {
+        let vm = self.vm_of(me);
+        let (sp, idx) = s.iter.sptep();
+        let (level, gfn) = (s.iter.level, s.iter.gfn);
+        let SpteKind::Table(child) = self.ept.spte(sp, idx).kind else {
+            return None;
+        };
+        if gfn < s.start || gfn + gfns_per_entry(level) > s.end {
+            return None;
+        }
+        self.set_spte(vm, sp, idx, SpteKind::None);
+        self.perf.counters.inc(Counter::KvmTdpSptesZapped);
+        self.charge(env, |c| c.spte_zap);
+        s.flush = true;
+        if self.opts.tdp_zap != TdpZap::V5_10 && self.opts.mutants.tdp_removed_pt_defers_flush() {
+            // bb95dfb9e2df: the flush is the caller's.
+            self.tdp_call_rcu(vm, child, env);
+            self.say(|| {
+                format!("zap the table SPTE of gfn {gfn:#x} (level {level}); handle_removed_tdp_mmu_page: call_rcu(EPT page #{child}), the flush left to the caller")
+            });
+            s.iter.next(&self.ept);
+            return Some(Flow::Next);
+        }
+        s.removed = Some(child);
+        s.pc = ZapGfnRangePc::FreeRemoved;
+        self.say(|| {
+            format!("zap the table SPTE of gfn {gfn:#x} (level {level}); handle_removed_tdp_mmu_page: kvm_flush_remote_tlbs_with_address")
+        });
+        Some(Flow::Call(FlushRemoteTlbs::call()))
+    }
+
+    /// Is the GFN-range zap's walk an RCU read section that matters: one whose tables go to
+    /// `call_rcu` (v5.12–v5.17)? (From v5.12 every form walks inside `rcu_read_lock()`, but the
+    /// leaf-only walk and patch 12's, which frees after its flush, free nothing through RCU,
+    /// so their read sections are not recorded.)
+    fn tdp_zap_rcu(&self) -> bool {
+        matches!(self.opts.tdp_zap, TdpZap::V5_12 | TdpZap::V5_15)
+    }
+
+    /// Is agent `me` inside an RCU read section of its VM's MMU?
+    fn tdp_rcu_holds(&self, me: usize) -> bool {
+        self.kvm(self.vm_of(me))
+            .mmu
+            .rcu
+            .readers
+            .contains(&(me as u32))
     }
 
     /// `need_resched()` on agent `me`'s host CPU: the host scheduler wants the pCPU of a vCPU
