@@ -294,6 +294,15 @@ const MUTANTS: &[Pinned] = &[
         347,
     ),
     (
+        "kvm_tdp_fault_enomem",
+        "topup_failure_skips_read_unlock",
+        None,
+        "sc",
+        "X4-DEADLOCK",
+        66,
+        9595,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         None,

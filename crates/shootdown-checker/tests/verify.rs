@@ -102,6 +102,8 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_tdp_zap_tables", "tso", 4515, 9416),
     ("kvm_tdp_zap_all_yield", "sc", 16231, 30829),
     ("kvm_tdp_zap_all_yield", "tso", 19810, 40972),
+    ("kvm_tdp_fault_enomem", "sc", 7574, 14246),
+    ("kvm_tdp_fault_enomem", "tso", 10982, 24424),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it

@@ -170,6 +170,8 @@ counters! {
     /// SPTEs zapped by `kvm_zap_gfn_range()`: leaves, and before v5.18 (`tdp_zap`) whole
     /// tables.
     KvmTdpSptesZapped = "kvm.tdp_sptes_zapped",
+    /// Allocations made to fail (`alloc_fail`): each a fault that returned -ENOMEM.
+    KvmAllocFailures = "kvm.alloc_failures",
     /// TDP MMU page-table pages freed after a zap removed them (at once in v5.10, after an RCU
     /// grace period from v5.12; NX recovery and patch 12 too).
     KvmTdpTablesFreed = "kvm.tdp_tables_freed",

@@ -567,6 +567,72 @@ named_enum! {
     }
 }
 
+/// An allocation made to fail (`alloc_fail = "SITE:VCPU,VCPU…"`): the first attempt of each
+/// listed vCPU at that site fails with -ENOMEM, where the kernel handles the failure; later
+/// attempts succeed (the host has reclaimed memory meanwhile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct AllocFail {
+    pub site: AllocSite,
+    /// The vCPUs (bit i: vCPU i of the VM) whose first attempt fails.
+    pub vcpus: u64,
+}
+
+named_enum! {
+    /// Where an allocation failure can be injected (`AllocFail`).
+    pub enum AllocSite {
+        /// Nothing fails.
+        None = "none",
+        /// `mmu_topup_memory_caches()` at the start of a page fault, before `mmu_lock` (both
+        /// MMUs): the fault returns -ENOMEM, `KVM_RUN` returns it to the VMM.
+        MmuTopupMemoryCaches = "mmu_topup_memory_caches",
+    }
+}
+
+impl Default for AllocFail {
+    fn default() -> Self {
+        AllocFail {
+            site: AllocSite::None,
+            vcpus: 0,
+        }
+    }
+}
+
+impl AllocFail {
+    /// Does the first attempt of vCPU `v` (of its VM) at `site` fail?
+    pub fn fails(&self, site: AllocSite, v: usize) -> bool {
+        self.site == site && v < 64 && self.vcpus & (1 << v) != 0
+    }
+}
+
+impl OptionValue for AllocFail {
+    fn parse(v: &OptValue) -> Result<AllocFail, String> {
+        let OptValue::Str(s) = v else {
+            return Err(
+                "expected \"none\" or \"SITE:VCPU,…\" (e.g. \"mmu_topup_memory_caches:0,1\")"
+                    .into(),
+            );
+        };
+        let (site, list) = s.split_once(':').unwrap_or((s.as_str(), ""));
+        let site = AllocSite::parse(&OptValue::Str(site.trim().to_string()))?;
+        let mut vcpus = 0u64;
+        for t in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            match t.parse::<u32>() {
+                Ok(i) if i < 64 => vcpus |= 1 << i,
+                _ => return Err(format!("'{t}' is not a vCPU index (0..63)")),
+            }
+        }
+        match (site, vcpus) {
+            (AllocSite::None, 0) => Ok(AllocFail::default()),
+            (AllocSite::None, _) => Err("\"none\" takes no vCPUs".into()),
+            (_, 0) => Err(format!(
+                "name the vCPUs whose allocation fails: \"{}:0,1\"",
+                site.name()
+            )),
+            _ => Ok(AllocFail { site, vcpus }),
+        }
+    }
+}
+
 /// Width of the memslot generation kept in MMIO SPTEs (19 bits from v5.1, 20 before):
 /// scenarios narrow it so that a wrap takes a few updates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -761,6 +827,10 @@ mutants! {
     /// before its flush, at a yield and at the end of each root: the grace period can end and
     /// free the table while a vCPU's paging-structure cache still points into it.
     tdp_removed_pt_defers_flush = "",
+    /// Seeded (with `alloc_fail = "mmu_topup_memory_caches:…"`): the TDP MMU fault tops up its
+    /// memory caches after `read_lock(&kvm->mmu_lock)` (an allocation moved under the lock),
+    /// and its -ENOMEM path returns without `read_unlock`: the next writer waits forever.
+    topup_failure_skips_read_unlock = "",
     /// CVE-2021-47094 (0103098fb4f1, fixed by 3a0f64de479c in v5.16): after a yield,
     /// `tdp_mmu_iter_cond_resched()` restarts the iterator and the walk's loop then advances
     /// it. A zap of everything on `tdp_zap = "v5_15"` walks top-level entries only, so the
@@ -1132,6 +1202,9 @@ options! {
     /// Host: how the steal-time area is mapped (`kvm/st_cache.rs`).
     steal_time_map: StealTimeMap = StealTimeMap::Mainline,
         accepts = format!("{} (the steal-time area's cache: 7e2175ebd695)", names(StealTimeMap::NAMES));
+    /// Host: an allocation that fails once on the named vCPUs, where the kernel handles it.
+    alloc_fail: AllocFail = AllocFail::default(),
+        accepts = format!("\"none\" or \"SITE:VCPU,…\" with SITE one of {} (the first attempt of each listed vCPU fails with -ENOMEM)", names(AllocSite::NAMES));
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

@@ -574,3 +574,38 @@ fn tdp_zap_forms_free_whole_tables_before_v5_18() {
     assert!(steps[3] > steps[0], "{steps:?}");
     assert_eq!(steps[1], steps[2], "{steps:?}");
 }
+
+/// `alloc_fail`: vCPU 0's first `mmu_topup_memory_caches()` fails, in both MMUs: the fault
+/// returns -ENOMEM, `KVM_RUN` is entered again, the access exits once more and maps.
+#[test]
+fn an_injected_topup_failure_costs_one_more_exit_in_both_mmus() {
+    for tdp_mmu in [true, false] {
+        let mut o = Options {
+            tdp_mmu,
+            ..Options::default()
+        };
+        o.set(
+            "alloc_fail",
+            &OptValue::Str("mmu_topup_memory_caches:0".into()),
+        )
+        .unwrap();
+        let mut m = vm(1, o, vec![ram(0, 0, 0x400, false)]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 4, true);
+        let prog = vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 4,
+                write: false,
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("t", mm, 0, prog);
+        let (stop, _) = run(&mut m, 10);
+        assert_eq!(stop, Stop::Finished, "tdp_mmu = {tdp_mmu}: {}", m.dump());
+        let c = m.counters();
+        assert_eq!(c.get(Counter::KvmAllocFailures), 1, "tdp_mmu = {tdp_mmu}");
+        assert_eq!(c.get(Counter::KvmEptViolations), 5, "tdp_mmu = {tdp_mmu}");
+        assert_eq!(c.get(Counter::KvmMmuPfFixed), 4, "tdp_mmu = {tdp_mmu}");
+    }
+}

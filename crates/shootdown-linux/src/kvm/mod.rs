@@ -171,6 +171,8 @@ pub struct Vcpu {
     /// Oracle: guest frames whose memory type this vCPU's last MTRR write or CR0.CD change may
     /// have changed; checked (INV-MEMTYPE) when it next enters the guest.
     pub memtype_check: Option<(Gfn, Gfn)>,
+    /// `alloc_fail`: this vCPU's one injected allocation failure has happened.
+    pub alloc_failed: bool,
 }
 
 shootdown_engine::clone_by_fields!(Vcpu {
@@ -197,6 +199,7 @@ shootdown_engine::clone_by_fields!(Vcpu {
     mtrr,
     cr0_cd,
     memtype_check,
+    alloc_failed,
 });
 
 impl Vcpu {
@@ -226,6 +229,7 @@ impl Vcpu {
             mtrr: mtrr::MtrrState::default(),
             cr0_cd: true,
             memtype_check: None,
+            alloc_failed: false,
         }
     }
 

@@ -331,6 +331,11 @@ impl Machine {
                         self.complete_user_access(v, env);
                         self.say(|| format!("emulate the write to ROM gfn {gfn:#x} (dropped)"));
                     }
+                    Some(Emulation::RunFailed) => {
+                        // The round trip to the VMM and back into KVM_RUN, as an MMIO exit's.
+                        self.charge(env, |c| c.mmio_emulation);
+                        self.say(|| "KVM_RUN returns -ENOMEM; the VMM calls KVM_RUN again".into());
+                    }
                     // Nothing to emulate: the guest retries its access; on to the requests.
                     None => return self.vcpu_enter_guest_step(v, s, env),
                 }

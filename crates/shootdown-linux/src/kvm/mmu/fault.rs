@@ -46,6 +46,10 @@ pub enum Emulation {
     Mmio { gfn: Gfn, derived: u64 },
     /// A write to a ROM slot, dropped by the VMM.
     RomWrite { gfn: Gfn },
+    /// The fault failed with -ENOMEM (`alloc_fail`): `KVM_RUN` returns it to the VMM, which
+    /// calls `KVM_RUN` again (QEMU would stop the VM instead; the model's VMM treats it as
+    /// transient, so that what follows the failure is explored).
+    RunFailed,
 }
 
 /// `tdp_page_fault(vcpu, gpa, error_code)`.
@@ -131,6 +135,29 @@ impl MmioPageFault {
 }
 
 impl Machine {
+    /// `mmu_topup_memory_caches()` at the start of vCPU `v`'s page fault: fails (-ENOMEM) on
+    /// the vCPU's first attempt if `alloc_fail` names it; then the fault returns the error
+    /// with nothing changed (the caches are filled before `mmu_lock` so that nothing under it
+    /// can fail).
+    pub(crate) fn mmu_topup_memory_caches_fails(&mut self, v: CpuId) -> bool {
+        if !self.mmu_topup_failure_pending(v) {
+            return false;
+        }
+        self.host_mut().vcpus[v].alloc_failed = true;
+        self.perf.counters.inc(Counter::KvmAllocFailures);
+        true
+    }
+
+    /// Would vCPU `v`'s next `mmu_topup_memory_caches()` fail?
+    pub(crate) fn mmu_topup_failure_pending(&self, v: CpuId) -> bool {
+        use crate::options::AllocSite;
+        let idx = v - self.kvm(self.vm_of(v)).vcpus.start;
+        self.opts
+            .alloc_fail
+            .fails(AllocSite::MmuTopupMemoryCaches, idx)
+            && !self.host_ref().vcpus[v].alloc_failed
+    }
+
     /// `__kvm_memslots(kvm, as_id)->generation` as agent `me` reads it now.
     pub(crate) fn load_memslots_gen<E: Env>(
         &mut self,
@@ -187,6 +214,13 @@ impl Machine {
             Lookup => {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
+                if self.mmu_topup_memory_caches_fails(v) {
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
+                    self.say(|| {
+                        format!("tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches: -ENOMEM")
+                    });
+                    return Flow::Return;
+                }
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
                 let a = self.fault_as_id(v);
                 let set = self.load(env, v, Loc::Memslots(vm as u32, a as u32)) as usize;

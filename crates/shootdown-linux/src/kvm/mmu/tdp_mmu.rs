@@ -730,6 +730,19 @@ impl Machine {
             Lookup => {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
+                // The topup; its seeded mutant tops up under the lock (`Map`).
+                if self.mmu_topup_failure_pending(v)
+                    && !self.opts.mutants.topup_failure_skips_read_unlock()
+                    && self.mmu_topup_memory_caches_fails(v)
+                {
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
+                    self.say(|| {
+                        format!(
+                            "kvm_tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches: -ENOMEM"
+                        )
+                    });
+                    return Flow::Return;
+                }
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
                 let noncoherent = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0;
                 s.honors = self.honors_guest_mtrrs_with(noncoherent);
@@ -763,6 +776,16 @@ impl Machine {
                 Flow::Next
             }
             Map => {
+                if self.mmu_topup_failure_pending(v)
+                    && self.opts.mutants.topup_failure_skips_read_unlock()
+                    && self.mmu_topup_memory_caches_fails(v)
+                {
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
+                    self.say(|| {
+                        format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches under mmu_lock: -ENOMEM; return (still holding it for read)")
+                    });
+                    return Flow::Return;
+                }
                 // is_page_fault_stale() → mmu_invalidate_retry_hva(kvm, mmu_seq, hva).
                 let count = self.load(env, v, Loc::MmuNotifierCount(vm as u32));
                 let seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
