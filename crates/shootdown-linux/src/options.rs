@@ -831,11 +831,11 @@ mutants! {
     /// memory caches after `read_lock(&kvm->mmu_lock)` (an allocation moved under the lock),
     /// and its -ENOMEM path returns without `read_unlock`: the next writer waits forever.
     topup_failure_skips_read_unlock = "",
-    /// CVE-2021-47094 (0103098fb4f1, fixed by 3a0f64de479c in v5.16): after a yield,
+    /// K15, CVE-2021-47094 (0103098fb4f1, fixed by 3a0f64de479c in v5.16): after a yield,
     /// `tdp_mmu_iter_cond_resched()` restarts the iterator and the walk's loop then advances
     /// it. A zap of everything on `tdp_zap = "v5_15"` walks top-level entries only, so the
     /// entry the walk yielded at is skipped with its subtree, unzapped.
-    tdp_iter_advances_after_restart = "",
+    tdp_iter_advances_after_restart = "K15",
     /// K14 (fixed by 6d3085e4d89a in v6.1), in the catalog recipe's second form:
     /// `kvm_zap_gfn_range()` marks no invalidation in progress (the code before edb298c663fc;
     /// from it to v6.0 the mark was a GFN range compared with host virtual addresses, which only
