@@ -534,7 +534,8 @@ named_enum! {
         V5_12 = "v5_12",
         /// v5.15–v5.17 (0103098fb4f1): as v5.12, and a zap of everything (`zap_all`) walks
         /// the root's own entries only (`min_level` = the root level): zapping a top-level
-        /// table takes its subtree with it.
+        /// table takes its subtree with it. With the iterator fixed by 3a0f64de479c (v5.16;
+        /// plain v5.15 is mutant `tdp_iter_advances_after_restart`, K15).
         V5_15 = "v5_15",
         /// v5.18+ (f47e5bbbc92f): leaves only; no table is freed, so the caller's flush
         /// comes after RCU is dropped.

@@ -29,9 +29,13 @@
 //! Simplifications: the fault's walk, its table links and the leaf install are one atomic step
 //! under the read lock (in the kernel each is a `cmpxchg` that fails and retries the fault if an
 //! atomic zap changed the entry meanwhile; the only concurrent writers under the read lock are
-//! patch 12's zaps, whose freeze this step honours by retrying); a zapped table's subtree is
-//! freed right after its flush (the kernel frees it after an RCU grace period, which the
-//! atomic fault step cannot be inside); no shadow MMU beside the TDP MMU (the rmap part of
+//! patch 12's zaps, whose freeze this step honours by retrying); under patch 12 (and in the
+//! v5.10 form) a zapped table's subtree is freed right after its flush, in the v5.12–v5.17 forms
+//! after an RCU grace period (`tdp_rcu.rs`); a removed table keeps its entries until it is
+//! freed (the kernel clears them first, so the model allows more paging-structure-cache fills,
+//! never fewer); the pre-v5.16 forms use the fixed iterator (`yielded`), which only matters to
+//! a walk at the root level (K15); v5.10 checks for a yield before each entry, as later kernels
+//! do; no shadow MMU beside the TDP MMU (the rmap part of
 //! `kvm_zap_gfn_range` finds nothing); no dirty logging, no 1 GiB leaves. NX huge pages:
 //! `nx_huge_pages.rs`; a huge SPTE in the way of a fault's table (a fetch under the
 //! mitigation, or MTRRs that narrowed the level) is zapped with its flush first
@@ -114,9 +118,10 @@ pub enum ZapGfnRangePc {
     /// address space, or the end of the walk.
     NextRoot,
     /// One iteration of `tdp_mmu_zap_leafs()`: the yield check, then zap the entry if it is a
-    /// present leaf.
+    /// present leaf (before v5.18, `zap_gfn_range()`: or a table wholly inside the range).
     Walk,
-    /// `tdp_mmu_iter_cond_resched()`, flush done: `rcu_read_unlock`, drop the lock.
+    /// `tdp_mmu_iter_cond_resched()`, flush done: drop the lock (v5.18+ drops RCU here, after
+    /// the flush; v5.12–v5.17 dropped it before the flush).
     Yield,
     /// Take the lock again (`cond_resched_rwlock_*`), `rcu_read_lock`, restart the walk.
     Relock,
