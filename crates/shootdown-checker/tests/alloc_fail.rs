@@ -57,19 +57,7 @@ fn a_bad_alloc_fail_value_is_one_line_naming_the_key() {
         ("mmu_topup_memory_caches:x", "'x' is not a vCPU index"),
         ("none:0", "takes no vCPUs"),
     ] {
-        let e = shootdown_checker::check(
-            &common::scenario("kvm_tdp_fault_enomem"),
-            None,
-            "sc",
-            None,
-            None,
-            0,
-            "bfs",
-            true,
-            &[format!("options.alloc_fail={v}")],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = common::set_error("kvm_tdp_fault_enomem", &format!("options.alloc_fail={v}"));
         assert!(
             e.contains("options.alloc_fail") && e.contains(why) && !e.contains('\n'),
             "{v}: {e}"

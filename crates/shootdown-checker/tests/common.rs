@@ -92,6 +92,23 @@ fn doc_row(l: &str) -> DocRow {
     }
 }
 
+/// The one-line error `check NAME --set SET` gives (a value or a mix of options refused).
+pub fn set_error(name: &str, set: &str) -> String {
+    check(
+        &scenario(name),
+        None,
+        "sc",
+        None,
+        None,
+        0,
+        "bfs",
+        true,
+        &[set.to_string()],
+    )
+    .unwrap_err()
+    .to_string()
+}
+
 /// `check NAME --strategy bfs --set KEY=VALUE…` (a kernel version's form of the scenario).
 pub fn run_set(name: &str, mutant: Option<&str>, mm: &str, sets: &[&str]) -> CheckResult {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

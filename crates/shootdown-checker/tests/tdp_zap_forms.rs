@@ -105,19 +105,7 @@ fn the_advanced_iterator_skips_the_entry_it_yielded_at_only_in_the_top_level_wal
 
 #[test]
 fn patch_12s_read_lock_zap_needs_the_leaf_only_walk() {
-    let e = shootdown_checker::check(
-        &common::scenario("kvm_tdp_zap_tables"),
-        None,
-        "sc",
-        None,
-        None,
-        0,
-        "bfs",
-        true,
-        &["options.zap_gfn_range_lock=read".to_string()],
-    )
-    .unwrap_err()
-    .to_string();
+    let e = common::set_error("kvm_tdp_zap_tables", "options.zap_gfn_range_lock=read");
     assert!(
         e.contains("options.tdp_zap") && e.contains("patch 12"),
         "{e}"

@@ -148,6 +148,13 @@ impl Machine {
         true
     }
 
+    /// The fault of vCPU `v` returns -ENOMEM (saying `what`): `KVM_RUN` returns it to the VMM.
+    pub(crate) fn fault_returns_enomem(&mut self, v: CpuId, what: impl FnOnce() -> String) -> Flow {
+        self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
+        self.say(what);
+        Flow::Return
+    }
+
     /// Would vCPU `v`'s next `mmu_topup_memory_caches()` fail?
     pub(crate) fn mmu_topup_failure_pending(&self, v: CpuId) -> bool {
         use crate::options::AllocSite;
@@ -215,11 +222,9 @@ impl Machine {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
                 if self.mmu_topup_memory_caches_fails(v) {
-                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
-                    self.say(|| {
+                    return self.fault_returns_enomem(v, || {
                         format!("tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches: -ENOMEM")
                     });
-                    return Flow::Return;
                 }
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
                 let a = self.fault_as_id(v);

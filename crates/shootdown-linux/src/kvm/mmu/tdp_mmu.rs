@@ -408,9 +408,6 @@ impl Machine {
             }
             Walk => self.zap_walk_step(me, s, env),
             Yield => {
-                if self.tdp_rcu_holds(me) {
-                    self.tdp_rcu_read_unlock(me, env);
-                }
                 if shared {
                     self.mmu_read_unlock(me, env);
                 } else {
@@ -562,15 +559,11 @@ impl Machine {
         if !s.iter.valid || s.iter.gfn >= end {
             s.root += 1;
             s.pc = ZapGfnRangePc::NextRoot;
-            if self.tdp_rcu_holds(me) {
-                let freed = self.tdp_rcu_read_unlock(me, env);
-                self.say(|| match freed {
-                    0 => "end of this root's walk: rcu_read_unlock".into(),
-                    n => format!("end of this root's walk: rcu_read_unlock: the grace period ends, {n} removed table(s) freed"),
-                });
-                return Flow::Next;
+            if self.tdp_zap_rcu() {
+                self.zap_rcu_read_unlock(me, "end of this root's walk", env);
+            } else {
+                self.say(|| "end of this root's walk".into());
             }
-            self.say(|| "end of this root's walk".into());
             return Flow::Next;
         }
         self.perf.counters.inc(Counter::KvmTdpIterSteps);
@@ -584,10 +577,7 @@ impl Machine {
             // v5.12–v5.17: rcu_read_unlock() before the flush (bd29677952fa, v5.18, moved it
             // after).
             if self.tdp_zap_rcu() {
-                let freed = self.tdp_rcu_read_unlock(me, env);
-                if freed > 0 {
-                    self.say(|| format!("tdp_mmu_iter_cond_resched: rcu_read_unlock: the grace period ends, {freed} removed table(s) freed"));
-                }
+                self.zap_rcu_read_unlock(me, "tdp_mmu_iter_cond_resched", env);
             }
             if s.flush {
                 s.flush = false;
@@ -702,13 +692,15 @@ impl Machine {
         matches!(self.opts.tdp_zap, TdpZap::V5_12 | TdpZap::V5_15)
     }
 
-    /// Is agent `me` inside an RCU read section of its VM's MMU?
-    fn tdp_rcu_holds(&self, me: usize) -> bool {
-        self.kvm(self.vm_of(me))
-            .mmu
-            .rcu
-            .readers
-            .contains(&(me as u32))
+    /// The zap walk's `rcu_read_unlock()` (at `at`), saying which grace periods it ended.
+    fn zap_rcu_read_unlock<E: Env>(&mut self, me: usize, at: &'static str, env: &mut E) {
+        let freed = self.tdp_rcu_read_unlock(me, env);
+        self.say(|| match freed {
+            0 => format!("{at}: rcu_read_unlock"),
+            n => {
+                format!("{at}: rcu_read_unlock: the grace period ends, {n} removed table(s) freed")
+            }
+        });
     }
 
     /// `need_resched()` on agent `me`'s host CPU: the host scheduler wants the pCPU of a vCPU
@@ -735,18 +727,16 @@ impl Machine {
             Lookup => {
                 self.perf.counters.inc(Counter::KvmEptViolations);
                 self.charge(env, |c| c.ept_violation);
-                // The topup; its seeded mutant tops up under the lock (`Map`).
-                if self.mmu_topup_failure_pending(v)
-                    && !self.opts.mutants.topup_failure_skips_read_unlock()
+                // The topup; its seeded mutant tops up under the lock (`Map`), which alone asks
+                // for it (so that only the mutated code marks it run).
+                if !self.opts.mutants.topup_failure_skips_read_unlock
                     && self.mmu_topup_memory_caches_fails(v)
                 {
-                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
-                    self.say(|| {
+                    return self.fault_returns_enomem(v, || {
                         format!(
                             "kvm_tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches: -ENOMEM"
                         )
                     });
-                    return Flow::Return;
                 }
                 s.mmu_seq = self.load(env, v, Loc::MmuNotifierSeq(vm as u32));
                 let noncoherent = self.load(env, v, Loc::NoncoherentDma(vm as u32)) != 0;
@@ -785,11 +775,9 @@ impl Machine {
                     && self.opts.mutants.topup_failure_skips_read_unlock()
                     && self.mmu_topup_memory_caches_fails(v)
                 {
-                    self.host_mut().vcpus[v].emulate = Some(Emulation::RunFailed);
-                    self.say(|| {
+                    return self.fault_returns_enomem(v, || {
                         format!("kvm_tdp_page_fault(gfn {gfn:#x}): mmu_topup_memory_caches under mmu_lock: -ENOMEM; return (still holding it for read)")
                     });
-                    return Flow::Return;
                 }
                 // is_page_fault_stale() → mmu_invalidate_retry_hva(kvm, mmu_seq, hva).
                 let count = self.load(env, v, Loc::MmuNotifierCount(vm as u32));
