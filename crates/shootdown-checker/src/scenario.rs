@@ -1213,6 +1213,12 @@ impl Scenario {
                 }
                 check_memslots("kvm.smm_memslots", slots).map_err(|(key, r)| err(&key, r))?;
             }
+            if let Some(v) = (file.cpus..64).find(|&v| options.alloc_fail.vcpus & (1 << v) != 0) {
+                return Err(err(
+                    "options.alloc_fail",
+                    format!("vcpu{v} does not exist (cpus = {})", file.cpus),
+                ));
+            }
             if options.zap_gfn_range_lock == ZapLock::Read && options.tdp_zap != TdpZap::Mainline {
                 // Patch 12 was written against v6.5's leaf-only walk; the older whole-table
                 // forms never ran under the read lock.

@@ -44,7 +44,7 @@ fn the_mutants_counterexample_shows_the_lock_kept_and_the_writer_waiting() {
     );
     assert!(
         t.iter()
-            .any(|t| t.contains("KVM_RUN returns -ENOMEM; the VMM calls KVM_RUN again")),
+            .any(|t| t.contains("the VMM calls KVM_RUN again (srcu_read_lock)")),
         "{t:?}"
     );
 }
@@ -56,6 +56,7 @@ fn a_bad_alloc_fail_value_is_one_line_naming_the_key() {
         ("mmu_topup_memory_caches", "name the vCPUs"),
         ("mmu_topup_memory_caches:x", "'x' is not a vCPU index"),
         ("none:0", "takes no vCPUs"),
+        ("mmu_topup_memory_caches:0,40", "vcpu40 does not exist"),
     ] {
         let e = common::set_error("kvm_tdp_fault_enomem", &format!("options.alloc_fail={v}"));
         assert!(

@@ -332,9 +332,16 @@ impl Machine {
                         self.say(|| format!("emulate the write to ROM gfn {gfn:#x} (dropped)"));
                     }
                     Some(Emulation::RunFailed) => {
-                        // The round trip to the VMM and back into KVM_RUN, as an MMIO exit's.
+                        // The round trip to the VMM and back into KVM_RUN, as an MMIO exit's:
+                        // kvm_arch_vcpu_ioctl_run() leaves its SRCU read section on the way
+                        // out, and vcpu_run() enters a new one (which sees the memslots
+                        // published meanwhile).
+                        self.srcu_read_unlock(v, env);
                         self.charge(env, |c| c.mmio_emulation);
-                        self.say(|| "KVM_RUN returns -ENOMEM; the VMM calls KVM_RUN again".into());
+                        self.srcu_read_lock(v, env);
+                        self.say(|| {
+                            "KVM_RUN returns -ENOMEM (srcu_read_unlock); the VMM calls KVM_RUN again (srcu_read_lock)".into()
+                        });
                     }
                     // Nothing to emulate: the guest retries its access; on to the requests.
                     None => return self.vcpu_enter_guest_step(v, s, env),

@@ -374,8 +374,7 @@ impl Machine {
                     Some(sp) => {
                         // v5.15–v5.17 `zap_gfn_range()`: a zap of everything walks the root's
                         // own entries only.
-                        let zap_all = s.start == 0 && s.end >= self.kvm(vm).max_gfn;
-                        let min_level = if zap_all && self.opts.tdp_zap == TdpZap::V5_15 {
+                        let min_level = if self.tdp_zap_all(vm, s) {
                             EPT_ROOT_LEVEL
                         } else {
                             1
@@ -443,23 +442,7 @@ impl Machine {
                     self.tdp_rcu_read_lock(me);
                 }
                 s.flush = false;
-                if self.opts.tdp_zap == TdpZap::V5_15
-                    && self.opts.mutants.tdp_iter_advances_after_restart()
-                {
-                    // tdp_iter_restart(), then the loop's tdp_iter_next(): the entry the walk
-                    // yielded at is stepped over.
-                    s.iter.restart();
-                    s.iter.next(&self.ept);
-                    let g = s.iter.gfn;
-                    self.say(|| {
-                        format!(
-                            "tdp_iter_restart, then tdp_iter_next: the walk goes on at gfn {g:#x}"
-                        )
-                    });
-                } else {
-                    s.iter.yielded = true;
-                    s.iter.next(&self.ept);
-                }
+                self.tdp_iter_resume_after_yield(s);
                 s.pc = Walk;
                 Flow::Next
             }
@@ -480,13 +463,7 @@ impl Machine {
             }
             FreeRemoved => {
                 let sp = s.removed.take().expect("a removed table");
-                if self.opts.tdp_zap == TdpZap::V5_10 {
-                    self.tdp_mmu_free_subtree(vm, sp, env);
-                    self.say(|| format!("free_page(EPT page #{sp}) and its subtree"));
-                } else {
-                    self.tdp_call_rcu(vm, sp, env);
-                    self.say(|| format!("call_rcu(EPT page #{sp}): freed after a grace period"));
-                }
+                self.tdp_free_removed(vm, sp, env);
                 s.iter.next(&self.ept);
                 s.pc = Walk;
                 Flow::Next
@@ -660,7 +637,13 @@ impl Machine {
         let SpteKind::Table(child) = self.ept.spte(sp, idx).kind else {
             return None;
         };
-        if gfn < s.start || gfn + gfns_per_entry(level) > s.end {
+        // v5.15 clamps the range to the host's gfns first, and a zap of everything skips the
+        // test (its walk sees the root's entries only).
+        let end = match self.opts.tdp_zap {
+            TdpZap::V5_15 => s.end.min(self.kvm(vm).max_gfn),
+            _ => s.end,
+        };
+        if !self.tdp_zap_all(vm, s) && (gfn < s.start || gfn + gfns_per_entry(level) > end) {
             return None;
         }
         self.set_spte(vm, sp, idx, SpteKind::None);
@@ -682,6 +665,44 @@ impl Machine {
             format!("zap the table SPTE of gfn {gfn:#x} (level {level}); handle_removed_tdp_mmu_page: kvm_flush_remote_tlbs_with_address")
         });
         Some(Flow::Call(FlushRemoteTlbs::call()))
+    }
+
+    /// After a yield, the walk goes on from where it stopped: `tdp_iter_next()` sees
+    /// `iter->yielded` and restarts from the root at `next_last_level_gfn` without stepping.
+    /// K15 (v5.15, before 3a0f64de479c): `tdp_iter_restart()`, then the loop's own
+    /// `tdp_iter_next()`, which steps over the entry the walk restarted at.
+    fn tdp_iter_resume_after_yield(&mut self, s: &mut ZapGfnRange) {
+        if self.opts.tdp_zap == TdpZap::V5_15 && self.opts.mutants.tdp_iter_advances_after_restart()
+        {
+            s.iter.restart();
+            s.iter.next(&self.ept);
+            let g = s.iter.gfn;
+            self.say(|| {
+                format!("tdp_iter_restart, then tdp_iter_next: the walk goes on at gfn {g:#x}")
+            });
+        } else {
+            s.iter.yielded = true;
+            s.iter.next(&self.ept);
+        }
+    }
+
+    /// A table removed by a pre-v5.18 zap, its range flushed: `free_page()` at once with its
+    /// subtree (v5.10, `handle_changed_spte`), or `call_rcu()` (v5.12+, freed after the walk's
+    /// and every fault's RCU read sections end).
+    fn tdp_free_removed<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) {
+        if self.opts.tdp_zap == TdpZap::V5_10 {
+            self.tdp_mmu_free_subtree(vm, sp, env);
+            self.say(|| format!("free_page(EPT page #{sp}) and its subtree"));
+        } else {
+            self.tdp_call_rcu(vm, sp, env);
+            self.say(|| format!("call_rcu(EPT page #{sp}): freed after a grace period"));
+        }
+    }
+
+    /// `zap_gfn_range()`'s `zap_all` (v5.15–v5.17, from 524a1e4e381f): a zap from gfn 0 to at
+    /// least the host's largest gfn walks each root's own entries only and zaps them whole.
+    fn tdp_zap_all(&self, vm: usize, s: &ZapGfnRange) -> bool {
+        self.opts.tdp_zap == TdpZap::V5_15 && s.start == 0 && s.end >= self.kvm(vm).max_gfn
     }
 
     /// Is the GFN-range zap's walk an RCU read section that matters: one whose tables go to
