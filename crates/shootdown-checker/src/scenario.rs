@@ -264,6 +264,9 @@ pub struct MemslotSpec {
     /// Backed by huge host pages (2 MiB SPTEs where the slot covers a whole region).
     #[serde(default)]
     pub huge: bool,
+    /// `KVM_MEM_LOG_DIRTY_PAGES` from the start: a dirty bitmap, 4 KiB SPTEs only.
+    #[serde(default)]
+    pub dirty_log: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -303,6 +306,18 @@ pub enum HostOpSpec {
     AssignNoncoherentDma,
     /// One run of the NX huge page recovery worker (`options.nx_huge_pages`).
     NxRecover,
+    /// `KVM_GET_DIRTY_LOG` of memslot `id` (of address space `as_id`).
+    GetDirtyLog {
+        #[serde(default)]
+        as_id: u8,
+        id: u16,
+    },
+    /// `KVM_CLEAR_DIRTY_LOG` of memslot `id` (`options.manual_dirty_log_protect`).
+    ClearDirtyLog {
+        #[serde(default)]
+        as_id: u8,
+        id: u16,
+    },
     Compute {
         ns: u64,
     },
@@ -441,6 +456,8 @@ impl HostOpSpec {
             HostOpSpec::InvalidateGfns { gfn, npages } => HostOp::InvalidateGfns { gfn, npages },
             HostOpSpec::AssignNoncoherentDma => HostOp::AssignNoncoherentDma,
             HostOpSpec::NxRecover => HostOp::NxRecover,
+            HostOpSpec::GetDirtyLog { as_id, id } => HostOp::GetDirtyLog { as_id, id },
+            HostOpSpec::ClearDirtyLog { as_id, id } => HostOp::ClearDirtyLog { as_id, id },
             HostOpSpec::Compute { ns } => HostOp::Compute { ns },
             HostOpSpec::Loop { to, times } => HostOp::Loop { to, times },
             HostOpSpec::Exit => HostOp::Exit,
@@ -1229,8 +1246,34 @@ impl Scenario {
             }
             for (i, t) in k.threads.iter().enumerate() {
                 for (j, op) in t.program.iter().enumerate() {
+                    if matches!(op, HostOpSpec::ClearDirtyLog { .. })
+                        && !options.manual_dirty_log_protect
+                    {
+                        return Err(err(
+                            &format!("kvm.threads[{i}].program[{j}]"),
+                            "clear_dirty_log needs options.manual_dirty_log_protect = true (KVM returns -EINVAL)".into(),
+                        ));
+                    }
+                    if let HostOpSpec::GetDirtyLog { as_id, id }
+                    | HostOpSpec::ClearDirtyLog { as_id, id } = op
+                    {
+                        let slots = match as_id {
+                            0 => Some(&k.memslots),
+                            _ => k.smm_memslots.as_ref().or(Some(&k.memslots)),
+                        };
+                        let logs =
+                            slots.is_some_and(|s| s.iter().any(|sl| sl.id == *id && sl.dirty_log));
+                        if !logs {
+                            return Err(err(
+                                &format!("kvm.threads[{i}].program[{j}].id"),
+                                format!("memslot {id} does not log dirty pages (give it dirty_log = true)"),
+                            ));
+                        }
+                    }
                     if let HostOpSpec::MemslotCreate { as_id, .. }
-                    | HostOpSpec::MemslotDelete { as_id, .. } = op
+                    | HostOpSpec::MemslotDelete { as_id, .. }
+                    | HostOpSpec::GetDirtyLog { as_id, .. }
+                    | HostOpSpec::ClearDirtyLog { as_id, .. } = op
                     {
                         if *as_id > 1 || (*as_id == 1 && !k.smm) {
                             return Err(err(
@@ -1503,6 +1546,7 @@ impl Scenario {
                 invalid: false,
                 huge: s.huge,
                 pfn,
+                dirty_log: s.dirty_log,
             };
             let slots: Vec<Memslot> = k
                 .memslots

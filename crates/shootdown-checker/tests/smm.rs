@@ -9,7 +9,7 @@ use common::run_set as run;
 #[test]
 fn the_tdp_mmu_form_verifies_and_its_mutants_are_found() {
     let tdp = ["options.tdp_mmu=true"];
-    for (mm, states, transitions) in [("sc", 469747, 1302215), ("tso", 651780, 2019921)] {
+    for (mm, states, transitions) in [("sc", 426692, 1180696), ("tso", 574053, 1750133)] {
         let r = run("kvm_smm", None, mm, &tdp);
         assert_eq!(
             (r.verdict.as_str(), r.states, r.transitions),
@@ -34,7 +34,7 @@ fn the_tdp_mmu_form_verifies_and_its_mutants_are_found() {
     // The TDP MMU keeps a root per address space and never looks pages up by gfn: the shadow
     // MMU's role bug cannot happen there: the mutant is never reached.
     let r = run("kvm_smm", Some("sp_role_ignores_smm"), "sc", &tdp);
-    assert_eq!((r.verdict.as_str(), r.states), ("unreached", 469747));
+    assert_eq!((r.verdict.as_str(), r.states), ("unreached", 426692));
 }
 
 #[test]

@@ -47,8 +47,8 @@ const VERIFIED: &[(&str, &str, u64, u64)] = &[
     ("pfnmap_revoke", "sc", 12489, 25879),
     ("pfnmap_revoke", "tso", 17527, 40899),
     // The TDP MMU's MMU notifier (write lock, roots of both address spaces) against faults.
-    ("kvm_tdp_notifier", "sc", 42280, 118947),
-    ("kvm_tdp_notifier", "tso", 59252, 188360),
+    ("kvm_tdp_notifier", "sc", 38335, 107738),
+    ("kvm_tdp_notifier", "tso", 51674, 161263),
     // An EFI runtime call on efi_mm while another thread zaps, with a perf NMI around it.
     ("efi_runtime", "sc", 4761, 11073),
     ("efi_runtime", "tso", 8998, 24912),
@@ -104,6 +104,10 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_tdp_zap_all_yield", "tso", 19810, 40972),
     ("kvm_tdp_fault_enomem", "sc", 7574, 14246),
     ("kvm_tdp_fault_enomem", "tso", 10982, 24424),
+    ("kvm_dirty_log", "sc", 64358, 123213),
+    ("kvm_dirty_log", "tso", 78837, 161862),
+    ("kvm_dirty_log_manual", "sc", 16129, 30900),
+    ("kvm_dirty_log_manual", "tso", 22100, 47672),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it
@@ -111,8 +115,8 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
 const NX_HUGE_PAGES: &[(&str, &str, u64, u64)] = &[
     ("kvm_nx_recovery", "sc", 228411, 645702),
     ("kvm_nx_recovery", "tso", 324633, 1013206),
-    ("kvm_nx_split", "sc", 666686, 1909392),
-    ("kvm_nx_split", "tso", 927505, 2952240),
+    ("kvm_nx_split", "sc", 629902, 1804153),
+    ("kvm_nx_split", "tso", 864732, 2733268),
 ];
 /// SMM (the shadow MMU): a vCPU entering and leaving SMM around SMRAM, against a normal-mode
 /// vCPU and a reclaim (`kvm_smm`). The TDP MMU's form: `tests/smm.rs`.

@@ -46,10 +46,15 @@ pub enum SpteKind {
     /// A leaf: maps the entry's guest frames (4 KiB at level 1, 2 MiB at level 2) to host
     /// frames starting at `pfn`, with EPT memory type `memtype` (bits 2:0 the type, bit 3
     /// IPAT: [`MT_WB_IPAT`] unless guest MTRRs are honoured). `exec`: the X bit (KVM clears
-    /// it in huge leaves under the iTLB multihit mitigation, `nx_huge_pages`).
+    /// it in huge leaves under the iTLB multihit mitigation, `nx_huge_pages`). `writable`: the
+    /// W bit; `mmu_writable`: KVM's software bits `shadow_host_writable_mask |
+    /// shadow_mmu_writable_mask` (the host page is writable and nothing write-tracks the gfn),
+    /// which let `fast_page_fault()` set W again without `mmu_lock` after dirty logging
+    /// cleared it (`spte_can_locklessly_be_made_writable`).
     Leaf {
         pfn: u64,
         writable: bool,
+        mmu_writable: bool,
         memtype: u8,
         exec: bool,
     },
@@ -61,6 +66,28 @@ pub enum SpteKind {
     /// zap writes with `cmpxchg` before it flushes and clears the entry, so that concurrent
     /// walkers under the read lock leave it alone. The table the entry linked, if it did.
     Frozen(Option<SpId>),
+}
+
+impl SpteKind {
+    /// This leaf with its W bit set to `w` (anything else unchanged).
+    pub fn with_writable(self, w: bool) -> SpteKind {
+        match self {
+            SpteKind::Leaf {
+                pfn,
+                mmu_writable,
+                memtype,
+                exec,
+                ..
+            } => SpteKind::Leaf {
+                pfn,
+                writable: w,
+                mmu_writable,
+                memtype,
+                exec,
+            },
+            other => other,
+        }
+    }
 }
 
 /// One EPT entry plus the history the oracle needs (as [`crate::pagetable::Pte`]).
@@ -258,6 +285,7 @@ mod tests {
             SpteKind::Leaf {
                 pfn: 0x1000,
                 writable: true,
+                mmu_writable: true,
                 memtype: MT_WB_IPAT,
                 exec: true,
             },

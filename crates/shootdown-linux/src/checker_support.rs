@@ -201,6 +201,8 @@ impl Machine {
                 | Frame::ZapGfnRange(_)
                 | Frame::TdpMmuPageFault(_)
                 | Frame::NxRecover(_)
+                | Frame::FastPageFault(_)
+                | Frame::GetDirtyLog(_)
                 | Frame::MtrrZapRequest(_)
                 | Frame::NoncoherentDmaStart(_) => {}
                 Frame::BulkPages(_) | Frame::PageListLocked(_) => {}

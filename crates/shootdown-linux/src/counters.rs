@@ -172,6 +172,14 @@ counters! {
     KvmTdpSptesZapped = "kvm.tdp_sptes_zapped",
     /// Allocations made to fail (`alloc_fail`): each a fault that returned -ENOMEM.
     KvmAllocFailures = "kvm.alloc_failures",
+    /// `fast_page_fault()`s that set W again in a write-protected SPTE with `cmpxchg64`.
+    KvmFastPfFixed = "kvm.fast_pf_fixed",
+    /// `mark_page_dirty_in_slot()` calls on a slot that logs dirty pages (bits set, or set
+    /// again).
+    KvmDirtyPagesMarked = "kvm.dirty_pages_marked",
+    /// `KVM_GET_DIRTY_LOG` ioctls that returned a bitmap, and the dirty pages they returned.
+    KvmDirtyLogHarvests = "kvm.dirty_log_harvests",
+    KvmDirtyPagesHarvested = "kvm.dirty_pages_harvested",
     /// TDP MMU page-table pages freed after a zap removed them (at once in v5.10, after an RCU
     /// grace period from v5.12; NX recovery and patch 12 too).
     KvmTdpTablesFreed = "kvm.tdp_tables_freed",

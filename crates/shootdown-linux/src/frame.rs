@@ -9,10 +9,12 @@
 //! Writing each function as explicit steps is what lets the timed driver and the explorer run
 //! exactly the same protocol code.
 
+use crate::kvm::dirty_log::GetDirtyLog;
 use crate::kvm::kvm_main::{
     FlushRemoteTlbs, InstallMemslots, MakeAllCpusRequest, MmuNotifierInvalidate, SetMemoryRegion,
     SynchronizeSrcu,
 };
+use crate::kvm::mmu::fast_pf::FastPageFault;
 use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
 use crate::kvm::mmu::nx_huge_pages::NxRecover;
 use crate::kvm::mmu::page::{CommitZap, MmuLoad, MmuUnload};
@@ -96,6 +98,9 @@ pub enum Frame {
     TdpMmuPageFault(Box<TdpMmuPageFault>),
     /// Host (KVM, either MMU): the NX huge page recovery worker's zap.
     NxRecover(Box<NxRecover>),
+    /// Host (KVM, either MMU): `fast_page_fault` and `KVM_GET_DIRTY_LOG` (`dirty_log.rs`).
+    FastPageFault(Box<FastPageFault>),
+    GetDirtyLog(Box<GetDirtyLog>),
     MtrrZapRequest(Box<MtrrZapRequest>),
     NoncoherentDmaStart(NoncoherentDmaStart),
     /// Guest mm: faults and frees charged in bulk, and their page-list sections
@@ -134,6 +139,8 @@ shootdown_engine::clone_by_variants!(Frame {
     ZapGfnRange,
     TdpMmuPageFault,
     NxRecover,
+    FastPageFault,
+    GetDirtyLog,
     MtrrZapRequest,
     NoncoherentDmaStart,
     BulkPages,
@@ -171,6 +178,8 @@ impl Frame {
             Frame::ZapGfnRange(b) => boxed(&**b),
             Frame::TdpMmuPageFault(b) => boxed(&**b),
             Frame::NxRecover(b) => boxed(&**b),
+            Frame::FastPageFault(b) => boxed(&**b),
+            Frame::GetDirtyLog(b) => boxed(&**b),
             Frame::MtrrZapRequest(b) => boxed(&**b),
             Frame::FlushFunc(_)
             | Frame::CallFunctionIrq(_)
@@ -271,6 +280,9 @@ impl Frame {
             Frame::ZapGfnRange(_) => "kvm_zap_gfn_range",
             Frame::TdpMmuPageFault(_) => "kvm_tdp_page_fault",
             Frame::NxRecover(_) => "kvm_recover_nx_huge_pages",
+            Frame::FastPageFault(_) => "fast_page_fault",
+            Frame::GetDirtyLog(s) if s.clear => "kvm_clear_dirty_log_protect",
+            Frame::GetDirtyLog(_) => "kvm_get_dirty_log_protect",
             Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",
             Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
             Frame::NoncoherentDmaStart(_) => "kvm_arch_register_noncoherent_dma",
@@ -310,6 +322,8 @@ impl Frame {
             Frame::ZapGfnRange(s) => format!("{:?}", s.pc),
             Frame::TdpMmuPageFault(s) => format!("{:?}", s.pc),
             Frame::NxRecover(s) => format!("{:?}", s.pc),
+            Frame::FastPageFault(s) => format!("{:?}", s.pc),
+            Frame::GetDirtyLog(s) => format!("{:?}", s.pc),
             Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
             Frame::NoncoherentDmaStart(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),

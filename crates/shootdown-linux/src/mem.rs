@@ -334,6 +334,13 @@ locations! {
         read(m) = m.kvm(vm as usize).srcu_idx;
         write(m, x) = m.kvm_mut(vm as usize).srcu_idx = x;
     }
+    /// KVM: word `w` of the dirty bitmap of memslot `slot` (`dirty_log::slot_key`):
+    /// `set_bit_le` sets bits, `KVM_GET_DIRTY_LOG` takes words with `xchg`.
+    DirtyBitmap(vm: u32, slot: u32, w: u32) {
+        line(m) = (23u64 << 56) | (vm as u64) << 40 | (slot as u64) << 8 | (w / 8) as u64;
+        read(m) = m.kvm(vm as usize).dirty_log.word(slot, w);
+        write(m, x) = m.kvm_mut(vm as usize).dirty_log.set_word(slot, w, x);
+    }
     /// Host: an agent's SRCU read section on `kvm->srcu` (its per-CPU counters): 1 + the index
     /// it entered with, 0 outside one.
     SrcuReader(agent: u32) {

@@ -832,6 +832,14 @@ mutants! {
     /// memory caches after `read_lock(&kvm->mmu_lock)` (an allocation moved under the lock),
     /// and its -ENOMEM path returns without `read_unlock`: the next writer waits forever.
     topup_failure_skips_read_unlock = "",
+    /// Seeded (dirty logging): `fast_pf_fix_direct_spte()` sets W with a plain store of the
+    /// value its lockless walk read instead of `cmpxchg64`, so a zap or write-protect that
+    /// ran in between is overwritten: the SPTE comes back, writable.
+    fast_pf_plain_store = "",
+    /// Seeded (dirty logging): `kvm_get_dirty_log_protect()` write-protects the harvested
+    /// pages but does not flush before the bitmap is copied out: a vCPU keeps writing through
+    /// its writable TLB entry, unmarked, after the VMM read the page.
+    get_dirty_log_skips_flush = "",
     /// K15, CVE-2021-47094 (0103098fb4f1, fixed by 3a0f64de479c in v5.16): after a yield,
     /// `tdp_mmu_iter_cond_resched()` restarts the iterator and the walk's loop then advances
     /// it. A zap of everything on `tdp_zap = "v5_15"` walks top-level entries only, so the
@@ -1206,6 +1214,11 @@ options! {
     /// Host: an allocation that fails once on the named vCPUs, where the kernel handles it.
     alloc_fail: AllocFail = AllocFail::default(),
         accepts = format!("\"none\" or \"SITE:VCPU,…\" with SITE one of {} (the first attempt of each listed vCPU fails with -ENOMEM)", names(AllocSite::NAMES));
+    /// Host: `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`, which the VMM enables (QEMU 4.0+ when the
+    /// kernel has it, v5.3+): `KVM_GET_DIRTY_LOG` copies the bitmap out, and
+    /// `KVM_CLEAR_DIRTY_LOG` clears and write-protects (`kvm/dirty_log.rs`).
+    manual_dirty_log_protect: bool = false,
+        accepts = "true | false (KVM_CLEAR_DIRTY_LOG re-protects what KVM_GET_DIRTY_LOG fetched)";
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

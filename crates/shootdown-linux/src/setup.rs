@@ -359,6 +359,7 @@ impl Machine {
     /// leaves where the memslot allows them.
     pub fn prefault_ept(&mut self, vm: usize, start: u64, npages: u64) {
         let mut env = crate::describe::NullEnv;
+        self.prefault_marks_dirty(vm, start, npages);
         if self.opts.tdp_mmu {
             self.tdp_prefault(vm, start, npages, &mut env);
             self.kvm_mut(vm).mmu.last_zap = 0;
@@ -382,6 +383,24 @@ impl Machine {
         }
         self.kvm_mut(vm).mmu.last_zap = 0;
         self.perf.counters = crate::counters::Counters::new();
+    }
+
+    /// The prefault's writable SPTEs of slots that log dirty pages mark their gfns, as the
+    /// faults' `make_spte()` would have (the VMM has not harvested them yet).
+    fn prefault_marks_dirty(&mut self, vm: usize, start: u64, npages: u64) {
+        use crate::kvm::dirty_log::{bit_of, slot_key};
+        let k = self.kvm_mut(vm);
+        for as_id in 0..k.address_spaces.len() {
+            let slots = k.address_spaces[as_id].active_set().slots.clone();
+            for sl in slots.iter().filter(|sl| sl.dirty_log && !sl.readonly) {
+                let key = slot_key(as_id as u8, sl.id);
+                for gfn in start.max(sl.base_gfn)..(start + npages).min(sl.end()) {
+                    let (w, b) = bit_of(gfn - sl.base_gfn);
+                    let x = k.dirty_log.word(key, w) | b;
+                    k.dirty_log.set_word(key, w, x);
+                }
+            }
+        }
     }
 
     /// Add a host thread (the VMM's, or one that invalidates guest memory) working for VM `vm`

@@ -253,6 +253,8 @@ impl Machine {
             Frame::ZapMemslot(s) => self.zap_memslot_step(cpu, s, env),
             Frame::ZapGfnRange(s) => self.zap_gfn_range_step(cpu, s, env),
             Frame::NxRecover(s) => self.nx_recover_step(cpu, s, env),
+            Frame::FastPageFault(s) => self.fast_page_fault_step(cpu, s, env),
+            Frame::GetDirtyLog(s) => self.get_dirty_log_step(cpu, s, env),
             Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
             Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
@@ -301,6 +303,7 @@ impl Machine {
             Frame::ZapMemslot(s) => self.zap_waits(cpu, s),
             Frame::ZapGfnRange(s) => self.zap_gfn_range_waits(cpu, s),
             Frame::NxRecover(s) => self.nx_recover_waits(cpu, s),
+            Frame::GetDirtyLog(s) => self.get_dirty_log_waits(cpu, s),
             Frame::TdpMmuPageFault(s) => {
                 s.pc == crate::kvm::mmu::tdp_mmu::TdpMmuPageFaultPc::Lock
                     && self.mmu_rwlock_waits(cpu, s.lock, false)

@@ -150,6 +150,10 @@ impl Machine {
                     self.violate(v);
                 }
                 self.check_address_space(cpu, u, None);
+                if write {
+                    let gfn = u.gfn;
+                    self.note_guest_write(cpu, gfn);
+                }
             }
             self.say(|| {
                 format!(
@@ -194,6 +198,9 @@ impl Machine {
             victim,
         );
         self.perf.uses_checked += 1;
+        if let Some(u) = ept.filter(|_| write) {
+            self.note_guest_write(cpu, u.gfn);
+        }
         self.say(|| {
             format!(
                 "user access mm{mm} page {vpn:#x}: walk, fill TLB (PTE version {}{})",
@@ -228,9 +235,17 @@ impl Machine {
                     invariant: "INV-PTFREE",
                     detail: format!("vcpu{v} walked gfn {gfn:#x} through freed EPT page #{sp}"),
                 });
-                Err(Fault::Exit(Exit::EptViolation { gfn, access }))
+                Err(Fault::Exit(Exit::EptViolation {
+                    gfn,
+                    access,
+                    present: false,
+                }))
             }
-            EptWalk::NotPresent { .. } => Err(Fault::Exit(Exit::EptViolation { gfn, access })),
+            EptWalk::NotPresent { .. } => Err(Fault::Exit(Exit::EptViolation {
+                gfn,
+                access,
+                present: false,
+            })),
             EptWalk::Mmio { .. } => Err(Fault::Exit(Exit::EptMisconfig { gfn })),
             EptWalk::Leaf {
                 sp,
@@ -248,7 +263,13 @@ impl Machine {
                     unreachable!("a leaf walk ends at a leaf")
                 };
                 if !access.allowed_by(writable, exec) {
-                    return Err(Fault::Exit(Exit::EptViolation { gfn, access }));
+                    // The exit's "present" bits matter to KVM for a write only (the fast
+                    // path); other accesses keep them clear, so as not to split states.
+                    return Err(Fault::Exit(Exit::EptViolation {
+                        gfn,
+                        access,
+                        present: access.is_write(),
+                    }));
                 }
                 self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);
                 let filled = self.oracle.now();

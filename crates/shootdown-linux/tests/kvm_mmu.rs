@@ -31,6 +31,7 @@ fn ram(id: u16, base_gfn: u64, npages: u64, huge: bool) -> Memslot {
         invalid: false,
         huge,
         pfn: 0x100000 + base_gfn,
+        dirty_log: false,
     }
 }
 
@@ -355,6 +356,7 @@ fn smm_transitions(tdp_mmu: bool) {
     );
     let smram = Memslot {
         pfn: 0x200200,
+        dirty_log: false,
         ..ram(1, 0x200, 0x10, false)
     };
     m.enable_smm(0, vec![ram(0, 0, 0x200, false), smram]);
@@ -607,5 +609,92 @@ fn an_injected_topup_failure_costs_one_more_exit_in_both_mmus() {
         assert_eq!(c.get(Counter::KvmAllocFailures), 1, "tdp_mmu = {tdp_mmu}");
         assert_eq!(c.get(Counter::KvmEptViolations), 5, "tdp_mmu = {tdp_mmu}");
         assert_eq!(c.get(Counter::KvmMmuPfFixed), 4, "tdp_mmu = {tdp_mmu}");
+    }
+}
+
+/// Dirty logging in both MMUs: two vCPUs write 64 pages of a logged slot over and over while
+/// the VMM harvests the bitmap every 20 us (`KVM_GET_DIRTY_LOG`, or with manual protect
+/// `KVM_GET_DIRTY_LOG` then `KVM_CLEAR_DIRTY_LOG`). Only the first write of each page takes the
+/// slow path; every write after a harvest write-protected the page is fixed by
+/// `fast_page_fault` without `mmu_lock`, and marks the page again.
+#[test]
+fn after_each_harvest_the_fast_path_makes_pages_writable_again() {
+    for (tdp_mmu, manual) in [(true, false), (false, false), (true, true), (false, true)] {
+        let o = Options {
+            tdp_mmu,
+            manual_dirty_log_protect: manual,
+            ..Options::default()
+        };
+        let mut slot = ram(0, 0, 0x400, false);
+        slot.dirty_log = true;
+        let mut m = vm(2, o, vec![slot]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        for cpu in 0..2 {
+            let prog = vec![
+                UserOp::TouchRange {
+                    start: 0x200 + cpu as u64 * 32,
+                    npages: 32,
+                    write: true,
+                },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(200),
+                },
+                UserOp::Exit,
+            ];
+            m.add_task("t", mm, cpu, prog);
+        }
+        m.add_host_thread(
+            "qemu",
+            0,
+            3,
+            [
+                vec![
+                    HostOp::Compute { ns: 20_000 },
+                    HostOp::GetDirtyLog { as_id: 0, id: 0 },
+                ],
+                if manual {
+                    vec![HostOp::ClearDirtyLog { as_id: 0, id: 0 }]
+                } else {
+                    vec![]
+                },
+                vec![
+                    HostOp::Loop {
+                        to: 0,
+                        times: Some(9),
+                    },
+                    HostOp::Exit,
+                ],
+            ]
+            .concat(),
+        );
+        let (stop, _) = run(&mut m, 100);
+        assert_eq!(
+            stop,
+            Stop::Finished,
+            "tdp_mmu = {tdp_mmu}, manual = {manual}: {}",
+            m.dump()
+        );
+        let c = m.counters();
+        let fast = c.get(Counter::KvmFastPfFixed);
+        assert_eq!(
+            c.get(Counter::KvmDirtyLogHarvests),
+            10,
+            "tdp_mmu = {tdp_mmu}"
+        );
+        assert_eq!(c.get(Counter::KvmMmuPfFixed), 64, "tdp_mmu = {tdp_mmu}");
+        assert!(fast >= 64, "tdp_mmu = {tdp_mmu}: {fast} fast fixes");
+        assert_eq!(
+            c.get(Counter::KvmEptViolations),
+            64 + fast,
+            "tdp_mmu = {tdp_mmu}"
+        );
+        assert_eq!(
+            c.get(Counter::KvmDirtyPagesMarked),
+            64 + fast,
+            "tdp_mmu = {tdp_mmu}"
+        );
+        assert!(c.get(Counter::KvmDirtyPagesHarvested) <= 64 + fast);
     }
 }

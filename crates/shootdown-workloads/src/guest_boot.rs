@@ -493,6 +493,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
             invalid: false,
             huge: flag("huge")?,
             pfn,
+            dirty_log: false,
         };
         if let Some(o) = slots
             .iter()

@@ -103,6 +103,7 @@ pub fn build(p: &Params, mut m: Machine) -> Result<Built, ParamError> {
         invalid: false,
         huge,
         pfn: RAM_PFN,
+        dirty_log: false,
     };
     m.enable_kvm_mmu(0, vec![ram]);
     let mm = m.add_mm("mmtest");

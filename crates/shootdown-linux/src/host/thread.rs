@@ -38,6 +38,18 @@ pub enum HostOp {
         gfn: Gfn,
         npages: u64,
     },
+    /// `KVM_GET_DIRTY_LOG` of memslot `id` of address space `as_id`: harvest its dirty bitmap
+    /// and write-protect the pages in it (`dirty_log.rs`).
+    GetDirtyLog {
+        as_id: u8,
+        id: u16,
+    },
+    /// `KVM_CLEAR_DIRTY_LOG` of all of memslot `id` with the bitmap the last
+    /// `KVM_GET_DIRTY_LOG` fetched (`manual_dirty_log_protect`).
+    ClearDirtyLog {
+        as_id: u8,
+        id: u16,
+    },
     /// One run of the VM's NX huge page recovery worker (`kvm_nx_huge_page_recovery_worker`,
     /// a kthread per VM): `kvm_recover_nx_huge_pages()`.
     NxRecover,

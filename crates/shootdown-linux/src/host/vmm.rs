@@ -71,6 +71,7 @@ impl Machine {
                     invalid: false,
                     huge,
                     pfn,
+                    dirty_log: false,
                 };
                 self.push_host_frame(
                     a,
@@ -121,6 +122,18 @@ impl Machine {
                     })),
                     env,
                 );
+            }
+            HostOp::GetDirtyLog { as_id, id } => {
+                advance(self);
+                self.say(|| format!("ioctl(KVM_GET_DIRTY_LOG, slot {}{id})", as_text(as_id)));
+                self.charge(env, |c| c.vmm_memslot_update);
+                self.push_host_frame(a, crate::kvm::dirty_log::GetDirtyLog::call(as_id, id), env);
+            }
+            HostOp::ClearDirtyLog { as_id, id } => {
+                advance(self);
+                self.say(|| format!("ioctl(KVM_CLEAR_DIRTY_LOG, slot {}{id})", as_text(as_id)));
+                self.charge(env, |c| c.vmm_memslot_update);
+                self.push_host_frame(a, crate::kvm::dirty_log::GetDirtyLog::clear(as_id, id), env);
             }
             HostOp::NxRecover => {
                 advance(self);

@@ -1013,6 +1013,7 @@ impl Machine {
                 self.srcu_read_unlock(me, env);
                 self.oracle
                     .ept_gfns_invalidated(vm, s.gfn..s.gfn + s.npages, s.begin);
+                self.check_gfns_unmapped(vm, s.gfn, s.npages);
                 self.say(|| "invalidate_range_start returns: the host may free the pages".into());
                 s.pc = EndLock;
                 Flow::Next

@@ -35,6 +35,9 @@ pub struct Memslot {
     pub huge: bool,
     /// Host frame of `base_gfn` (the slot's `userspace_addr`, as a host-physical frame).
     pub pfn: u64,
+    /// `KVM_MEM_LOG_DIRTY_PAGES`: the slot has a dirty bitmap (`dirty_log.rs`) and is mapped
+    /// with 4 KiB SPTEs only.
+    pub dirty_log: bool,
 }
 
 impl Memslot {

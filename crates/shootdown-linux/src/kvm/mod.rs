@@ -28,6 +28,7 @@
 //! the memory types they give, [`mtrr_zap`] the zaps an MTRR write or a CR0.CD toggle asks for
 //! (and patch 9's serialized list), `vmx::vmx_get_mt_mask` the type baked into each leaf.
 
+pub mod dirty_log;
 pub mod hyperv;
 pub mod kvm_main;
 pub mod memslot;
@@ -282,6 +283,8 @@ pub struct Kvm {
     /// Oracle: memslots whose deletion has returned (the VMM may have unmapped their memory),
     /// as (address space, slot).
     pub freed_slots: Vec<(u8, memslot::Memslot)>,
+    /// The dirty bitmaps of slots that log dirty pages, and the oracle's writes owed.
+    pub dirty_log: dirty_log::DirtyLog,
 }
 
 shootdown_engine::clone_by_fields!(Kvm {
@@ -302,11 +305,16 @@ shootdown_engine::clone_by_fields!(Kvm {
     noncoherent_dma,
     max_gfn,
     freed_slots,
+    dirty_log,
 });
 
 impl Kvm {
     /// A VM with memslots `slots` in address space 0.
     pub fn new(slots: Vec<memslot::Memslot>, vcpus: std::ops::Range<usize>) -> Kvm {
+        let mut dirty_log = dirty_log::DirtyLog::default();
+        for sl in slots.iter().filter(|sl| sl.dirty_log) {
+            dirty_log.alloc(0, sl);
+        }
         Kvm {
             address_spaces: vec![AddressSpace::new(0, slots)],
             mmu_lock: Default::default(),
@@ -325,6 +333,7 @@ impl Kvm {
             noncoherent_dma: false,
             max_gfn: mmu::tdp_mmu::TDP_MMU_MAX_GFN_EXCLUSIVE,
             freed_slots: Vec::new(),
+            dirty_log,
         }
     }
 
@@ -333,6 +342,9 @@ impl Kvm {
     /// `kvm_create_vm` numbers each address space's.
     pub fn enable_smm(&mut self, slots: Vec<memslot::Memslot>) {
         self.address_spaces.truncate(1);
+        for sl in slots.iter().filter(|sl| sl.dirty_log) {
+            self.dirty_log.alloc(1, sl);
+        }
         self.address_spaces.push(AddressSpace::new(1, slots));
     }
 

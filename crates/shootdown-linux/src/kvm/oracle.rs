@@ -10,6 +10,9 @@
 //! * `INV-SLOT` — when a memslot deletion returns, no SPTE of the slot's address space maps a
 //!   frame of the slot, no vCPU there can still use a translation of one, and no shadow page
 //!   of the slot is left behind;
+//! * `INV-STALE` (here, for MMU notifiers) — when `invalidate_range_start` returns, no SPTE
+//!   maps a frame of the range (the host may free its page now; a fault that raced the zap
+//!   must have retried, a lockless fix must have failed its `cmpxchg`);
 //! * `INV-ADDR-SPACE` (`smm.rs`) — a vCPU uses only translations of its own address space: a
 //!   guest access never goes through an EPT page of the other address space's role, nor
 //!   reaches a host frame that the other address space's memslots map at the gfn where its
@@ -261,6 +264,59 @@ impl Machine {
             self.violate(Violation {
                 invariant: "INV-MEMTYPE",
                 detail: format!("{when}: {detail}"),
+            });
+        }
+    }
+
+    /// Oracle, as an MMU notifier's `invalidate_range_start` returns: `INV-STALE` if a leaf
+    /// SPTE of any root still maps a host page behind guest frames `[gfn, gfn + npages)` (of
+    /// address space 0, whose memslots the notifier's range was taken from; another address
+    /// space may map the same gfns to other pages, e.g. SMRAM).
+    pub(crate) fn check_gfns_unmapped(&mut self, vm: usize, gfn: Gfn, npages: u64) {
+        use shootdown_hw::ept::{EptWalk, SpteKind, EPT_ROOT_LEVEL};
+        let k = self.kvm(vm);
+        let host_pfn = |g: Gfn| {
+            k.address_spaces[0]
+                .active_set()
+                .lookup(g)
+                .map(|sl| sl.pfn_of(g))
+        };
+        // Every root: the TDP MMU's, or each live top-level shadow page (walked from the
+        // EPT itself, not the rmaps: an SPTE the rmaps lost would escape them).
+        let roots: Vec<shootdown_hw::ept::SpId> = if self.opts.tdp_mmu {
+            k.tdp_roots.iter().map(|r| r.sp).collect()
+        } else {
+            k.mmu
+                .pages
+                .iter()
+                .filter(|(_, p)| p.level == EPT_ROOT_LEVEL && !p.freed)
+                .map(|(&sp, _)| sp)
+                .collect()
+        };
+        let found = (gfn..gfn + npages).find_map(|g| {
+            let pfn = host_pfn(g)?;
+            roots
+                .iter()
+                .find_map(|&root| match self.ept.walk_from(root, g) {
+                    EptWalk::Leaf {
+                        sp,
+                        idx,
+                        level,
+                        spte:
+                            shootdown_hw::ept::Spte {
+                                kind: SpteKind::Leaf { pfn: p, .. },
+                                ..
+                            },
+                    } if p + g % gfns_per_entry(level) == pfn => Some((sp, idx, g)),
+                    _ => None,
+                })
+        });
+        if let Some((sp, idx, g)) = found {
+            self.violate(Violation {
+                invariant: "INV-STALE",
+                detail: format!(
+                    "invalidate_range_start returned while EPT page #{sp} entry {idx} still maps gfn {g:#x}: the host may free its page"
+                ),
             });
         }
     }

@@ -16,9 +16,8 @@
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::mode_name;
-use crate::kvm::mmu::fault::{Emulation, MmioPageFault, TdpPageFault};
+use crate::kvm::mmu::fault::{Emulation, MmioPageFault};
 use crate::kvm::mmu::page::{MmuLoad, MmuLoadPc, MmuUnload};
-use crate::kvm::mmu::tdp_mmu::TdpMmuPageFault;
 use crate::kvm::{mode, Request, ThreadState, KVM_VCPU_FLUSH_TLB, KVM_VCPU_PREEMPTED};
 use crate::machine::Machine;
 use crate::mem::{line_of, spin_key, Loc};
@@ -37,8 +36,13 @@ pub enum Exit {
     /// A host IPI: a kick from `kvm_make_all_cpus_request()`.
     Kick,
     /// An EPT violation: no SPTE for `gfn` (or a write to a read-only one, a fetch from a
-    /// non-executable one).
-    EptViolation { gfn: Gfn, access: Access },
+    /// non-executable one: `present`, the exit qualification's "the translation was present"
+    /// bits that `page_fault_can_be_fast()` reads).
+    EptViolation {
+        gfn: Gfn,
+        access: Access,
+        present: bool,
+    },
     /// An EPT misconfiguration: an MMIO SPTE for `gfn`.
     EptMisconfig { gfn: Gfn },
     /// WRMSR of an MTRR MSR (`host`: not an exit but the VMM's `KVM_SET_MSRS` from the vCPU
@@ -263,7 +267,7 @@ impl Machine {
                     Exit::Preempted => "preemption".to_string(),
                     Exit::Kick => "host IPI".to_string(),
                     Exit::Pause => "PAUSE loop".to_string(),
-                    Exit::EptViolation { gfn, access } => {
+                    Exit::EptViolation { gfn, access, .. } => {
                         format!("EPT violation ({} gfn {gfn:#x})", access.text())
                     }
                     Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
@@ -298,10 +302,16 @@ impl Machine {
                 });
                 s.pc = Emulate;
                 let handler = match s.exit {
-                    Exit::EptViolation { gfn, access } if self.opts.tdp_mmu => {
-                        Some(TdpMmuPageFault::call(gfn, access))
+                    // direct_page_fault(): fast_page_fault() first, for a write to a present
+                    // SPTE (page_fault_can_be_fast()), then the fault proper.
+                    Exit::EptViolation {
+                        gfn,
+                        access,
+                        present: true,
+                    } if access.is_write() => self.fast_page_fault(v, gfn, access, env),
+                    Exit::EptViolation { gfn, access, .. } => {
+                        Some(self.slow_page_fault(gfn, access))
                     }
-                    Exit::EptViolation { gfn, access } => Some(TdpPageFault::call(gfn, access)),
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
@@ -444,7 +454,7 @@ impl Machine {
     /// `vcpu_run` from `Exited`.
     pub(crate) fn vm_exit_to_kvm<E: Env>(&mut self, v: CpuId, exit: Exit, env: &mut E) {
         self.say(|| match exit {
-            Exit::EptViolation { gfn, access } => {
+            Exit::EptViolation { gfn, access, .. } => {
                 let why = match access {
                     Access::Fetch => "no executable SPTE",
                     Access::Write => "no writable SPTE",

@@ -279,6 +279,11 @@ impl Machine {
                 }
                 let (what, flush) = self.direct_map(v, s, env);
                 self.charge(env, |c| c.spte_install);
+                // set_spte(): a writable SPTE of a slot that logs dirty pages marks its gfn.
+                if let FaultTarget::Ram { writable: true, .. } = s.target {
+                    let a = self.fault_as_id(v);
+                    self.mark_page_dirty_in_slot(v, a, gfn, env);
+                }
                 if flush {
                     // The replaced SPTE may be cached by any vCPU: flush under the lock.
                     self.say(|| format!("__direct_map: {what}: kvm_flush_remote_tlbs"));
@@ -403,6 +408,7 @@ impl Machine {
                 let kind = SpteKind::Leaf {
                     pfn: leaf_pfn,
                     writable,
+                    mmu_writable: writable,
                     memtype: MT_WB_IPAT,
                     exec: self.spte_exec(level),
                 };
@@ -422,7 +428,16 @@ impl Machine {
                     } => p != leaf_pfn || (w && !writable),
                     _ => false,
                 };
-                self.set_spte(vm, sp, idx, kind);
+                match old {
+                    // mmu_spte_update() of a present leaf of the same frame: W set again
+                    // (a write fault after dirty logging's write-protect).
+                    SpteKind::Leaf { writable: w, .. } if old.with_writable(!w) == kind => {
+                        self.set_spte_attrs(sp, idx, kind)
+                    }
+                    _ => {
+                        self.set_spte(vm, sp, idx, kind);
+                    }
+                }
                 self.perf.counters.inc(Counter::KvmMmuPfFixed);
                 let what = format!(
                     "map gfn {gfn:#x} -> pfn {leaf_pfn:#x} ({}, EPT page #{sp} entry {idx})",
@@ -578,7 +593,9 @@ fn target_in(slots: &crate::kvm::memslot::MemslotSet, gfn: Gfn, write: bool) -> 
         Some(sl) => {
             let span = gfns_per_entry(2);
             let region = gfn / span * span;
-            let huge = sl.huge && sl.base_gfn <= region && region + span <= sl.end();
+            // kvm_mmu_hugepage_adjust(): a slot that logs dirty pages is mapped 4 KiB only.
+            let huge =
+                sl.huge && !sl.dirty_log && sl.base_gfn <= region && region + span <= sl.end();
             FaultTarget::Ram {
                 pfn: sl.pfn_of(gfn),
                 writable: !sl.readonly,

@@ -21,6 +21,7 @@
 //! tables: no unsync pages, no write tracking), one MMU role, no limit on the number of shadow
 //! pages (`make_mmu_pages_available` never recycles), no fast page fault (A/D assist).
 
+pub mod fast_pf;
 pub mod fault;
 pub mod lock;
 pub mod nx_huge_pages;

@@ -83,6 +83,18 @@ impl Machine {
         old
     }
 
+    /// Change a leaf's W bit (write-protect for dirty logging, `fast_page_fault`'s fix, a
+    /// write fault's upgrade): the SPTE changes (its version advances) but maps the same
+    /// frame, so nothing is zapped (no `INV-FLUSH-OWED` debt; the flush a write-protect needs
+    /// is dirty logging's, `INV-DIRTYLOG`) and the rmaps and the memory-type record stay.
+    pub(crate) fn set_spte_attrs(&mut self, sp: SpId, idx: u16, kind: SpteKind) {
+        let e = self.oracle.tick();
+        let old = self.ept.set(sp, idx, kind, e).kind;
+        debug_assert!(
+            matches!((old, kind), (SpteKind::Leaf { pfn: a, .. }, SpteKind::Leaf { pfn: b, .. }) if a == b)
+        );
+    }
+
     /// `drop_spte()` (a leaf) or `drop_parent_pte()` (a link: the child stays, orphaned).
     pub(crate) fn zap_spte<E: Env>(&mut self, vm: usize, sp: SpId, idx: u16, env: &mut E) {
         self.set_spte(vm, sp, idx, SpteKind::None);

@@ -153,6 +153,7 @@ mod tests {
         let leaf = SpteKind::Leaf {
             pfn: 0x1000,
             writable: true,
+            mmu_writable: true,
             memtype: MT_WB_IPAT,
             exec: true,
         };

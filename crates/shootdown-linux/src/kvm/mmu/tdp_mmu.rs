@@ -275,7 +275,7 @@ impl Machine {
     }
 
     /// The roots `kvm_zap_gfn_range` walks in address space `as_id`, in list order.
-    fn tdp_roots_of(&self, vm: usize, as_id: u8) -> impl Iterator<Item = SpId> + '_ {
+    pub(crate) fn tdp_roots_of(&self, vm: usize, as_id: u8) -> impl Iterator<Item = SpId> + '_ {
         self.kvm(vm)
             .tdp_roots
             .iter()
@@ -333,7 +333,13 @@ impl Machine {
                 if s.notifier {
                     // kvm_mmu_invalidate_begin(kvm, start, end): faults in the range retry.
                     self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
-                    self.kvm_mut(vm).mmu_invalidate_range = (s.start, s.end);
+                    // The notifier's range is of host virtual addresses, which faults compare
+                    // with their own `hva`.
+                    let hvas = (
+                        self.gfn_hva(vm, s.start),
+                        self.gfn_hva(vm, s.end - 1) + 4096,
+                    );
+                    self.kvm_mut(vm).mmu_invalidate_range = hvas;
                     let (a, b) = (s.start, s.end);
                     self.say(|| {
                         format!("invalidate_range_start(gfns {a:#x}..{b:#x}): kvm_mmu_invalidate_begin; kvm_tdp_mmu_unmap_gfn_range")
@@ -724,6 +730,14 @@ impl Machine {
         });
     }
 
+    /// The host virtual address behind guest frame `gfn` of VM `vm` (`__gfn_to_hva_memslot`
+    /// of address space 0's slot; the model's host maps guest memory at hva = host frame <<
+    /// 12), or the frame's own address where no slot covers it.
+    fn gfn_hva(&self, vm: usize, gfn: Gfn) -> u64 {
+        let slots = self.kvm(vm).address_spaces[0].active_set();
+        slots.lookup(gfn).map_or(gfn, |sl| sl.pfn_of(gfn)) << 12
+    }
+
     /// `need_resched()` on agent `me`'s host CPU: the host scheduler wants the pCPU of a vCPU
     /// thread (its time slice is over with another thread waiting, housekeeping is due, or a
     /// wake-up preempts it). Timed driver only (the explorer gives every vCPU its own pCPU);
@@ -941,9 +955,14 @@ impl Machine {
         let kind = SpteKind::Leaf {
             pfn: leaf_pfn,
             writable,
+            mmu_writable: writable,
             memtype,
             exec: self.spte_exec(goal),
         };
+        // make_spte(): a writable SPTE of a slot that logs dirty pages marks its gfn.
+        if writable {
+            self.mark_page_dirty_in_slot(v, as_id as usize, gfn, env);
+        }
         let old = self.ept.spte(sp, idx).kind;
         if old == kind {
             return format!("gfn {gfn:#x} already mapped: RET_PF_SPURIOUS");
@@ -1018,6 +1037,7 @@ impl Machine {
                 let kind = SpteKind::Leaf {
                     pfn: pfn - (gfn % span),
                     writable,
+                    mmu_writable: writable,
                     memtype,
                     exec: self.spte_exec(goal),
                 };

@@ -1,0 +1,97 @@
+//! Dirty logging and the lockless fast page fault (`scenarios/kvm_dirty_log.toml`): the VMM
+//! harvests a logged memslot twice with `KVM_GET_DIRTY_LOG` around an MMU-notifier
+//! invalidation while a vCPU writes the page three times, its writes after a harvest fixed by
+//! `fast_page_fault`. The TDP MMU form and its two seeded mutants are pinned in `verify.rs`
+//! and `mutants.rs`; here the legacy MMU's, and what the counterexamples show.
+
+mod common;
+use common::run_set as run;
+
+#[test]
+fn the_legacy_mmu_verifies_under_sc_and_tso_with_and_without_manual_protect() {
+    for (sc, mm, states) in [
+        ("kvm_dirty_log", "sc", 57287),
+        ("kvm_dirty_log", "tso", 78922),
+        ("kvm_dirty_log_manual", "sc", 15866),
+        ("kvm_dirty_log_manual", "tso", 23961),
+    ] {
+        let r = run(sc, None, mm, &["options.tdp_mmu=false"]);
+        assert_eq!(
+            (r.verdict.as_str(), r.states),
+            ("verified", states),
+            "{sc} {mm}"
+        );
+    }
+}
+
+#[test]
+fn a_clear_without_manual_protect_is_a_one_line_error() {
+    let e = common::set_error(
+        "kvm_dirty_log_manual",
+        "options.manual_dirty_log_protect=false",
+    );
+    assert!(
+        e.contains("kvm.threads[0].program[1]")
+            && e.contains("manual_dirty_log_protect")
+            && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_harvest_without_its_flush_loses_a_write_in_both_mmus() {
+    for (tdp, len) in [("true", 57), ("false", 47)] {
+        let r = run(
+            "kvm_dirty_log",
+            Some("get_dirty_log_skips_flush"),
+            "sc",
+            &[&format!("options.tdp_mmu={tdp}")],
+        );
+        assert_eq!(
+            r.invariant.as_deref(),
+            Some("INV-DIRTYLOG"),
+            "tdp_mmu={tdp}"
+        );
+        assert_eq!(r.counterexample.len(), len, "tdp_mmu={tdp}");
+        let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+        // The write after the first harvest hits the TLB entry the missing flush left.
+        let harvest = t
+            .iter()
+            .position(|s| s.contains("KVM_MMU_UNLOCK; no flush"));
+        let hit = t.iter().rposition(|s| s.contains("TLB hit"));
+        assert!(harvest.is_some() && hit > harvest, "{t:?}");
+    }
+}
+
+#[test]
+fn a_plain_store_in_the_fast_path_resurrects_the_zapped_spte_in_both_mmus() {
+    for tdp in ["true", "false"] {
+        let r = run(
+            "kvm_dirty_log",
+            Some("fast_pf_plain_store"),
+            "sc",
+            &[&format!("options.tdp_mmu={tdp}")],
+        );
+        assert_eq!(r.invariant.as_deref(), Some("INV-STALE"), "tdp_mmu={tdp}");
+        let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+        assert!(
+            t.iter()
+                .any(|s| s.contains("a plain store over what changed")),
+            "{t:?}"
+        );
+    }
+}
+
+#[test]
+fn a_dirty_log_of_a_slot_that_does_not_log_is_a_one_line_error() {
+    let e = common::set_error(
+        "kvm_dirty_log",
+        "kvm.memslots=[{ id = 0, base = 0x0, npages = 0x400 }]",
+    );
+    assert!(
+        e.contains("kvm.threads[0].program[0].id")
+            && e.contains("does not log dirty pages")
+            && !e.contains('\n'),
+        "{e}"
+    );
+}

@@ -1,0 +1,545 @@
+//! Dirty logging (virt/kvm/kvm_main.c, arch/x86/kvm/x86.c and mmu/): a memslot made with
+//! `KVM_MEM_LOG_DIRTY_PAGES` has a dirty bitmap; every writable SPTE made for it marks its gfn
+//! (`make_spte` → `mark_page_dirty_in_slot`, or `fast_page_fault` after its `cmpxchg`), and the
+//! VMM harvests the bitmap with `KVM_GET_DIRTY_LOG` (`kvm_get_dirty_log_protect`): under
+//! `slots_lock` and `mmu_lock`, each non-zero word is taken with `xchg` and its gfns
+//! write-protected (`kvm_arch_mmu_enable_log_dirty_pt_masked` →
+//! `kvm_mmu_write_protect_pt_masked`: the rmaps' `__rmap_write_protect(.., pt_protect =
+//! false)`, the TDP MMU's `kvm_tdp_mmu_clear_dirty_pt_masked(.., wrprot = true)`); then, after
+//! `mmu_lock` is dropped, one remote flush (`kvm_arch_flush_remote_tlbs_memslot`) before the
+//! bitmap is copied out. The next write to such a page faults — the fast path sets W again
+//! and marks it (`fast_pf.rs`).
+//!
+//! Why the flush before the copy is enough: a vCPU may keep a writable TLB entry of a page
+//! until the flush, writing it without marking it, but that page's bit was set when its SPTE
+//! was made writable and is in the bitmap being returned, and those writes are done before
+//! the VMM reads the page (it copies only after the ioctl returns).
+//!
+//! The oracle (`INV-DIRTYLOG`): every guest write to a logged page is owed to the VMM until a
+//! returned bitmap holds the page. When `KVM_GET_DIRTY_LOG` returns, each page owed must be
+//! in the bitmap it returns, or set again in the live bitmap, or about to be set by a vCPU
+//! that made its SPTE writable and has yet to mark it — otherwise the write is lost to the
+//! VMM (a migration would send the old contents).
+//!
+//! With `manual_dirty_log_protect` (`KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2`, which QEMU enables
+//! when the kernel has it) `KVM_GET_DIRTY_LOG` only copies the live bitmap out (no lock, no
+//! write-protect, no flush), and the VMM then clears the bits it got with
+//! `KVM_CLEAR_DIRTY_LOG` (`kvm_clear_dirty_log_protect`): under `mmu_lock`,
+//! `atomic_long_fetch_andnot` of its mask from each word, the bits that were still set
+//! write-protected, one flush after the unlock; the VMM copies those pages once it returns,
+//! so that is where `INV-DIRTYLOG` judges.
+//!
+//! Simplified: write-protect dirty logging only (no PML, whose D-bit clearing and per-vCPU
+//! log buffers need EPT A/D bits in the SPTEs; no dirty ring); `KVM_CLEAR_DIRTY_LOG` clears
+//! the whole slot's range with the mask of the VMM's last `KVM_GET_DIRTY_LOG` (QEMU clears
+//! the bits it fetched, in chunks); no `KVM_DIRTY_LOG_INITIALLY_SET`; no huge-page write
+//! protection at enable time (a logged slot is mapped
+//! with 4 KiB SPTEs from the start, as `kvm_mmu_hugepage_adjust` does once logging is on:
+//! scenarios start with logging enabled).
+
+use crate::counters::Counter;
+use crate::frame::{Flow, Frame};
+use crate::kvm::kvm_main::FlushRemoteTlbs;
+use crate::kvm::memslot::Memslot;
+use crate::kvm::mmu::rwlock::RwlockWait;
+use crate::machine::Machine;
+use crate::mem::{spin_key, Loc};
+use shootdown_engine::{Env, Violation};
+use shootdown_hw::ept::{EptWalk, Gfn, SpId, SpteKind};
+use shootdown_hw::CpuId;
+use std::collections::BTreeMap;
+
+/// The ioctl's name, for the counterexample.
+fn ioctl_name(clear: bool) -> &'static str {
+    if clear {
+        "KVM_CLEAR_DIRTY_LOG"
+    } else {
+        "KVM_GET_DIRTY_LOG"
+    }
+}
+
+/// Bits per dirty-bitmap word (`BITS_PER_LONG`).
+pub const BITS_PER_LONG: u64 = 64;
+
+/// Where page `rel` of a slot is in its bitmap: the word and the bit (`set_bit_le`).
+pub fn bit_of(rel: u64) -> (u32, u64) {
+    ((rel / BITS_PER_LONG) as u32, 1 << (rel % BITS_PER_LONG))
+}
+
+/// A memslot's key in the dirty log: `(as_id << 16) | id`, as `KVM_GET_DIRTY_LOG`'s `slot`.
+pub fn slot_key(as_id: u8, id: u16) -> u32 {
+    (as_id as u32) << 16 | id as u32
+}
+
+/// The VM's dirty bitmaps and the oracle's record of writes not yet reported.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DirtyLog {
+    /// `memslot->dirty_bitmap` of each logged slot, by [`slot_key`] (`Loc::DirtyBitmap`).
+    pub bitmaps: BTreeMap<u32, Vec<u64>>,
+    /// The VMM's copy of each slot's bitmap from its last `KVM_GET_DIRTY_LOG` (manual
+    /// protect: the mask its `KVM_CLEAR_DIRTY_LOG` passes).
+    pub fetched: BTreeMap<u32, Vec<u64>>,
+    /// Oracle: pages written since a returned bitmap last held them, with the vCPU that
+    /// wrote last.
+    pub owed: BTreeMap<Gfn, u32>,
+}
+
+impl DirtyLog {
+    /// Give memslot `sl` of address space `as_id` a dirty bitmap (`kvm_alloc_dirty_bitmap`).
+    pub fn alloc(&mut self, as_id: u8, sl: &Memslot) {
+        let words = sl.npages.div_ceil(BITS_PER_LONG) as usize;
+        self.bitmaps.insert(slot_key(as_id, sl.id), vec![0; words]);
+    }
+
+    pub fn word(&self, key: u32, w: u32) -> u64 {
+        self.bitmaps.get(&key).map_or(0, |b| b[w as usize])
+    }
+
+    pub fn set_word(&mut self, key: u32, w: u32, x: u64) {
+        if let Some(b) = self.bitmaps.get_mut(&key) {
+            b[w as usize] = x;
+        }
+    }
+}
+
+/// `kvm_vm_ioctl_get_dirty_log()` (x86.c) → `kvm_get_dirty_log_protect()`, or
+/// `kvm_vm_ioctl_clear_dirty_log()` → `kvm_clear_dirty_log_protect()`, by a VMM thread.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GetDirtyLog {
+    pub pc: GetDirtyLogPc,
+    pub as_id: u8,
+    pub id: u16,
+    /// `KVM_CLEAR_DIRTY_LOG` (of the whole slot, with the VMM's last fetched bitmap).
+    pub clear: bool,
+    /// The slot's first gfn, its size and its bitmap's length in words (read under
+    /// `slots_lock`).
+    pub base_gfn: Gfn,
+    pub npages: u64,
+    pub words: u32,
+    /// The next word to harvest.
+    pub word: u32,
+    /// `dirty_bitmap_buffer`: what the ioctl will copy out.
+    pub buffer: Vec<u64>,
+    pub flush: bool,
+    pub lock: RwlockWait,
+}
+
+/// The steps of `KVM_GET_DIRTY_LOG`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GetDirtyLogPc {
+    /// `mutex_lock(&kvm->slots_lock)`; `id_to_memslot()` (-ENOENT without a dirty bitmap).
+    SlotsLock,
+    /// `KVM_MMU_LOCK(kvm)` (the spinlock, or the TDP MMU's rwlock for write).
+    MmuLock,
+    /// One word: `if (!dirty_bitmap[i]) continue; flush = true; mask = xchg(&dirty_bitmap[i],
+    /// 0)`; `kvm_arch_mmu_enable_log_dirty_pt_masked(kvm, memslot, offset, mask)`. (CLEAR:
+    /// `if (!mask) continue; mask &= atomic_long_fetch_andnot(mask, &dirty_bitmap[i])`; if
+    /// bits were set, `flush = true` and the same write-protect.)
+    Harvest,
+    /// `KVM_MMU_UNLOCK(kvm)`; `if (flush) kvm_arch_flush_remote_tlbs_memslot()`.
+    Unlock,
+    /// `copy_to_user(log->dirty_bitmap, dirty_bitmap_buffer, n)`; `mutex_unlock`; return.
+    CopyToUser,
+}
+
+impl GetDirtyLog {
+    pub fn call(as_id: u8, id: u16) -> Frame {
+        Self::frame(as_id, id, false)
+    }
+
+    /// `KVM_CLEAR_DIRTY_LOG` of all of memslot `id` (manual protect).
+    pub fn clear(as_id: u8, id: u16) -> Frame {
+        Self::frame(as_id, id, true)
+    }
+
+    fn frame(as_id: u8, id: u16, clear: bool) -> Frame {
+        Frame::GetDirtyLog(Box::new(GetDirtyLog {
+            pc: GetDirtyLogPc::SlotsLock,
+            as_id,
+            id,
+            clear,
+            base_gfn: 0,
+            npages: 0,
+            words: 0,
+            word: 0,
+            buffer: Vec::new(),
+            flush: false,
+            lock: RwlockWait::Fast,
+        }))
+    }
+}
+
+impl Machine {
+    /// `kvm_vcpu_mark_page_dirty()` (`fast_page_fault`'s): look `gfn` up in the memslots of
+    /// address space `as_id` (`kvm_vcpu_gfn_to_memslot`, a read of `kvm->memslots`), then
+    /// `mark_page_dirty_in_slot()`. Whether it marked.
+    pub(crate) fn kvm_vcpu_mark_page_dirty<E: Env>(
+        &mut self,
+        me: usize,
+        as_id: usize,
+        gfn: Gfn,
+        env: &mut E,
+    ) -> bool {
+        let vm = self.vm_of(me);
+        if self.kvm(vm).dirty_log.bitmaps.is_empty() {
+            return false;
+        }
+        let set = self.load(env, me, Loc::Memslots(vm as u32, as_id as u32)) as usize;
+        let slot = self.kvm(vm).address_spaces[as_id].sets[set]
+            .lookup(gfn)
+            .cloned();
+        slot.is_some_and(|sl| self.set_dirty_bit(me, as_id, &sl, gfn, env))
+    }
+
+    /// `mark_page_dirty_in_slot()` from a fault's `make_spte()`, for the slot the fault
+    /// looked up (the model takes the active set's: the lookup read it already). Whether it
+    /// marked.
+    pub(crate) fn mark_page_dirty_in_slot<E: Env>(
+        &mut self,
+        me: usize,
+        as_id: usize,
+        gfn: Gfn,
+        env: &mut E,
+    ) -> bool {
+        let vm = self.vm_of(me);
+        if self.kvm(vm).dirty_log.bitmaps.is_empty() {
+            return false;
+        }
+        let slot = self.kvm(vm).address_spaces[as_id]
+            .active_set()
+            .lookup(gfn)
+            .cloned();
+        slot.is_some_and(|sl| self.set_dirty_bit(me, as_id, &sl, gfn, env))
+    }
+
+    /// `set_bit_le(rel_gfn, memslot->dirty_bitmap)`, if the slot logs.
+    fn set_dirty_bit<E: Env>(
+        &mut self,
+        me: usize,
+        as_id: usize,
+        sl: &Memslot,
+        gfn: Gfn,
+        env: &mut E,
+    ) -> bool {
+        if !sl.dirty_log {
+            return false;
+        }
+        let vm = self.vm_of(me);
+        let key = slot_key(as_id as u8, sl.id);
+        let rel = gfn - sl.base_gfn;
+        let (w, bit) = bit_of(rel);
+        self.rmw(env, me, Loc::DirtyBitmap(vm as u32, key, w), |x| x | bit);
+        self.perf.counters.inc(Counter::KvmDirtyPagesMarked);
+        true
+    }
+
+    /// Does a memslot of vCPU `v`'s address space log dirty pages at `gfn` (the oracle's
+    /// view: the active set)?
+    fn logs_dirty(&self, v: CpuId, gfn: Gfn) -> Option<(u32, Gfn)> {
+        let vm = self.vm_of(v);
+        let k = self.kvm(vm);
+        if k.dirty_log.bitmaps.is_empty() {
+            return None;
+        }
+        let as_id = self.vcpu_as_id(v);
+        let sl = k.address_spaces[as_id].active_set().lookup(gfn)?;
+        sl.dirty_log
+            .then(|| (slot_key(as_id as u8, sl.id), sl.base_gfn))
+    }
+
+    /// Oracle: vCPU `v`'s guest wrote `gfn` (a write through a combined translation).
+    pub(crate) fn note_guest_write(&mut self, v: CpuId, gfn: Gfn) {
+        if self.logs_dirty(v, gfn).is_some() {
+            let vm = self.vm_of(v);
+            self.kvm_mut(vm).dirty_log.owed.insert(gfn, v as u32);
+        }
+    }
+
+    /// `spte_write_protect(sptep, pt_protect = false)` on a leaf: clear W, keep the
+    /// MMU-writable bits (so that `fast_page_fault` may set it again). Whether it changed.
+    fn spte_write_protect(&mut self, sp: SpId, idx: u16) -> bool {
+        let kind = self.ept.spte(sp, idx).kind;
+        if !matches!(kind, SpteKind::Leaf { writable: true, .. }) {
+            return false;
+        }
+        let new = kind.with_writable(false);
+        self.set_spte_attrs(sp, idx, new);
+        true
+    }
+
+    /// `kvm_mmu_write_protect_pt_masked()`: write-protect the 4 KiB SPTEs of the gfns of
+    /// `mask` (bit i: `base + i`) in address space `as_id`: through the rmaps (legacy MMU), or
+    /// each TDP root's leaf (`clear_dirty_pt_masked`, write lock held). How many changed.
+    fn write_protect_pt_masked(&mut self, vm: usize, as_id: u8, base: Gfn, mask: u64) -> u32 {
+        let mut n = 0;
+        let gfns = (0..BITS_PER_LONG)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| base + i);
+        if self.opts.tdp_mmu {
+            let roots: Vec<SpId> = self.tdp_roots_of(vm, as_id).collect();
+            for gfn in gfns {
+                for &root in &roots {
+                    if let EptWalk::Leaf {
+                        sp, idx, level: 1, ..
+                    } = self.ept.walk_from(root, gfn)
+                    {
+                        n += self.spte_write_protect(sp, idx) as u32;
+                    }
+                }
+            }
+        } else {
+            for gfn in gfns {
+                let heads = self
+                    .kvm(vm)
+                    .mmu
+                    .rmap
+                    .get(&(1, gfn))
+                    .cloned()
+                    .unwrap_or_default();
+                for (sp, idx) in heads {
+                    if self.kvm(vm).mmu.sp_as_id(sp) == as_id {
+                        n += self.spte_write_protect(sp, idx) as u32;
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// One step of `KVM_GET_DIRTY_LOG` by agent `me`.
+    pub(crate) fn get_dirty_log_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut GetDirtyLog,
+        env: &mut E,
+    ) -> Flow {
+        use GetDirtyLogPc::*;
+        let vm = self.vm_of(me);
+        let key = slot_key(s.as_id, s.id);
+        match s.pc {
+            SlotsLock => {
+                if self.slots_lock_busy(me) {
+                    return Flow::Spin(spin_key(Loc::SlotsLock(vm as u32)));
+                }
+                self.rmw(env, me, Loc::SlotsLock(vm as u32), |_| me as u64 + 1);
+                let slot = self.kvm(vm).address_spaces[s.as_id as usize]
+                    .active_set()
+                    .slots
+                    .iter()
+                    .find(|sl| sl.id == s.id && sl.dirty_log)
+                    .cloned();
+                let Some(sl) = slot else {
+                    self.store(env, me, Loc::SlotsLock(vm as u32), 0);
+                    let id = s.id;
+                    let what = ioctl_name(s.clear);
+                    self.say(|| format!("{what}(slot {id}): no dirty bitmap: -ENOENT"));
+                    return Flow::Return;
+                };
+                s.base_gfn = sl.base_gfn;
+                s.npages = sl.npages;
+                s.words = sl.npages.div_ceil(BITS_PER_LONG) as u32;
+                s.buffer = vec![0; s.words as usize];
+                let manual = self.opts.manual_dirty_log_protect;
+                // Manual protect: GET copies the live bitmap; CLEAR harvests.
+                s.pc = if manual && !s.clear {
+                    CopyToUser
+                } else {
+                    MmuLock
+                };
+                let (id, what) = (s.id, ioctl_name(s.clear));
+                self.say(|| format!("{what}(slot {id}): mutex_lock(&kvm->slots_lock)"));
+                Flow::Next
+            }
+            MmuLock => {
+                let spin = if self.opts.tdp_mmu {
+                    self.mmu_write_lock(me, &mut s.lock, env)
+                } else {
+                    self.mmu_lock_acquire(me, env)
+                };
+                if let Some(spin) = spin {
+                    return spin;
+                }
+                s.pc = Harvest;
+                self.say(|| "KVM_MMU_LOCK(kvm)".into());
+                Flow::Next
+            }
+            Harvest if s.clear => {
+                let w = s.word;
+                s.word += 1;
+                if s.word >= s.words {
+                    s.pc = Unlock;
+                }
+                let user = self
+                    .kvm(vm)
+                    .dirty_log
+                    .fetched
+                    .get(&key)
+                    .map_or(0, |f| f[w as usize]);
+                if user == 0 {
+                    self.say(|| format!("mask[{w}] = 0"));
+                    return Flow::Next;
+                }
+                let loc = Loc::DirtyBitmap(vm as u32, key, w);
+                let mask = user & self.rmw(env, me, loc, |x| x & !user);
+                s.buffer[w as usize] = mask;
+                if mask == 0 {
+                    self.say(|| {
+                        format!("atomic_long_fetch_andnot(mask[{w}] = {user:#x}): nothing was set")
+                    });
+                    return Flow::Next;
+                }
+                s.flush = true;
+                let base = s.base_gfn + w as u64 * BITS_PER_LONG;
+                let n = self.write_protect_pt_masked(vm, s.as_id, base, mask);
+                self.perf
+                    .counters
+                    .add(Counter::KvmDirtyPagesHarvested, mask.count_ones() as u64);
+                self.say(|| {
+                    format!("atomic_long_fetch_andnot(mask[{w}] = {user:#x}) cleared {mask:#x}; kvm_mmu_write_protect_pt_masked: {n} SPTE(s) write-protected")
+                });
+                Flow::Next
+            }
+            Harvest => {
+                // The words read 0 are skipped in this step too (plain reads: a bit set after
+                // its word was read stays for the next harvest).
+                let first = s.word;
+                let (mut w, mut loc) = (s.word, Loc::DirtyBitmap(vm as u32, key, s.word));
+                while self.load(env, me, loc) == 0 && w + 1 < s.words {
+                    w += 1;
+                    loc = Loc::DirtyBitmap(vm as u32, key, w);
+                }
+                s.word = w + 1;
+                if s.word >= s.words {
+                    s.pc = Unlock;
+                }
+                let zeros = match (first, w) {
+                    _ if w == first => String::new(),
+                    (a, b) if b == a + 1 => format!("dirty_bitmap[{a}] = 0; "),
+                    (a, b) => format!("dirty_bitmap[{a}..{}] = 0; ", b - 1),
+                };
+                if self.load(env, me, loc) == 0 {
+                    self.say(|| format!("{zeros}dirty_bitmap[{w}] = 0"));
+                    return Flow::Next;
+                }
+                s.flush = true;
+                let mask = self.rmw(env, me, loc, |_| 0);
+                s.buffer[w as usize] = mask;
+                let base = s.base_gfn + w as u64 * BITS_PER_LONG;
+                let n = self.write_protect_pt_masked(vm, s.as_id, base, mask);
+                self.perf
+                    .counters
+                    .add(Counter::KvmDirtyPagesHarvested, mask.count_ones() as u64);
+                self.charge(env, |c| shootdown_engine::Time(c.spte_zap.0 * n as u64));
+                self.say(|| {
+                    format!("{zeros}xchg(&dirty_bitmap[{w}], 0) = {mask:#x}; kvm_mmu_write_protect_pt_masked: {n} SPTE(s) write-protected")
+                });
+                Flow::Next
+            }
+            Unlock => {
+                if self.opts.tdp_mmu {
+                    self.mmu_write_unlock(me, env);
+                } else {
+                    self.mmu_lock_release(me, env);
+                }
+                s.pc = CopyToUser;
+                if s.flush && (s.clear || !self.opts.mutants.get_dirty_log_skips_flush()) {
+                    self.say(|| "KVM_MMU_UNLOCK; kvm_arch_flush_remote_tlbs_memslot".into());
+                    return Flow::Call(FlushRemoteTlbs::call());
+                }
+                self.say(|| {
+                    if s.flush {
+                        "KVM_MMU_UNLOCK; no flush".into()
+                    } else {
+                        "KVM_MMU_UNLOCK; nothing was dirty: no flush".into()
+                    }
+                });
+                Flow::Next
+            }
+            CopyToUser if self.opts.manual_dirty_log_protect && !s.clear => {
+                // copy_to_user() of the live bitmap: nothing is cleared, nothing reported yet.
+                let copy: Vec<u64> = (0..s.words)
+                    .map(|w| self.load(env, me, Loc::DirtyBitmap(vm as u32, key, w)))
+                    .collect();
+                let pages: u32 = copy.iter().map(|w| w.count_ones()).sum();
+                self.kvm_mut(vm).dirty_log.fetched.insert(key, copy);
+                self.store(env, me, Loc::SlotsLock(vm as u32), 0);
+                self.say(|| {
+                    format!("manual protect: copy_to_user of the live bitmap ({pages} page(s)); mutex_unlock(&kvm->slots_lock); return")
+                });
+                Flow::Return
+            }
+            CopyToUser => {
+                self.check_dirty_log_returned(vm, s);
+                self.perf.counters.inc(Counter::KvmDirtyLogHarvests);
+                self.store(env, me, Loc::SlotsLock(vm as u32), 0);
+                let pages: u32 = s.buffer.iter().map(|w| w.count_ones()).sum();
+                self.say(|| {
+                    if s.clear {
+                        format!("{pages} page(s) cleared: the VMM may copy them; mutex_unlock(&kvm->slots_lock); return")
+                    } else {
+                        format!("copy_to_user: {pages} dirty page(s); mutex_unlock(&kvm->slots_lock); return")
+                    }
+                });
+                Flow::Return
+            }
+        }
+    }
+
+    /// Would `KVM_GET_DIRTY_LOG`'s next step only wait for a lock?
+    pub(crate) fn get_dirty_log_waits(&self, me: usize, s: &GetDirtyLog) -> bool {
+        match s.pc {
+            GetDirtyLogPc::SlotsLock => self.slots_lock_busy(me),
+            GetDirtyLogPc::MmuLock if self.opts.tdp_mmu => self.mmu_rwlock_waits(me, s.lock, true),
+            GetDirtyLogPc::MmuLock => self.mmu_lock_waits(me),
+            _ => false,
+        }
+    }
+
+    /// Oracle, as `KVM_GET_DIRTY_LOG` returns bitmap `s.buffer` (manual protect:
+    /// `KVM_CLEAR_DIRTY_LOG` returns having cleared it): `INV-DIRTYLOG` (module doc).
+    fn check_dirty_log_returned(&mut self, vm: usize, s: &GetDirtyLog) {
+        let key = slot_key(s.as_id, s.id);
+        let end = s.base_gfn + s.npages;
+        let bit = |words: &[u64], rel: u64| {
+            let (w, b) = bit_of(rel);
+            words.get(w as usize).is_some_and(|x| x & b != 0)
+        };
+        let owed: Vec<(Gfn, u32)> = self
+            .kvm(vm)
+            .dirty_log
+            .owed
+            .range(s.base_gfn..end)
+            .map(|(&g, &v)| (g, v))
+            .collect();
+        let live = self
+            .kvm(vm)
+            .dirty_log
+            .bitmaps
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        for (gfn, v) in owed {
+            let rel = gfn - s.base_gfn;
+            if bit(&s.buffer, rel) {
+                self.kvm_mut(vm).dirty_log.owed.remove(&gfn);
+                continue;
+            }
+            let pending = self
+                .kvm(vm)
+                .vcpus
+                .clone()
+                .any(|c| self.fast_pf_marks_pending(c, gfn));
+            if bit(&live, rel) || pending {
+                continue;
+            }
+            self.violate(Violation {
+                invariant: "INV-DIRTYLOG",
+                detail: format!(
+                    "{} returned without gfn {gfn:#x}, which vcpu{v} wrote, and its dirty bit is not set again: the write is lost to the VMM",
+                    ioctl_name(s.clear)
+                ),
+            });
+            return;
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! `fast_page_fault()` (arch/x86/kvm/mmu/mmu.c, v3.10+; the TDP MMU's walk from v5.13): a
+//! write to a present leaf SPTE whose W bit dirty logging cleared is fixed without `mmu_lock`.
+//! The walk is lockless (`walk_shadow_page_lockless_begin`: the legacy MMU turns interrupts
+//! off and sets `vcpu->mode = READING_SHADOW_PAGE_TABLES`, so that `kvm_flush_remote_tlbs()`
+//! waits before shadow pages are freed; the TDP MMU holds `rcu_read_lock()`), and the fix is
+//! a `cmpxchg64` on the SPTE (`fast_pf_fix_direct_spte`), which fails if anything — a zap, a
+//! write-protect, another vCPU's fix — changed it since the walk read it; the fault then walks
+//! again, at most four more times, before it falls back to the slow path. Once the SPTE is
+//! writable the page is marked dirty (`mark_page_dirty_in_slot`), after the `cmpxchg`: another
+//! vCPU can write through the SPTE before the bit is set, and dirty logging must not lose it
+//! (`INV-DIRTYLOG`, `dirty_log.rs`).
+//!
+//! Simplified: only write-protected SPTEs are fixed (no access tracking: EPT A/D bits are
+//! assumed, so no SPTE is access-tracked); the walk and the lockless section's begin are one
+//! step with the exit's handling, and a fault whose SPTE cannot be fixed goes straight to the
+//! slow path in that step (the kernel's begin/end round trip changes nothing another CPU
+//! sees); `page_fault_can_be_fast()` is "a write to a present translation" (the exit's
+//! qualification).
+
+use crate::counters::Counter;
+use crate::frame::{Flow, Frame};
+use crate::kvm::mmu::fault::TdpPageFault;
+use crate::kvm::mmu::tdp_mmu::TdpMmuPageFault;
+use crate::kvm::mode;
+use crate::machine::Machine;
+use crate::mem::Loc;
+use crate::state::Access;
+use shootdown_engine::{Env, Violation};
+use shootdown_hw::ept::{EptWalk, Gfn, SpId, SpteKind, EPT_ROOT_LEVEL};
+use shootdown_hw::CpuId;
+
+/// How many times `fast_page_fault()` walks again after a failed `cmpxchg` before it gives up
+/// (`if (++retry_count > 4) break;`).
+const FAST_PF_RETRIES: u8 = 4;
+
+/// `fast_page_fault()` of vCPU `v`, inside its lockless section, with a fixable SPTE.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FastPageFault {
+    pub pc: FastPageFaultPc,
+    pub gfn: Gfn,
+    pub access: Access,
+    /// The leaf the walk found, and its value then (what the `cmpxchg` expects).
+    pub sp: SpId,
+    pub idx: u16,
+    pub old: SpteKind,
+    /// Oracle: the epoch at which the walk read it.
+    pub walked: u64,
+    /// Failed `cmpxchg`es so far.
+    pub retries: u8,
+}
+
+/// The steps of `fast_page_fault()` after its first walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FastPageFaultPc {
+    /// `fast_pf_fix_direct_spte()`: `cmpxchg64(sptep, old_spte, old_spte | PT_WRITABLE_MASK)`;
+    /// on failure, the walk again.
+    Fix,
+    /// `mark_page_dirty_in_slot()`; `walk_shadow_page_lockless_end()`; `RET_PF_FIXED`.
+    MarkDirty,
+    /// `RET_PF_INVALID`: the slow path (`direct_page_fault` goes on).
+    Slow,
+    /// Back from the slow path: return.
+    Done,
+}
+
+/// What the lockless walk found (`fast_pf_get_last_sptep` /
+/// `kvm_tdp_mmu_fast_pf_get_last_sptep`, then the checks of `fast_page_fault`'s loop).
+enum FastWalk {
+    /// `is_access_allowed()`: someone fixed it already (`RET_PF_SPURIOUS`).
+    Spurious,
+    /// A 4 KiB leaf that `spte_can_locklessly_be_made_writable()`.
+    Fixable { sp: SpId, idx: u16, old: SpteKind },
+    /// Not present, not a leaf, a huge leaf, or not MMU-writable (`RET_PF_INVALID`).
+    Invalid(&'static str),
+}
+
+impl Machine {
+    /// The fault path for vCPU `v`'s EPT violation: the TDP MMU's or the legacy MMU's.
+    pub(crate) fn slow_page_fault(&self, gfn: Gfn, access: Access) -> Frame {
+        if self.opts.tdp_mmu {
+            TdpMmuPageFault::call(gfn, access)
+        } else {
+            TdpPageFault::call(gfn, access)
+        }
+    }
+
+    /// `fast_page_fault()` on vCPU `v`'s write to a present translation of `gfn`, as the exit
+    /// is handled: the lockless walk; the frame that fixes the SPTE, or the slow path, or
+    /// nothing (`RET_PF_SPURIOUS`: the guest retries its access).
+    pub(crate) fn fast_page_fault<E: Env>(
+        &mut self,
+        v: CpuId,
+        gfn: Gfn,
+        access: Access,
+        env: &mut E,
+    ) -> Option<Frame> {
+        let walk = self.fast_pf_walk(v, gfn, access);
+        if !matches!(walk, FastWalk::Invalid(_)) {
+            // The exit's handling (the slow path's first step counts its own).
+            self.perf.counters.inc(Counter::KvmEptViolations);
+            self.charge(env, |c| c.ept_violation);
+        }
+        match walk {
+            FastWalk::Spurious => {
+                self.say(|| {
+                    format!("fast_page_fault(gfn {gfn:#x}): access allowed now: RET_PF_SPURIOUS")
+                });
+                None
+            }
+            FastWalk::Invalid(why) => {
+                self.say(|| format!("fast_page_fault(gfn {gfn:#x}): {why}: RET_PF_INVALID"));
+                Some(self.slow_page_fault(gfn, access))
+            }
+            FastWalk::Fixable { sp, idx, old } => {
+                self.walk_shadow_page_lockless_begin(v, env);
+                self.say(|| {
+                    format!("fast_page_fault(gfn {gfn:#x}): walk_shadow_page_lockless_begin; a write-protected, MMU-writable SPTE (EPT page #{sp} entry {idx})")
+                });
+                Some(Frame::FastPageFault(Box::new(FastPageFault {
+                    pc: FastPageFaultPc::Fix,
+                    gfn,
+                    access,
+                    sp,
+                    idx,
+                    old,
+                    walked: self.oracle.now(),
+                    retries: 0,
+                })))
+            }
+        }
+    }
+
+    /// One step of `fast_page_fault()` on vCPU `v`.
+    pub(crate) fn fast_page_fault_step<E: Env>(
+        &mut self,
+        v: CpuId,
+        s: &mut FastPageFault,
+        env: &mut E,
+    ) -> Flow {
+        use FastPageFaultPc::*;
+        let gfn = s.gfn;
+        match s.pc {
+            Fix => {
+                // cmpxchg64 is a locked instruction: the store buffer drains first.
+                self.fence(v);
+                let (sp, idx) = (s.sp, s.idx);
+                let now = self.fast_pf_current(v, sp, idx);
+                let plain = now != Some(s.old) && self.opts.mutants.fast_pf_plain_store();
+                if now == Some(s.old) || plain {
+                    let new = s.old.with_writable(true);
+                    self.set_spte_attrs(sp, idx, new);
+                    self.check_fast_pf_install(v, s);
+                    self.perf.counters.inc(Counter::KvmFastPfFixed);
+                    self.charge(env, |c| c.spte_install);
+                    s.pc = MarkDirty;
+                    self.say(|| {
+                        if plain {
+                            format!("fast_pf_fix_direct_spte: store W=1 to EPT page #{sp} entry {idx} (a plain store over what changed since the walk)")
+                        } else {
+                            format!("fast_pf_fix_direct_spte: cmpxchg64 sets W in EPT page #{sp} entry {idx}")
+                        }
+                    });
+                    return Flow::Next;
+                }
+                s.retries += 1;
+                if s.retries > FAST_PF_RETRIES {
+                    self.walk_shadow_page_lockless_end(v, env);
+                    s.pc = Slow;
+                    self.say(|| "fast_pf_fix_direct_spte: cmpxchg64 failed a fifth time: walk_shadow_page_lockless_end; RET_PF_INVALID".into());
+                    return Flow::Next;
+                }
+                match self.fast_pf_walk(v, gfn, s.access) {
+                    FastWalk::Fixable { sp, idx, old } => {
+                        (s.sp, s.idx, s.old) = (sp, idx, old);
+                        s.walked = self.oracle.now();
+                        self.say(|| {
+                            format!("fast_pf_fix_direct_spte: cmpxchg64 failed (the SPTE changed): walk again: EPT page #{sp} entry {idx}")
+                        });
+                        Flow::Next
+                    }
+                    FastWalk::Spurious => {
+                        self.walk_shadow_page_lockless_end(v, env);
+                        self.say(|| "fast_pf_fix_direct_spte: cmpxchg64 failed; the walk again: access allowed: walk_shadow_page_lockless_end; RET_PF_SPURIOUS".into());
+                        Flow::Return
+                    }
+                    FastWalk::Invalid(why) => {
+                        self.walk_shadow_page_lockless_end(v, env);
+                        s.pc = Slow;
+                        self.say(|| {
+                            format!("fast_pf_fix_direct_spte: cmpxchg64 failed; the walk again: {why}: walk_shadow_page_lockless_end; RET_PF_INVALID")
+                        });
+                        Flow::Next
+                    }
+                }
+            }
+            MarkDirty => {
+                let as_id = self.vcpu_as_id(v);
+                let marked = self.kvm_vcpu_mark_page_dirty(v, as_id, gfn, env);
+                self.walk_shadow_page_lockless_end(v, env);
+                self.say(|| {
+                    format!(
+                        "{}; walk_shadow_page_lockless_end; RET_PF_FIXED",
+                        if marked {
+                            format!("kvm_vcpu_mark_page_dirty(gfn {gfn:#x})")
+                        } else {
+                            format!("gfn {gfn:#x}: its memslot logs no dirty pages")
+                        }
+                    )
+                });
+                Flow::Return
+            }
+            Slow => {
+                s.pc = Done;
+                Flow::Call(self.slow_page_fault(gfn, s.access))
+            }
+            Done => Flow::Return,
+        }
+    }
+
+    /// Oracle, as the fix writes the SPTE: a translation made from a walk older than an
+    /// MMU-notifier invalidation of the gfn that has returned maps a page the host may have
+    /// freed (`INV-STALE`). (The `cmpxchg` fails when the invalidation zapped the SPTE.)
+    fn check_fast_pf_install(&mut self, v: CpuId, s: &FastPageFault) {
+        let vm = self.vm_of(v);
+        if self.oracle.gfn_invalidated_after(vm, s.gfn, s.walked) {
+            self.violate(Violation {
+                invariant: "INV-STALE",
+                detail: format!(
+                    "vcpu{v}'s fast_page_fault made gfn {:#x} writable from a walk older than an MMU-notifier invalidation that has returned: the SPTE maps a page the host may have freed",
+                    s.gfn
+                ),
+            });
+        }
+    }
+
+    /// Is vCPU `v` between its fast fix of `gfn`'s SPTE and the dirty mark it then makes?
+    pub(crate) fn fast_pf_marks_pending(&self, v: CpuId, gfn: Gfn) -> bool {
+        self.host_ref().vcpus[v].stack.iter().any(|f| {
+            matches!(f, Frame::FastPageFault(s) if s.pc == FastPageFaultPc::MarkDirty && s.gfn == gfn)
+        })
+    }
+
+    /// The lockless walk of `gfn` from vCPU `v`'s root and the loop's checks.
+    fn fast_pf_walk(&self, v: CpuId, gfn: Gfn, access: Access) -> FastWalk {
+        let Some(root) = self.host_ref().vcpus[v].root else {
+            return FastWalk::Invalid("no root");
+        };
+        let EptWalk::Leaf {
+            sp,
+            idx,
+            level,
+            spte,
+        } = self.ept.walk_from(root, gfn)
+        else {
+            return FastWalk::Invalid("no present leaf SPTE");
+        };
+        let SpteKind::Leaf {
+            writable,
+            mmu_writable,
+            exec,
+            ..
+        } = spte.kind
+        else {
+            unreachable!("a leaf walk ends at a leaf")
+        };
+        if access.allowed_by(writable, exec) {
+            return FastWalk::Spurious;
+        }
+        if !access.is_write() || !mmu_writable {
+            return FastWalk::Invalid("not a write-protected, MMU-writable SPTE");
+        }
+        // A huge SPTE must be split for dirty logging: the slow path does it.
+        if level > 1 {
+            return FastWalk::Invalid("a huge SPTE");
+        }
+        FastWalk::Fixable {
+            sp,
+            idx,
+            old: spte.kind,
+        }
+    }
+
+    /// The SPTE the `cmpxchg` compares with: `None` where the kernel's would fail whatever the
+    /// value — a TDP MMU table that a zap removed (`handle_removed_pt()` froze each of its
+    /// entries; RCU keeps the page until the walk ends). The legacy MMU must not free a page
+    /// under a lockless walker (`kvm_flush_remote_tlbs()` waits for it): if one is freed,
+    /// that is `INV-PTFREE`.
+    fn fast_pf_current(&mut self, v: CpuId, sp: SpId, idx: u16) -> Option<SpteKind> {
+        let page = self.ept.page(sp);
+        let unlinked = !page.alive || (page.parent.is_none() && page.level < EPT_ROOT_LEVEL);
+        if !unlinked {
+            return Some(self.ept.spte(sp, idx).kind);
+        }
+        if !self.opts.tdp_mmu && !page.alive {
+            self.violate(Violation {
+                invariant: "INV-PTFREE",
+                detail: format!(
+                    "vcpu{v}'s fast_page_fault cmpxchg64 on freed shadow page #{sp}, inside its lockless walk"
+                ),
+            });
+        }
+        None
+    }
+
+    /// `walk_shadow_page_lockless_begin()`: the TDP MMU's `rcu_read_lock()`; the legacy MMU's
+    /// `local_irq_disable()` and `smp_store_mb(vcpu->mode, READING_SHADOW_PAGE_TABLES)`.
+    fn walk_shadow_page_lockless_begin<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        if self.opts.tdp_mmu {
+            self.tdp_rcu_read_lock(v);
+        } else {
+            self.host_mut().vcpus[v].irqs_off = true;
+            self.rmw(env, v, Loc::VcpuMode(v as u32), |_| {
+                mode::READING_SHADOW_PAGE_TABLES
+            });
+        }
+    }
+
+    /// `walk_shadow_page_lockless_end()`: `rcu_read_unlock()`, or
+    /// `smp_store_release(&vcpu->mode, OUTSIDE_GUEST_MODE)` and `local_irq_enable()`.
+    fn walk_shadow_page_lockless_end<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        if self.opts.tdp_mmu {
+            self.tdp_rcu_read_unlock(v, env);
+        } else {
+            self.store(env, v, Loc::VcpuMode(v as u32), mode::OUTSIDE_GUEST_MODE);
+            self.host_mut().vcpus[v].irqs_off = false;
+        }
+    }
+}
