@@ -180,15 +180,7 @@ impl Machine {
         gfn: Gfn,
         env: &mut E,
     ) -> bool {
-        let vm = self.vm_of(me);
-        if self.kvm(vm).dirty_log.bitmaps.is_empty() {
-            return false;
-        }
-        let set = self.load(env, me, Loc::Memslots(vm as u32, as_id as u32)) as usize;
-        let slot = self.kvm(vm).address_spaces[as_id].sets[set]
-            .lookup(gfn)
-            .cloned();
-        slot.is_some_and(|sl| self.set_dirty_bit(me, as_id, &sl, gfn, env))
+        self.mark_page_dirty(me, as_id, gfn, true, env)
     }
 
     /// `mark_page_dirty_in_slot()` from a fault's `make_spte()`, for the slot the fault
@@ -201,12 +193,29 @@ impl Machine {
         gfn: Gfn,
         env: &mut E,
     ) -> bool {
+        self.mark_page_dirty(me, as_id, gfn, false, env)
+    }
+
+    /// Both marks: the slot of `gfn` in address space `as_id`'s memslots — read afresh from
+    /// `kvm->memslots` (`lookup`) or the active set's — and its bit, if it logs.
+    fn mark_page_dirty<E: Env>(
+        &mut self,
+        me: usize,
+        as_id: usize,
+        gfn: Gfn,
+        lookup: bool,
+        env: &mut E,
+    ) -> bool {
         let vm = self.vm_of(me);
         if self.kvm(vm).dirty_log.bitmaps.is_empty() {
             return false;
         }
-        let slot = self.kvm(vm).address_spaces[as_id]
-            .active_set()
+        let set = if lookup {
+            self.load(env, me, Loc::Memslots(vm as u32, as_id as u32)) as usize
+        } else {
+            self.kvm(vm).address_spaces[as_id].active as usize
+        };
+        let slot = self.kvm(vm).address_spaces[as_id].sets[set]
             .lookup(gfn)
             .cloned();
         slot.is_some_and(|sl| self.set_dirty_bit(me, as_id, &sl, gfn, env))
@@ -235,21 +244,18 @@ impl Machine {
 
     /// Does a memslot of vCPU `v`'s address space log dirty pages at `gfn` (the oracle's
     /// view: the active set)?
-    fn logs_dirty(&self, v: CpuId, gfn: Gfn) -> Option<(u32, Gfn)> {
-        let vm = self.vm_of(v);
-        let k = self.kvm(vm);
-        if k.dirty_log.bitmaps.is_empty() {
-            return None;
-        }
-        let as_id = self.vcpu_as_id(v);
-        let sl = k.address_spaces[as_id].active_set().lookup(gfn)?;
-        sl.dirty_log
-            .then(|| (slot_key(as_id as u8, sl.id), sl.base_gfn))
+    fn logs_dirty(&self, v: CpuId, gfn: Gfn) -> bool {
+        let k = self.kvm(self.vm_of(v));
+        !k.dirty_log.bitmaps.is_empty()
+            && k.address_spaces[self.vcpu_as_id(v)]
+                .active_set()
+                .lookup(gfn)
+                .is_some_and(|sl| sl.dirty_log)
     }
 
     /// Oracle: vCPU `v`'s guest wrote `gfn` (a write through a combined translation).
     pub(crate) fn note_guest_write(&mut self, v: CpuId, gfn: Gfn) {
-        if self.logs_dirty(v, gfn).is_some() {
+        if self.logs_dirty(v, gfn) {
             let vm = self.vm_of(v);
             self.kvm_mut(vm).dirty_log.owed.insert(gfn, v as u32);
         }
