@@ -148,7 +148,14 @@ impl Machine {
                 let plain = now != Some(s.old) && self.opts.mutants.fast_pf_plain_store();
                 if now == Some(s.old) || plain {
                     let new = s.old.with_writable(true);
-                    self.set_spte_attrs(sp, idx, new);
+                    if plain {
+                        // The stale value may map another frame now (zapped and faulted
+                        // again since the walk): a full write, not an attribute change.
+                        let vm = self.vm_of(v);
+                        self.set_spte(vm, sp, idx, new);
+                    } else {
+                        self.set_spte_attrs(sp, idx, new);
+                    }
                     self.check_fast_pf_install(v, s);
                     self.perf.counters.inc(Counter::KvmFastPfFixed);
                     self.charge(env, |c| c.spte_install);
