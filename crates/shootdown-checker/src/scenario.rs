@@ -1244,6 +1244,14 @@ impl Scenario {
                     "zap_gfn_range_lock = \"read\" (seed 004's patch 12) needs tdp_zap = \"mainline\"".into(),
                 ));
             }
+            if options.pml && !options.ept_ad {
+                // vmx: enable_pml is cleared when EPT A/D bits are off (PML logs the writes
+                // that set D).
+                return Err(err(
+                    "options.pml",
+                    "pml = true needs options.ept_ad = true (PML logs the writes that set EPT D bits)".into(),
+                ));
+            }
             for (i, t) in k.threads.iter().enumerate() {
                 for (j, op) in t.program.iter().enumerate() {
                     if matches!(op, HostOpSpec::ClearDirtyLog { .. })

@@ -1,8 +1,9 @@
 //! Dirty logging and the lockless fast page fault (`scenarios/kvm_dirty_log.toml`): the VMM
 //! harvests a logged memslot twice with `KVM_GET_DIRTY_LOG` around an MMU-notifier
 //! invalidation while a vCPU writes the page three times, its writes after a harvest fixed by
-//! `fast_page_fault`. The TDP MMU form and its two seeded mutants are pinned in `verify.rs`
-//! and `mutants.rs`; here the legacy MMU's, and what the counterexamples show.
+//! `fast_page_fault`; and its PML form (`scenarios/kvm_pml.toml`: EPT A/D bits, harvests that
+//! clear D, writes the CPU logs). The TDP MMU forms and their mutants are pinned in
+//! `verify.rs` and `mutants.rs`; here the legacy MMU's, and what the counterexamples show.
 
 mod common;
 use common::run_set as run;
@@ -14,6 +15,8 @@ fn the_legacy_mmu_verifies_under_sc_and_tso_with_and_without_manual_protect() {
         ("kvm_dirty_log", "tso", 78922),
         ("kvm_dirty_log_manual", "sc", 15866),
         ("kvm_dirty_log_manual", "tso", 23961),
+        ("kvm_pml", "sc", 31612),
+        ("kvm_pml", "tso", 48931),
     ] {
         let r = run(sc, None, mm, &["options.tdp_mmu=false"]);
         assert_eq!(
@@ -92,6 +95,68 @@ fn a_dirty_log_of_a_slot_that_does_not_log_is_a_one_line_error() {
         e.contains("kvm.threads[0].program[0].id")
             && e.contains("does not log dirty pages")
             && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_plain_write_under_the_write_lock_loses_the_bit_set_without_it() {
+    // A4 (ba3a6120a4e7): W set by fast_page_fault (A/D bits off), D set by the CPU (PML).
+    for (sc, bit) in [
+        ("kvm_dirty_log", "the W bit fast_page_fault set"),
+        ("kvm_pml", "the D bit the CPU set"),
+    ] {
+        let r = run(sc, Some("tdp_mmu_write_spte_plain"), "sc", &[]);
+        assert_eq!(r.invariant.as_deref(), Some("INV-AD"), "{sc}");
+        let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+        let last = t.last().unwrap();
+        assert!(
+            last.contains("zap the leaf SPTE") && last.contains(bit),
+            "{sc}: {last}"
+        );
+        // The bit was set after the zap's iterator reached the leaf's table, before its write.
+        let reach = t
+            .iter()
+            .rposition(|s| s.contains("level 2: a table: step down"))
+            .unwrap();
+        let set = if sc == "kvm_pml" {
+            "A/D assist sets D"
+        } else {
+            "cmpxchg64 sets W"
+        };
+        let setter = t.iter().rposition(|s| s.contains(set)).unwrap();
+        assert!(reach < setter, "{sc}: {t:?}");
+    }
+    // The legacy MMU writes with xchg when an SPTE has volatile bits: the mutant's code is
+    // not there.
+    let r = run(
+        "kvm_pml",
+        Some("tdp_mmu_write_spte_plain"),
+        "sc",
+        &["options.tdp_mmu=false"],
+    );
+    assert_eq!(r.verdict, "unreached");
+}
+
+#[test]
+fn with_pml_the_write_after_a_harvest_is_logged_and_drained_at_an_exit() {
+    // A harvest clears D; vcpu0's write sets it again and logs the gfn; an exit drains it.
+    let r = run("kvm_pml", Some("pml_make_spte_skips_mark"), "sc", &[]);
+    assert_eq!(r.invariant.as_deref(), Some("INV-DIRTYLOG"));
+    let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    assert!(
+        t.iter()
+            .any(|s| s.contains("kvm_mmu_clear_dirty_pt_masked: 1 SPTE(s) cleaned")),
+        "{t:?}"
+    );
+    assert!(
+        t.iter()
+            .any(|s| s.contains("kvm_arch_sync_dirty_log: kvm_vcpu_kick(vcpu0)")),
+        "{t:?}"
+    );
+    let e = common::set_error("kvm_pml", "options.ept_ad=false");
+    assert!(
+        e.contains("options.pml") && e.contains("ept_ad") && !e.contains('\n'),
         "{e}"
     );
 }

@@ -321,6 +321,42 @@ const MUTANTS: &[Pinned] = &[
         19100,
     ),
     (
+        "kvm_dirty_log",
+        "tdp_mmu_write_spte_plain",
+        Some("A4"),
+        "sc",
+        "INV-AD",
+        41,
+        7862,
+    ),
+    (
+        "kvm_pml",
+        "tdp_mmu_write_spte_plain",
+        Some("A4"),
+        "sc",
+        "INV-AD",
+        41,
+        15246,
+    ),
+    (
+        "kvm_pml",
+        "pml_make_spte_skips_mark",
+        None,
+        "sc",
+        "INV-DIRTYLOG",
+        71,
+        48415,
+    ),
+    (
+        "kvm_pml",
+        "get_dirty_log_skips_flush",
+        None,
+        "sc",
+        "INV-DIRTYLOG",
+        58,
+        31604,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         Some("K15"),
@@ -685,7 +721,7 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     }
     for bug in [
         "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14", "K15", "A1",
-        "A2", "A3",
+        "A2", "A3", "A4",
     ] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }

@@ -50,13 +50,16 @@ pub enum SpteKind {
     /// W bit; `mmu_writable`: KVM's software bits `shadow_host_writable_mask |
     /// shadow_mmu_writable_mask` (the host page is writable and nothing write-tracks the gfn),
     /// which let `fast_page_fault()` set W again without `mmu_lock` after dirty logging
-    /// cleared it (`spte_can_locklessly_be_made_writable`).
+    /// cleared it (`spte_can_locklessly_be_made_writable`). `dirty`: the D bit (bit 9), used
+    /// only with EPT A/D bits on (EPTP bit 6): KVM sets it in every writable SPTE it makes,
+    /// and the CPU sets it ([`EptMemory::set_dirty`]) on a write through a leaf without it.
     Leaf {
         pfn: u64,
         writable: bool,
         mmu_writable: bool,
         memtype: u8,
         exec: bool,
+        dirty: bool,
     },
     /// A link to a lower-level table.
     Table(SpId),
@@ -70,23 +73,19 @@ pub enum SpteKind {
 
 impl SpteKind {
     /// This leaf with its W bit set to `w` (anything else unchanged).
-    pub fn with_writable(self, w: bool) -> SpteKind {
-        match self {
-            SpteKind::Leaf {
-                pfn,
-                mmu_writable,
-                memtype,
-                exec,
-                ..
-            } => SpteKind::Leaf {
-                pfn,
-                writable: w,
-                mmu_writable,
-                memtype,
-                exec,
-            },
-            other => other,
+    pub fn with_writable(mut self, w: bool) -> SpteKind {
+        if let SpteKind::Leaf { writable, .. } = &mut self {
+            *writable = w;
         }
+        self
+    }
+
+    /// This leaf with its D bit set to `d` (anything else unchanged).
+    pub fn with_dirty(mut self, d: bool) -> SpteKind {
+        if let SpteKind::Leaf { dirty, .. } = &mut self {
+            *dirty = d;
+        }
+        self
     }
 }
 
@@ -218,6 +217,23 @@ impl EptMemory {
         old
     }
 
+    /// The CPU's A/D assist (SDM 29.3.5): a write through leaf `idx` of `sp` that lacks D sets
+    /// it with a locked read-modify-write of the entry. Only the bit changes: the entry's
+    /// translation and version stay (a TLB entry filled from it is as current as before).
+    /// Whether it set the bit.
+    pub fn set_dirty(&mut self, sp: SpId, idx: u16) -> bool {
+        let Some(e) = self.pages[sp as usize].entries.get_mut(&idx) else {
+            return false;
+        };
+        match &mut e.kind {
+            SpteKind::Leaf { dirty, .. } if !*dirty => {
+                *dirty = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Free a page (KVM's `kvm_mmu_free_page`): a later walk through it is a use-after-free.
     pub fn free(&mut self, sp: SpId) {
         self.pages[sp as usize].alive = false;
@@ -288,6 +304,7 @@ mod tests {
                 mmu_writable: true,
                 memtype: MT_WB_IPAT,
                 exec: true,
+                dirty: false,
             },
             3,
         );

@@ -48,6 +48,9 @@ pub struct EptUse {
     /// The leaf's X bit: an instruction fetch uses the entry only if it is set (a fetch
     /// through a non-executable leaf walks, and exits).
     pub exec: bool,
+    /// The leaf's D bit as the fill saw it (EPT A/D bits): a write through an entry without
+    /// it walks again, so that the CPU sets D in the SPTE.
+    pub dirty: bool,
 }
 
 /// One INVLPGB broadcast as Linux issues it (`__invlpgb`, arch/x86/include/asm/tlb.h; AMD

@@ -174,6 +174,15 @@ counters! {
     KvmAllocFailures = "kvm.alloc_failures",
     /// `fast_page_fault()`s that set W again in a write-protected SPTE with `cmpxchg64`.
     KvmFastPfFixed = "kvm.fast_pf_fixed",
+    /// The CPU's A/D assists that set an EPT D bit (`ept_ad`).
+    KvmEptDirtyAssists = "kvm.ept_dirty_assists",
+    /// `kvm_set_pfn_dirty()` calls: a dirty leaf SPTE (D, or W without A/D bits) zapped,
+    /// write-protected or cleaned, its dirty state handed to the page.
+    KvmSetPfnDirty = "kvm.set_pfn_dirty",
+    /// GPAs the CPU logged into a vCPU's PML buffer.
+    KvmPmlLogged = "kvm.pml_logged",
+    /// Logged GPAs `vmx_flush_pml_buffer()` drained into the dirty bitmap at a VM exit.
+    KvmPmlFlushed = "kvm.pml_flushed",
     /// `mark_page_dirty_in_slot()` calls on a slot that logs dirty pages (bits set, or set
     /// again).
     KvmDirtyPagesMarked = "kvm.dirty_pages_marked",

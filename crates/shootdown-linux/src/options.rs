@@ -836,6 +836,16 @@ mutants! {
     /// value its lockless walk read instead of `cmpxchg64`, so a zap or write-protect that
     /// ran in between is overwritten: the SPTE comes back, writable.
     fast_pf_plain_store = "",
+    /// A4 (fixed by ba3a6120a4e7, 2022; Fixes 2f2fad0897cb, v5.10): under the write lock the
+    /// TDP MMU wrote an SPTE with a plain store and handed `__handle_changed_spte()` the value
+    /// its iterator read on reaching the entry (`iter->old_spte`). A W bit `fast_page_fault()`
+    /// set since without `mmu_lock` (or a D bit the CPU set) is lost with it: KVM sees a
+    /// clean SPTE and skips `kvm_set_pfn_dirty()`.
+    tdp_mmu_write_spte_plain = "A4",
+    /// Seeded (PML): `make_spte()` sets D with W in a slot that logs dirty pages but leaves
+    /// the page's dirty mark to PML, which logs only writes that set D: a write through that
+    /// SPTE logs nothing.
+    pml_make_spte_skips_mark = "",
     /// Seeded (dirty logging): `kvm_get_dirty_log_protect()` write-protects the harvested
     /// pages but does not flush before the bitmap is copied out: a vCPU keeps writing through
     /// its writable TLB entry, unmarked, after the VMM read the page.
@@ -1219,6 +1229,19 @@ options! {
     /// `KVM_CLEAR_DIRTY_LOG` clears and write-protects (`kvm/dirty_log.rs`).
     manual_dirty_log_protect: bool = false,
         accepts = "true | false (KVM_CLEAR_DIRTY_LOG re-protects what KVM_GET_DIRTY_LOG fetched)";
+    /// Host: EPT accessed/dirty bits (`kvm_intel.enable_ept_ad_bits`, on by default where the
+    /// CPU has them, Haswell+): KVM sets D in every writable SPTE it makes and the CPU sets it
+    /// on a write through a leaf without it; `is_dirty_spte()` reads D instead of W. Off here
+    /// (the A/D-less form every other scenario was built on); accessed bits are not modelled.
+    ept_ad: bool = false,
+        accepts = "true | false (EPT A/D bits: the CPU sets D on a write, is_dirty_spte reads D)";
+    /// Host: Page Modification Logging (`kvm_intel.enable_pml`, v4.2+, needs `ept_ad`): dirty
+    /// logging clears D instead of W, and the CPU appends the gfn of each write that sets D
+    /// to the vCPU's PML buffer, which KVM drains into the dirty bitmap at every VM exit
+    /// (`vmx_flush_pml_buffer`); `KVM_GET_DIRTY_LOG` first kicks every vCPU out of the guest
+    /// (`kvm_arch_sync_dirty_log`, no wait).
+    pml: bool = false,
+        accepts = "true | false (needs ept_ad: D-bit dirty logging with per-vCPU PML buffers)";
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

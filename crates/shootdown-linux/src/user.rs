@@ -134,7 +134,12 @@ impl Machine {
             e.ept
                 .is_some_and(|u| !access.allowed_by(e.writable, u.exec))
         };
-        if let Some(e) = hit.filter(|e| !lacks_permission(e)) {
+        // A write through an entry that cached the EPT leaf's D bit clear walks again, for the
+        // A/D assist to set it (and, with PML, log the write).
+        let needs_dirty_assist = |e: &TlbEntry| {
+            write && e.writable && e.ept.is_some_and(|u| self.opts.ept_ad && !u.dirty)
+        };
+        if let Some(e) = hit.filter(|e| !lacks_permission(e) && !needs_dirty_assist(e)) {
             if write && !e.writable {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
                 return Err(Fault::PageFault);
@@ -257,6 +262,7 @@ impl Machine {
                     pfn,
                     writable,
                     exec,
+                    dirty,
                     ..
                 } = spte.kind
                 else {
@@ -272,6 +278,9 @@ impl Machine {
                     }));
                 }
                 self.cpus[v].tlb.ept_psc_insert(level, gfn, sp);
+                if access.is_write() {
+                    self.ept_write_assist(v, sp, idx, gfn);
+                }
                 let filled = self.oracle.now();
                 let u = EptUse {
                     gfn,
@@ -280,6 +289,7 @@ impl Machine {
                     version: spte.version,
                     filled,
                     exec,
+                    dirty: self.opts.ept_ad && (dirty || access.is_write()),
                 };
                 let host_pfn = pfn + gfn % shootdown_hw::ept::gfns_per_entry(level);
                 self.check_address_space(v, &u, Some(host_pfn));

@@ -698,3 +698,84 @@ fn after_each_harvest_the_fast_path_makes_pages_writable_again() {
         assert!(c.get(Counter::KvmDirtyPagesHarvested) <= 64 + fast);
     }
 }
+
+/// Dirty logging with EPT A/D bits and PML, in both MMUs, on the workload above: harvests
+/// clear D bits instead of W, so only each page's first write exits (the slow path); every
+/// write after a harvest's flush sets D again through the A/D assist and logs its gfn, which
+/// the vCPU's next exit (the harvest's kick, a flush request) drains into the bitmap.
+#[test]
+fn with_pml_writes_after_a_harvest_are_logged_without_exits() {
+    for (tdp_mmu, manual) in [(true, false), (false, false), (true, true), (false, true)] {
+        let o = Options {
+            tdp_mmu,
+            manual_dirty_log_protect: manual,
+            ept_ad: true,
+            pml: true,
+            ..Options::default()
+        };
+        let mut slot = ram(0, 0, 0x400, false);
+        slot.dirty_log = true;
+        let mut m = vm(2, o, vec![slot]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        for cpu in 0..2 {
+            let prog = vec![
+                UserOp::TouchRange {
+                    start: 0x200 + cpu as u64 * 32,
+                    npages: 32,
+                    write: true,
+                },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(200),
+                },
+                UserOp::Exit,
+            ];
+            m.add_task("t", mm, cpu, prog);
+        }
+        m.add_host_thread(
+            "qemu",
+            0,
+            3,
+            [
+                vec![
+                    HostOp::Compute { ns: 20_000 },
+                    HostOp::GetDirtyLog { as_id: 0, id: 0 },
+                ],
+                if manual {
+                    vec![HostOp::ClearDirtyLog { as_id: 0, id: 0 }]
+                } else {
+                    vec![]
+                },
+                vec![
+                    HostOp::Loop {
+                        to: 0,
+                        times: Some(9),
+                    },
+                    HostOp::Exit,
+                ],
+            ]
+            .concat(),
+        );
+        let (stop, _) = run(&mut m, 100);
+        let what = format!("tdp_mmu = {tdp_mmu}, manual = {manual}");
+        assert_eq!(stop, Stop::Finished, "{what}: {}", m.dump());
+        let c = m.counters();
+        let (logged, drained) = (c.get(Counter::KvmPmlLogged), c.get(Counter::KvmPmlFlushed));
+        assert_eq!(c.get(Counter::KvmDirtyLogHarvests), 10, "{what}");
+        assert_eq!(c.get(Counter::KvmMmuPfFixed), 64, "{what}");
+        assert_eq!(c.get(Counter::KvmEptViolations), 64, "{what}");
+        assert_eq!(c.get(Counter::KvmFastPfFixed), 0, "{what}");
+        // Every A/D assist is a write to the logged slot, so every one is logged; what the
+        // runs' last exits did not drain is at most the two logs' contents.
+        assert_eq!(c.get(Counter::KvmEptDirtyAssists), logged, "{what}");
+        assert!(logged >= 64, "{what}: {logged} logged");
+        assert!(
+            drained <= logged && logged - drained <= 64,
+            "{what}: {drained} of {logged}"
+        );
+        assert_eq!(c.get(Counter::KvmDirtyPagesMarked), 64 + drained, "{what}");
+        // Each D bit a harvest clears hands the page its dirty state.
+        assert!(c.get(Counter::KvmSetPfnDirty) >= 64, "{what}");
+    }
+}

@@ -42,6 +42,7 @@ use crate::frame::{Flow, Frame};
 use crate::kvm::kvm_main::FlushRemoteTlbs;
 use crate::kvm::memslot::Memslot;
 use crate::kvm::mmu::rwlock::RwlockWait;
+use crate::kvm::mode;
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use shootdown_engine::{Env, Violation};
@@ -122,6 +123,8 @@ pub struct GetDirtyLog {
     pub buffer: Vec<u64>,
     pub flush: bool,
     pub lock: RwlockWait,
+    /// `kvm_arch_sync_dirty_log()`: the vCPUs kicked so far.
+    pub kicked: u32,
 }
 
 /// The steps of `KVM_GET_DIRTY_LOG`.
@@ -129,6 +132,8 @@ pub struct GetDirtyLog {
 pub enum GetDirtyLogPc {
     /// `mutex_lock(&kvm->slots_lock)`; `id_to_memslot()` (-ENOENT without a dirty bitmap).
     SlotsLock,
+    /// With PML: `kvm_arch_sync_dirty_log()`, `kvm_vcpu_kick()` of each vCPU in turn (no wait).
+    SyncDirtyLog,
     /// `KVM_MMU_LOCK(kvm)` (the spinlock, or the TDP MMU's rwlock for write).
     MmuLock,
     /// One word: `if (!dirty_bitmap[i]) continue; flush = true; mask = xchg(&dirty_bitmap[i],
@@ -165,6 +170,7 @@ impl GetDirtyLog {
             buffer: Vec::new(),
             flush: false,
             lock: RwlockWait::Fast,
+            kicked: 0,
         }))
     }
 }
@@ -265,6 +271,15 @@ impl Machine {
     /// MMU-writable bits (so that `fast_page_fault` may set it again). Whether it changed.
     fn spte_write_protect(&mut self, sp: SpId, idx: u16) -> bool {
         let kind = self.ept.spte(sp, idx).kind;
+        if self.opts.pml {
+            // spte_clear_dirty() / clear_dirty_pt_masked(.., wrprot = false): clear D, keep W;
+            // the next write sets D again and logs the page (pml.rs).
+            if !matches!(kind, SpteKind::Leaf { dirty: true, .. }) {
+                return false;
+            }
+            self.set_spte_attrs(sp, idx, kind.with_dirty(false));
+            return true;
+        }
         if !matches!(kind, SpteKind::Leaf { writable: true, .. }) {
             return false;
         }
@@ -273,9 +288,19 @@ impl Machine {
         true
     }
 
-    /// `kvm_mmu_write_protect_pt_masked()`: write-protect the 4 KiB SPTEs of the gfns of
-    /// `mask` (bit i: `base + i`) in address space `as_id`: through the rmaps (legacy MMU), or
-    /// each TDP root's leaf (`clear_dirty_pt_masked`, write lock held). How many changed.
+    /// `kvm_arch_mmu_enable_log_dirty_pt_masked()`'s callee and what it does, for the text.
+    fn enable_log_dirty_text(&self) -> (&'static str, &'static str) {
+        if self.opts.pml {
+            ("kvm_mmu_clear_dirty_pt_masked", "cleaned (D cleared)")
+        } else {
+            ("kvm_mmu_write_protect_pt_masked", "write-protected")
+        }
+    }
+
+    /// `kvm_mmu_write_protect_pt_masked()` (with PML, `kvm_mmu_clear_dirty_pt_masked()`):
+    /// write-protect (clear D in) the 4 KiB SPTEs of the gfns of `mask` (bit i: `base + i`) in
+    /// address space `as_id`: through the rmaps (legacy MMU), or each TDP root's leaf
+    /// (`clear_dirty_pt_masked`, write lock held). How many changed.
     fn write_protect_pt_masked(&mut self, vm: usize, as_id: u8, base: Gfn, mask: u64) -> u32 {
         let mut n = 0;
         let gfns = (0..BITS_PER_LONG)
@@ -345,15 +370,43 @@ impl Machine {
                 s.npages = sl.npages;
                 s.words = sl.npages.div_ceil(BITS_PER_LONG) as u32;
                 s.buffer = vec![0; s.words as usize];
-                let manual = self.opts.manual_dirty_log_protect;
-                // Manual protect: GET copies the live bitmap; CLEAR harvests.
-                s.pc = if manual && !s.clear {
-                    CopyToUser
+                s.pc = if self.opts.pml {
+                    SyncDirtyLog
                 } else {
-                    MmuLock
+                    self.after_sync_dirty_log(s)
                 };
                 let (id, what) = (s.id, ioctl_name(s.clear));
                 self.say(|| format!("{what}(slot {id}): mutex_lock(&kvm->slots_lock)"));
+                Flow::Next
+            }
+            SyncDirtyLog => {
+                let Some(v) = self.kvm(vm).vcpus.clone().nth(s.kicked as usize) else {
+                    s.pc = self.after_sync_dirty_log(s);
+                    return self.get_dirty_log_step(me, s, env);
+                };
+                s.kicked += 1;
+                // kvm_vcpu_kick(): an IPI only if the vCPU was in guest mode.
+                let old = self.rmw(env, me, Loc::VcpuMode(v as u32), |m| {
+                    if m == mode::IN_GUEST_MODE {
+                        mode::EXITING_GUEST_MODE
+                    } else {
+                        m
+                    }
+                });
+                let ipi = old == mode::IN_GUEST_MODE;
+                if ipi {
+                    self.send_kick(me, v, env);
+                }
+                self.say(|| {
+                    format!(
+                        "kvm_arch_sync_dirty_log: kvm_vcpu_kick(vcpu{v}){}",
+                        if ipi {
+                            ": in guest mode: IPI (no wait), its exit drains its PML log"
+                        } else {
+                            ": not in guest mode: no IPI"
+                        }
+                    )
+                });
                 Flow::Next
             }
             MmuLock => {
@@ -397,11 +450,12 @@ impl Machine {
                 s.flush = true;
                 let base = s.base_gfn + w as u64 * BITS_PER_LONG;
                 let n = self.write_protect_pt_masked(vm, s.as_id, base, mask);
+                let pt_masked = self.enable_log_dirty_text();
                 self.perf
                     .counters
                     .add(Counter::KvmDirtyPagesHarvested, mask.count_ones() as u64);
                 self.say(|| {
-                    format!("atomic_long_fetch_andnot(mask[{w}] = {user:#x}) cleared {mask:#x}; kvm_mmu_write_protect_pt_masked: {n} SPTE(s) write-protected")
+                    format!("atomic_long_fetch_andnot(mask[{w}] = {user:#x}) cleared {mask:#x}; {}: {n} SPTE(s) {}", pt_masked.0, pt_masked.1)
                 });
                 Flow::Next
             }
@@ -432,12 +486,16 @@ impl Machine {
                 s.buffer[w as usize] = mask;
                 let base = s.base_gfn + w as u64 * BITS_PER_LONG;
                 let n = self.write_protect_pt_masked(vm, s.as_id, base, mask);
+                let pt_masked = self.enable_log_dirty_text();
                 self.perf
                     .counters
                     .add(Counter::KvmDirtyPagesHarvested, mask.count_ones() as u64);
                 self.charge(env, |c| shootdown_engine::Time(c.spte_zap.0 * n as u64));
                 self.say(|| {
-                    format!("{zeros}xchg(&dirty_bitmap[{w}], 0) = {mask:#x}; kvm_mmu_write_protect_pt_masked: {n} SPTE(s) write-protected")
+                    format!(
+                        "{zeros}xchg(&dirty_bitmap[{w}], 0) = {mask:#x}; {}: {n} SPTE(s) {}",
+                        pt_masked.0, pt_masked.1
+                    )
                 });
                 Flow::Next
             }
@@ -491,6 +549,16 @@ impl Machine {
         }
     }
 
+    /// After `kvm_arch_sync_dirty_log()`: with manual protect, GET copies the live bitmap and
+    /// CLEAR harvests; without, GET harvests.
+    fn after_sync_dirty_log(&self, s: &GetDirtyLog) -> GetDirtyLogPc {
+        if self.opts.manual_dirty_log_protect && !s.clear {
+            GetDirtyLogPc::CopyToUser
+        } else {
+            GetDirtyLogPc::MmuLock
+        }
+    }
+
     /// Would `KVM_GET_DIRTY_LOG`'s next step only wait for a lock?
     pub(crate) fn get_dirty_log_waits(&self, me: usize, s: &GetDirtyLog) -> bool {
         match s.pc {
@@ -535,7 +603,7 @@ impl Machine {
                 .vcpus
                 .clone()
                 .any(|c| self.fast_pf_marks_pending(c, gfn));
-            if bit(&live, rel) || pending {
+            if bit(&live, rel) || pending || self.pml_pending(vm, gfn) {
                 continue;
             }
             self.violate(Violation {

@@ -36,6 +36,7 @@ pub mod mmu;
 pub mod mtrr;
 pub mod mtrr_zap;
 pub mod oracle;
+pub mod pml;
 pub mod smm;
 pub mod st_cache;
 pub mod vmx;
@@ -174,6 +175,8 @@ pub struct Vcpu {
     pub memtype_check: Option<(Gfn, Gfn)>,
     /// `alloc_fail`: this vCPU's one injected allocation failure has happened.
     pub alloc_failed: bool,
+    /// The vCPU's PML log (`vmx->pml_pg`, `pml.rs`): gfns the CPU logged, not yet drained.
+    pub pml: Vec<Gfn>,
 }
 
 shootdown_engine::clone_by_fields!(Vcpu {
@@ -201,6 +204,7 @@ shootdown_engine::clone_by_fields!(Vcpu {
     cr0_cd,
     memtype_check,
     alloc_failed,
+    pml,
 });
 
 impl Vcpu {
@@ -231,6 +235,7 @@ impl Vcpu {
             cr0_cd: true,
             memtype_check: None,
             alloc_failed: false,
+            pml: Vec::new(),
         }
     }
 

@@ -263,6 +263,23 @@ impl Machine {
                 self.host_mut().vcpus[v].irqs_off = false;
                 self.ack_kicks(v, env);
                 self.srcu_read_lock(v, env);
+                // vmx_handle_exit(): vmx_flush_pml_buffer() first (not for the VMM's
+                // KVM_SET_MSRS, which is no exit).
+                let drained = if self.opts.pml && !matches!(s.exit, Exit::Wrmsr { host: true, .. })
+                {
+                    self.vmx_flush_pml_buffer(v, env)
+                } else {
+                    Vec::new()
+                };
+                let pml = if drained.is_empty() {
+                    String::new()
+                } else {
+                    let gfns: Vec<String> = drained.iter().map(|g| format!("{g:#x}")).collect();
+                    format!(
+                        "; vmx_flush_pml_buffer: gfn {} marked dirty",
+                        gfns.join(", ")
+                    )
+                };
                 let why = match s.exit {
                     Exit::Preempted => "preemption".to_string(),
                     Exit::Kick => "host IPI".to_string(),
@@ -298,7 +315,7 @@ impl Machine {
                     Exit::Preempted | Exit::Kick => "",
                 };
                 self.say(|| {
-                    format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock{handler}")
+                    format!("VM exit ({why}): mode = OUTSIDE_GUEST_MODE, local_irq_enable, srcu_read_lock{pml}{handler}")
                 });
                 s.pc = Emulate;
                 let handler = match s.exit {

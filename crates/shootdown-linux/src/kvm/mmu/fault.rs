@@ -280,7 +280,9 @@ impl Machine {
                 let (what, flush) = self.direct_map(v, s, env);
                 self.charge(env, |c| c.spte_install);
                 // set_spte(): a writable SPTE of a slot that logs dirty pages marks its gfn.
-                if let FaultTarget::Ram { writable: true, .. } = s.target {
+                if matches!(s.target, FaultTarget::Ram { writable: true, .. })
+                    && !self.make_spte_leaves_mark_to_pml()
+                {
                     let a = self.fault_as_id(v);
                     self.mark_page_dirty_in_slot(v, a, gfn, env);
                 }
@@ -411,6 +413,7 @@ impl Machine {
                     mmu_writable: writable,
                     memtype: MT_WB_IPAT,
                     exec: self.spte_exec(level),
+                    dirty: self.make_spte_dirty(writable),
                 };
                 let old = self.ept.spte(sp, idx).kind;
                 if old == kind {

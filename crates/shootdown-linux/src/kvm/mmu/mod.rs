@@ -4,7 +4,8 @@
 //!
 //! * [`fault`] — `tdp_page_fault` (an EPT violation) and `handle_mmio_page_fault` (an EPT
 //!   misconfiguration), with MMIO SPTEs and the per-vCPU MMIO cache;
-//! * [`spte`] — the MMIO SPTE generation and its checks;
+//! * [`spte`] — the MMIO SPTE generation and its checks; [`spte_ad`] — a leaf's dirty state
+//!   (`is_dirty_spte`, `kvm_set_pfn_dirty`) and the oracle `INV-AD`;
 //! * [`page`] — getting, linking, zapping (`kvm_mmu_prepare_zap_page`) and freeing
 //!   (`kvm_mmu_commit_zap_page`) shadow pages; roots (`kvm_mmu_load` / `kvm_mmu_unload`);
 //! * [`zap`] — what a memslot deletion zaps: `zap_all`, `fast_invalidate`, `slot_only`, and
@@ -19,7 +20,7 @@
 //! The EPT pages themselves (what the hardware walks) are `shootdown_hw::ept`; this is KVM's
 //! software view of them. Simplifications: direct MMU only (no shadow paging of guest page
 //! tables: no unsync pages, no write tracking), one MMU role, no limit on the number of shadow
-//! pages (`make_mmu_pages_available` never recycles), no fast page fault (A/D assist).
+//! pages (`make_mmu_pages_available` never recycles), no accessed bits.
 
 pub mod fast_pf;
 pub mod fault;
@@ -28,6 +29,7 @@ pub mod nx_huge_pages;
 pub mod page;
 pub mod rwlock;
 pub mod spte;
+pub mod spte_ad;
 pub mod tdp_iter;
 pub mod tdp_mmu;
 pub mod tdp_rcu;

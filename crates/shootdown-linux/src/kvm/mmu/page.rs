@@ -76,6 +76,8 @@ impl Machine {
         if matches!(old, SpteKind::Leaf { .. } | SpteKind::Table(_)) {
             mmu.last_zap = e;
         }
+        self.handle_changed_spte_dirty(old, kind);
+        let mmu = &mut self.kvm_mut(vm).mmu;
         if !matches!(kind, SpteKind::Mmio { .. }) {
             mmu.mmio_origin.remove(&(sp, idx));
         }
@@ -83,16 +85,18 @@ impl Machine {
         old
     }
 
-    /// Change a leaf's W bit (write-protect for dirty logging, `fast_page_fault`'s fix, a
-    /// write fault's upgrade): the SPTE changes (its version advances) but maps the same
-    /// frame, so nothing is zapped (no `INV-FLUSH-OWED` debt; the flush a write-protect needs
-    /// is dirty logging's, `INV-DIRTYLOG`) and the rmaps and the memory-type record stay.
+    /// Change a leaf's W or D bit (dirty logging's write-protect or D-bit clearing,
+    /// `fast_page_fault`'s fix, a write fault's upgrade): the SPTE changes (its version
+    /// advances) but maps the same frame, so nothing is zapped (no `INV-FLUSH-OWED` debt; the
+    /// flush a write-protect needs is dirty logging's, `INV-DIRTYLOG`) and the rmaps and the
+    /// memory-type record stay. A dirty leaf made clean hands its state to the page.
     pub(crate) fn set_spte_attrs(&mut self, sp: SpId, idx: u16, kind: SpteKind) {
         let e = self.oracle.tick();
         let old = self.ept.set(sp, idx, kind, e).kind;
         debug_assert!(
             matches!((old, kind), (SpteKind::Leaf { pfn: a, .. }, SpteKind::Leaf { pfn: b, .. }) if a == b)
         );
+        self.handle_changed_spte_dirty(old, kind);
     }
 
     /// `drop_spte()` (a leaf) or `drop_parent_pte()` (a link: the child stays, orphaned).

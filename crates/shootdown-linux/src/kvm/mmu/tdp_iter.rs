@@ -156,6 +156,7 @@ mod tests {
             mmu_writable: true,
             memtype: MT_WB_IPAT,
             exec: true,
+            dirty: false,
         };
         m.set(root, 0, SpteKind::Table(pdpt), 1);
         m.set(pdpt, 0, SpteKind::Table(pd), 1);

@@ -101,6 +101,11 @@ pub struct ZapGfnRange {
     pub notifier: bool,
     /// Before v5.18: the table just removed, freed once its flush is done.
     pub removed: Option<SpId>,
+    /// `iter->old_spte` as the iterator read it on reaching the entry. Kept only for the
+    /// `tdp_mmu_write_spte_plain` mutant: the fixed write (`kvm_tdp_mmu_write_spte`, an `xchg`
+    /// when the entry has volatile bits) returns the value in memory, which the model reads
+    /// at the write.
+    pub old_spte: Option<SpteKind>,
 }
 
 /// The steps of `kvm_zap_gfn_range()`.
@@ -164,6 +169,7 @@ impl ZapGfnRange {
             prior_flush: false,
             notifier,
             removed: None,
+            old_spte: None,
         }))
     }
 }
@@ -463,14 +469,14 @@ impl Machine {
                     self.tdp_mmu_free_subtree(vm, child, env);
                 }
                 self.say(|| format!("clear the frozen SPTE (EPT page #{sp} entry {idx})"));
-                s.iter.next(&self.ept);
+                self.zap_iter_next(s);
                 s.pc = Walk;
                 Flow::Next
             }
             FreeRemoved => {
                 let sp = s.removed.take().expect("a removed table");
                 self.tdp_free_removed(vm, sp, env);
-                s.iter.next(&self.ept);
+                self.zap_iter_next(s);
                 s.pc = Walk;
                 Flow::Next
             }
@@ -601,7 +607,7 @@ impl Machine {
                     entry_text(spte.kind)
                 )
             });
-            s.iter.next(&self.ept);
+            self.zap_iter_next(s);
             return Flow::Next;
         }
         if self.opts.tdp_zap != TdpZap::Mainline {
@@ -610,7 +616,10 @@ impl Machine {
             }
         }
         if matches!(spte.kind, SpteKind::Leaf { .. }) {
-            self.set_spte(vm, sp, idx, SpteKind::None);
+            // tdp_mmu_set_spte(kvm, &iter, 0): handle_changed_spte() is handed what the write
+            // returns (the fix's xchg), or, A4, what the iterator read.
+            let believed = s.old_spte.unwrap_or(spte.kind);
+            self.set_spte_believing(vm, sp, idx, SpteKind::None, believed);
             self.perf.counters.inc(Counter::KvmTdpSptesZapped);
             self.charge(env, |c| c.spte_zap);
             s.flush = true;
@@ -623,7 +632,7 @@ impl Machine {
                 )
             });
         }
-        s.iter.next(&self.ept);
+        self.zap_iter_next(s);
         Flow::Next
     }
 
@@ -662,7 +671,7 @@ impl Machine {
             self.say(|| {
                 format!("zap the table SPTE of gfn {gfn:#x} (level {level}); handle_removed_tdp_mmu_page: call_rcu(EPT page #{child}), the flush left to the caller")
             });
-            s.iter.next(&self.ept);
+            self.zap_iter_next(s);
             return Some(Flow::Next);
         }
         s.removed = Some(child);
@@ -673,6 +682,14 @@ impl Machine {
         Some(Flow::Call(FlushRemoteTlbs::call()))
     }
 
+    /// `tdp_iter_next()`, which reads the entry it reaches into `iter->old_spte` (kept only for
+    /// the A4 mutant, see [`ZapGfnRange::old_spte`]).
+    fn zap_iter_next(&self, s: &mut ZapGfnRange) {
+        s.iter.next(&self.ept);
+        s.old_spte = (s.iter.valid && self.opts.mutants.tdp_mmu_write_spte_plain())
+            .then(|| s.iter.old_spte(&self.ept).kind);
+    }
+
     /// After a yield, the walk goes on from where it stopped: `tdp_iter_next()` sees
     /// `iter->yielded` and restarts from the root at `next_last_level_gfn` without stepping.
     /// K15 (v5.15, before 3a0f64de479c): `tdp_iter_restart()`, then the loop's own
@@ -681,14 +698,14 @@ impl Machine {
         if self.opts.tdp_zap == TdpZap::V5_15 && self.opts.mutants.tdp_iter_advances_after_restart()
         {
             s.iter.restart();
-            s.iter.next(&self.ept);
+            self.zap_iter_next(s);
             let g = s.iter.gfn;
             self.say(|| {
                 format!("tdp_iter_restart, then tdp_iter_next: the walk goes on at gfn {g:#x}")
             });
         } else {
             s.iter.yielded = true;
-            s.iter.next(&self.ept);
+            self.zap_iter_next(s);
         }
     }
 
@@ -958,9 +975,10 @@ impl Machine {
             mmu_writable: writable,
             memtype,
             exec: self.spte_exec(goal),
+            dirty: self.make_spte_dirty(writable),
         };
         // make_spte(): a writable SPTE of a slot that logs dirty pages marks its gfn.
-        if writable {
+        if writable && !self.make_spte_leaves_mark_to_pml() {
             self.mark_page_dirty_in_slot(v, as_id as usize, gfn, env);
         }
         let old = self.ept.spte(sp, idx).kind;
@@ -1040,6 +1058,7 @@ impl Machine {
                     mmu_writable: writable,
                     memtype,
                     exec: self.spte_exec(goal),
+                    dirty: self.make_spte_dirty(writable),
                 };
                 self.set_spte(vm, sp, idx, kind);
                 self.kvm_mut(vm)
