@@ -318,6 +318,18 @@ pub enum HostOpSpec {
         as_id: u8,
         id: u16,
     },
+    /// `KVM_SET_USER_MEMORY_REGION` adding `KVM_MEM_LOG_DIRTY_PAGES` to memslot `id`.
+    EnableDirtyLog {
+        #[serde(default)]
+        as_id: u8,
+        id: u16,
+    },
+    /// The `clear_young` MMU notifier (aging; no flush).
+    ClearYoung {
+        gfn: u64,
+        #[serde(default = "one")]
+        npages: u64,
+    },
     Compute {
         ns: u64,
     },
@@ -458,6 +470,8 @@ impl HostOpSpec {
             HostOpSpec::NxRecover => HostOp::NxRecover,
             HostOpSpec::GetDirtyLog { as_id, id } => HostOp::GetDirtyLog { as_id, id },
             HostOpSpec::ClearDirtyLog { as_id, id } => HostOp::ClearDirtyLog { as_id, id },
+            HostOpSpec::EnableDirtyLog { as_id, id } => HostOp::EnableDirtyLog { as_id, id },
+            HostOpSpec::ClearYoung { gfn, npages } => HostOp::ClearYoung { gfn, npages },
             HostOpSpec::Compute { ns } => HostOp::Compute { ns },
             HostOpSpec::Loop { to, times } => HostOp::Loop { to, times },
             HostOpSpec::Exit => HostOp::Exit,
@@ -1269,8 +1283,12 @@ impl Scenario {
                             0 => Some(&k.memslots),
                             _ => k.smm_memslots.as_ref().or(Some(&k.memslots)),
                         };
-                        let logs =
-                            slots.is_some_and(|s| s.iter().any(|sl| sl.id == *id && sl.dirty_log));
+                        let enabled_before = t.program[..j].iter().any(|o| {
+                            matches!(o, HostOpSpec::EnableDirtyLog { as_id: a, id: i } if a == as_id && i == id)
+                        });
+                        let logs = enabled_before
+                            || slots
+                                .is_some_and(|s| s.iter().any(|sl| sl.id == *id && sl.dirty_log));
                         if !logs {
                             return Err(err(
                                 &format!("kvm.threads[{i}].program[{j}].id"),
@@ -1281,7 +1299,8 @@ impl Scenario {
                     if let HostOpSpec::MemslotCreate { as_id, .. }
                     | HostOpSpec::MemslotDelete { as_id, .. }
                     | HostOpSpec::GetDirtyLog { as_id, .. }
-                    | HostOpSpec::ClearDirtyLog { as_id, .. } = op
+                    | HostOpSpec::ClearDirtyLog { as_id, .. }
+                    | HostOpSpec::EnableDirtyLog { as_id, .. } = op
                     {
                         if *as_id > 1 || (*as_id == 1 && !k.smm) {
                             return Err(err(

@@ -17,6 +17,8 @@ fn the_legacy_mmu_verifies_under_sc_and_tso_with_and_without_manual_protect() {
         ("kvm_dirty_log_manual", "tso", 23961),
         ("kvm_pml", "sc", 31612),
         ("kvm_pml", "tso", 48931),
+        ("kvm_dirty_log_enable", "sc", 4313),
+        ("kvm_dirty_log_enable", "tso", 6752),
     ] {
         let r = run(sc, None, mm, &["options.tdp_mmu=false"]);
         assert_eq!(
@@ -159,4 +161,33 @@ fn with_pml_the_write_after_a_harvest_is_logged_and_drained_at_an_exit() {
         e.contains("options.pml") && e.contains("ept_ad") && !e.contains('\n'),
         "{e}"
     );
+}
+
+#[test]
+fn logging_turned_on_without_a_flush_misses_the_writes_of_an_aged_page_in_both_mmus() {
+    // A5 (b64d740ea7dd): aging left the SPTE read-only (access-tracked) without a flush, so
+    // turning logging on changed no SPTE and, with the old code, flushed nothing.
+    for tdp in ["true", "false"] {
+        let r = run(
+            "kvm_dirty_log_enable",
+            Some("enable_dirty_log_flush_if_wrprot"),
+            "sc",
+            &[&format!("options.tdp_mmu={tdp}")],
+        );
+        assert_eq!(
+            r.invariant.as_deref(),
+            Some("INV-DIRTYLOG"),
+            "tdp_mmu={tdp}"
+        );
+        assert_eq!(r.counterexample.len(), 26, "tdp_mmu={tdp}");
+        let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+        let pos = |pat: &str| t.iter().position(|s| s.contains(pat));
+        let aged = pos("R/W/X cleared").expect("aged");
+        let on = pos("no SPTE changed; KVM_MMU_UNLOCK; no flush").expect("no flush");
+        let hit = t
+            .iter()
+            .rposition(|s| s.contains("TLB hit"))
+            .expect("a TLB hit");
+        assert!(aged < on && on < hit, "tdp_mmu={tdp}: {t:?}");
+    }
 }

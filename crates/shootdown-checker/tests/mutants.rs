@@ -357,6 +357,15 @@ const MUTANTS: &[Pinned] = &[
         31604,
     ),
     (
+        "kvm_dirty_log_enable",
+        "enable_dirty_log_flush_if_wrprot",
+        Some("A5"),
+        "sc",
+        "INV-DIRTYLOG",
+        26,
+        618,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         Some("K15"),
@@ -721,7 +730,7 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     }
     for bug in [
         "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14", "K15", "A1",
-        "A2", "A3", "A4",
+        "A2", "A3", "A4", "A5",
     ] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }

@@ -110,6 +110,8 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_dirty_log_manual", "tso", 22100, 47672),
     ("kvm_pml", "sc", 36451, 72022),
     ("kvm_pml", "tso", 49973, 110750),
+    ("kvm_dirty_log_enable", "sc", 4339, 8173),
+    ("kvm_dirty_log_enable", "tso", 6028, 12896),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it

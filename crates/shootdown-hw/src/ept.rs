@@ -53,6 +53,9 @@ pub enum SpteKind {
     /// cleared it (`spte_can_locklessly_be_made_writable`). `dirty`: the D bit (bit 9), used
     /// only with EPT A/D bits on (EPTP bit 6): KVM sets it in every writable SPTE it makes,
     /// and the CPU sets it ([`EptMemory::set_dirty`]) on a write through a leaf without it.
+    /// `access_tracked`: without A/D bits, KVM's aging cleared the R/W/X bits (saving R and X
+    /// in software bits, `mark_spte_for_access_track`): the CPU sees no translation, KVM still
+    /// a present SPTE that `fast_page_fault` restores.
     Leaf {
         pfn: u64,
         writable: bool,
@@ -60,6 +63,7 @@ pub enum SpteKind {
         memtype: u8,
         exec: bool,
         dirty: bool,
+        access_tracked: bool,
     },
     /// A link to a lower-level table.
     Table(SpId),
@@ -305,6 +309,7 @@ mod tests {
                 memtype: MT_WB_IPAT,
                 exec: true,
                 dirty: false,
+                access_tracked: false,
             },
             3,
         );

@@ -203,6 +203,7 @@ impl Machine {
                 | Frame::NxRecover(_)
                 | Frame::FastPageFault(_)
                 | Frame::GetDirtyLog(_)
+                | Frame::ClearYoung(_)
                 | Frame::MtrrZapRequest(_)
                 | Frame::NoncoherentDmaStart(_) => {}
                 Frame::BulkPages(_) | Frame::PageListLocked(_) => {}

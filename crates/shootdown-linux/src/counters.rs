@@ -174,6 +174,10 @@ counters! {
     KvmAllocFailures = "kvm.alloc_failures",
     /// `fast_page_fault()`s that set W again in a write-protected SPTE with `cmpxchg64`.
     KvmFastPfFixed = "kvm.fast_pf_fixed",
+    /// Leaf SPTEs `clear_young` made access-tracked (no A/D bits).
+    KvmSptesAged = "kvm.sptes_aged",
+    /// Access-tracked SPTEs `fast_page_fault` restored.
+    KvmAccessTrackRestored = "kvm.access_track_restored",
     /// The CPU's A/D assists that set an EPT D bit (`ept_ad`).
     KvmEptDirtyAssists = "kvm.ept_dirty_assists",
     /// `kvm_set_pfn_dirty()` calls: a dirty leaf SPTE (D, or W without A/D bits) zapped,

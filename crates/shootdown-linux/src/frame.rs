@@ -14,6 +14,7 @@ use crate::kvm::kvm_main::{
     FlushRemoteTlbs, InstallMemslots, MakeAllCpusRequest, MmuNotifierInvalidate, SetMemoryRegion,
     SynchronizeSrcu,
 };
+use crate::kvm::mmu::access_track::ClearYoung;
 use crate::kvm::mmu::fast_pf::FastPageFault;
 use crate::kvm::mmu::fault::{MmioPageFault, TdpPageFault};
 use crate::kvm::mmu::nx_huge_pages::NxRecover;
@@ -101,6 +102,8 @@ pub enum Frame {
     /// Host (KVM, either MMU): `fast_page_fault` and `KVM_GET_DIRTY_LOG` (`dirty_log.rs`).
     FastPageFault(Box<FastPageFault>),
     GetDirtyLog(Box<GetDirtyLog>),
+    /// Host (KVM, either MMU): the `clear_young` MMU notifier (`access_track.rs`).
+    ClearYoung(Box<ClearYoung>),
     MtrrZapRequest(Box<MtrrZapRequest>),
     NoncoherentDmaStart(NoncoherentDmaStart),
     /// Guest mm: faults and frees charged in bulk, and their page-list sections
@@ -141,6 +144,7 @@ shootdown_engine::clone_by_variants!(Frame {
     NxRecover,
     FastPageFault,
     GetDirtyLog,
+    ClearYoung,
     MtrrZapRequest,
     NoncoherentDmaStart,
     BulkPages,
@@ -180,6 +184,7 @@ impl Frame {
             Frame::NxRecover(b) => boxed(&**b),
             Frame::FastPageFault(b) => boxed(&**b),
             Frame::GetDirtyLog(b) => boxed(&**b),
+            Frame::ClearYoung(b) => boxed(&**b),
             Frame::MtrrZapRequest(b) => boxed(&**b),
             Frame::FlushFunc(_)
             | Frame::CallFunctionIrq(_)
@@ -283,6 +288,7 @@ impl Frame {
             Frame::FastPageFault(_) => "fast_page_fault",
             Frame::GetDirtyLog(s) if s.clear => "kvm_clear_dirty_log_protect",
             Frame::GetDirtyLog(_) => "kvm_get_dirty_log_protect",
+            Frame::ClearYoung(_) => "kvm_mmu_notifier_clear_young",
             Frame::MtrrZapRequest(z) if z.listed => "kvm_mtrr_zap_gfn_range",
             Frame::MtrrZapRequest(_) => "update_mtrr/kvm_post_set_cr0",
             Frame::NoncoherentDmaStart(_) => "kvm_arch_register_noncoherent_dma",
@@ -324,6 +330,7 @@ impl Frame {
             Frame::NxRecover(s) => format!("{:?}", s.pc),
             Frame::FastPageFault(s) => format!("{:?}", s.pc),
             Frame::GetDirtyLog(s) => format!("{:?}", s.pc),
+            Frame::ClearYoung(s) => format!("{:?}", s.pc),
             Frame::MtrrZapRequest(s) => format!("{:?}", s.pc),
             Frame::NoncoherentDmaStart(s) => format!("{:?}", s.pc),
             Frame::Syscall(s) => s.step_name(),

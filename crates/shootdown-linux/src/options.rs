@@ -842,6 +842,11 @@ mutants! {
     /// set since without `mmu_lock` (or a D bit the CPU set) is lost with it: KVM sees a
     /// clean SPTE and skips `kvm_set_pfn_dirty()`.
     tdp_mmu_write_spte_plain = "A4",
+    /// A5 (fixed by b64d740ea7dd, v6.0): turning dirty logging on flushes only if
+    /// `kvm_mmu_slot_remove_write_access()` changed an SPTE. An SPTE that aging made
+    /// access-tracked is already read-only, but `clear_young` did not flush: a vCPU keeps a
+    /// writable TLB entry and its writes reach no dirty bitmap.
+    enable_dirty_log_flush_if_wrprot = "A5",
     /// Seeded (PML): `make_spte()` sets D with W in a slot that logs dirty pages but leaves
     /// the page's dirty mark to PML, which logs only writes that set D: a write through that
     /// SPTE logs nothing.
@@ -1230,11 +1235,13 @@ options! {
     manual_dirty_log_protect: bool = false,
         accepts = "true | false (KVM_CLEAR_DIRTY_LOG re-protects what KVM_GET_DIRTY_LOG fetched)";
     /// Host: EPT accessed/dirty bits (`kvm_intel.enable_ept_ad_bits`, on by default where the
-    /// CPU has them, Haswell+): KVM sets D in every writable SPTE it makes and the CPU sets it
-    /// on a write through a leaf without it; `is_dirty_spte()` reads D instead of W. Off here
-    /// (the A/D-less form every other scenario was built on); accessed bits are not modelled.
-    ept_ad: bool = false,
-        accepts = "true | false (EPT A/D bits: the CPU sets D on a write, is_dirty_spte reads D)";
+    /// CPU has them, Haswell+, as on every seed's host): KVM sets D in every writable SPTE it
+    /// makes and the CPU sets it on a write through a leaf without it; `is_dirty_spte()` reads
+    /// D instead of W. Off (older CPUs, or the parameter cleared): access tracking
+    /// (`access_track.rs`), and every EPT violation tries `fast_page_fault` first. Accessed
+    /// bits themselves are not modelled.
+    ept_ad: bool = true,
+        accepts = "true | false (EPT A/D bits; false: access tracking, W is the dirty bit)";
     /// Host: Page Modification Logging (`kvm_intel.enable_pml`, v4.2+, needs `ept_ad`): dirty
     /// logging clears D instead of W, and the CPU appends the gfn of each write that sets D
     /// to the vCPU's PML buffer, which KVM drains into the dirty bitmap at every VM exit

@@ -255,6 +255,7 @@ impl Machine {
             Frame::NxRecover(s) => self.nx_recover_step(cpu, s, env),
             Frame::FastPageFault(s) => self.fast_page_fault_step(cpu, s, env),
             Frame::GetDirtyLog(s) => self.get_dirty_log_step(cpu, s, env),
+            Frame::ClearYoung(s) => self.clear_young_step(cpu, s, env),
             Frame::TdpMmuPageFault(s) => self.tdp_mmu_page_fault_step(cpu, s, env),
             Frame::MtrrZapRequest(s) => self.mtrr_zap_request_step(cpu, s, env),
             Frame::NoncoherentDmaStart(s) => self.noncoherent_dma_step(cpu, s, env),
@@ -281,9 +282,14 @@ impl Machine {
             Frame::InstallMemslots(s) => {
                 s.pc == InstallMemslotsPc::WaitNotifiers && self.memslots_wait_notifiers(cpu)
             }
-            Frame::SetMemoryRegion(s) => {
-                s.pc == SetMemoryRegionPc::Lock && self.slots_lock_busy(cpu)
-            }
+            Frame::SetMemoryRegion(s) => match s.pc {
+                SetMemoryRegionPc::Lock => self.slots_lock_busy(cpu),
+                SetMemoryRegionPc::ApplyFlagsLock if self.opts.tdp_mmu => {
+                    self.mmu_rwlock_waits(cpu, s.lock, false)
+                }
+                SetMemoryRegionPc::ApplyFlagsLock => self.mmu_lock_waits(cpu),
+                _ => false,
+            },
             Frame::TdpPageFault(s) => s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu),
             Frame::MmuLoad(s) if self.opts.tdp_mmu => {
                 s.pc == MmuLoadPc::Lock && self.mmu_rwlock_waits(cpu, s.lock, true)
@@ -304,6 +310,7 @@ impl Machine {
             Frame::ZapGfnRange(s) => self.zap_gfn_range_waits(cpu, s),
             Frame::NxRecover(s) => self.nx_recover_waits(cpu, s),
             Frame::GetDirtyLog(s) => self.get_dirty_log_waits(cpu, s),
+            Frame::ClearYoung(s) => self.clear_young_waits(cpu, s),
             Frame::TdpMmuPageFault(s) => {
                 s.pc == crate::kvm::mmu::tdp_mmu::TdpMmuPageFaultPc::Lock
                     && self.mmu_rwlock_waits(cpu, s.lock, false)

@@ -263,11 +263,20 @@ impl Machine {
                     writable,
                     exec,
                     dirty,
+                    access_tracked,
                     ..
                 } = spte.kind
                 else {
                     unreachable!("a leaf walk ends at a leaf")
                 };
+                if access_tracked {
+                    // R/W/X clear: to the CPU the entry is not present.
+                    return Err(Fault::Exit(Exit::EptViolation {
+                        gfn,
+                        access,
+                        present: false,
+                    }));
+                }
                 if !access.allowed_by(writable, exec) {
                     // The exit's "present" bits matter to KVM for a write only (the fast
                     // path); other accesses keep them clear, so as not to split states.

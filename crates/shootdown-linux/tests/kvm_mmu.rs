@@ -779,3 +779,78 @@ fn with_pml_writes_after_a_harvest_are_logged_without_exits() {
         assert!(c.get(Counter::KvmSetPfnDirty) >= 64, "{what}");
     }
 }
+
+/// Aging and turning dirty logging on for a live slot, in both MMUs: two vCPUs write 64 pages
+/// over and over; the host ages them all (`clear_young`), then sets `KVM_MEM_LOG_DIRTY_PAGES`
+/// on the slot and harvests it five times. Without A/D bits every aged SPTE is made
+/// access-tracked and restored by `fast_page_fault` at its next access; with them aging
+/// changes no SPTE (the accessed bits are not modelled).
+#[test]
+fn aged_sptes_come_back_through_the_fast_path_and_logging_starts_on_a_live_slot() {
+    for (tdp_mmu, ept_ad) in [(true, false), (false, false), (true, true)] {
+        let o = Options {
+            tdp_mmu,
+            ept_ad,
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        for cpu in 0..2 {
+            let prog = vec![
+                UserOp::TouchRange {
+                    start: 0x200 + cpu as u64 * 32,
+                    npages: 32,
+                    write: true,
+                },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(3000),
+                },
+                UserOp::Exit,
+            ];
+            m.add_task("t", mm, cpu, prog);
+        }
+        m.add_host_thread(
+            "qemu",
+            0,
+            3,
+            vec![
+                HostOp::Compute { ns: 50_000 },
+                HostOp::ClearYoung {
+                    gfn: 0x200,
+                    npages: 64,
+                },
+                HostOp::Compute { ns: 20_000 },
+                HostOp::EnableDirtyLog { as_id: 0, id: 0 },
+                HostOp::Compute { ns: 20_000 },
+                HostOp::GetDirtyLog { as_id: 0, id: 0 },
+                HostOp::Loop {
+                    to: 4,
+                    times: Some(4),
+                },
+                HostOp::Exit,
+            ],
+        );
+        let (stop, _) = run(&mut m, 100);
+        let what = format!("tdp_mmu = {tdp_mmu}, ept_ad = {ept_ad}");
+        assert_eq!(stop, Stop::Finished, "{what}: {}", m.dump());
+        let c = m.counters();
+        let (aged, restored) = (
+            c.get(Counter::KvmSptesAged),
+            c.get(Counter::KvmAccessTrackRestored),
+        );
+        assert_eq!(c.get(Counter::KvmDirtyLogHarvests), 5, "{what}");
+        assert_eq!(c.get(Counter::KvmMmuPfFixed), 64, "{what}");
+        if ept_ad {
+            assert_eq!((aged, restored), (0, 0), "{what}");
+        } else {
+            // Every page was mapped before the aging, and every one is touched after it.
+            assert_eq!(aged, 64, "{what}");
+            assert_eq!(restored, 64, "{what}");
+        }
+        // Logging on write-protects what aging left writable; every page is written after
+        // it, so the first harvest holds them all.
+        assert!(c.get(Counter::KvmDirtyPagesHarvested) >= 64, "{what}");
+    }
+}

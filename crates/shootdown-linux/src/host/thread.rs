@@ -50,6 +50,19 @@ pub enum HostOp {
         as_id: u8,
         id: u16,
     },
+    /// `KVM_SET_USER_MEMORY_REGION` of memslot `id` with `KVM_MEM_LOG_DIRTY_PAGES` added (a
+    /// flags-only change): its dirty bitmap is allocated and its SPTEs write-protected
+    /// (`kvm_mmu_slot_apply_flags`, `dirty_log.rs`).
+    EnableDirtyLog {
+        as_id: u8,
+        id: u16,
+    },
+    /// The `clear_young` MMU notifier over the host pages behind guest frames
+    /// `[gfn, gfn + npages)`: KVM ages their SPTEs, without a flush (`access_track.rs`).
+    ClearYoung {
+        gfn: Gfn,
+        npages: u64,
+    },
     /// One run of the VM's NX huge page recovery worker (`kvm_nx_huge_page_recovery_worker`,
     /// a kthread per VM): `kvm_recover_nx_huge_pages()`.
     NxRecover,

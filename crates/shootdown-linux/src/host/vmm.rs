@@ -135,6 +135,46 @@ impl Machine {
                 self.charge(env, |c| c.vmm_memslot_update);
                 self.push_host_frame(a, crate::kvm::dirty_log::GetDirtyLog::clear(as_id, id), env);
             }
+            HostOp::EnableDirtyLog { as_id, id } => {
+                advance(self);
+                self.charge(env, |c| c.vmm_memslot_update);
+                let slot = self
+                    .kvm(vm)
+                    .address_spaces
+                    .get(as_id as usize)
+                    .and_then(|s| s.active_set().slots.iter().find(|s| s.id == id).cloned());
+                let space = as_text(as_id);
+                match slot {
+                    Some(mut slot) => {
+                        self.say(|| {
+                            format!("KVM_SET_USER_MEMORY_REGION: slot {space}{id} flags |= KVM_MEM_LOG_DIRTY_PAGES")
+                        });
+                        slot.dirty_log = true;
+                        self.push_host_frame(
+                            a,
+                            set_memory_region(MemslotChange::FlagsOnly, as_id, slot),
+                            env,
+                        );
+                    }
+                    None => self.say(|| {
+                        format!("slot {space}{id} does not exist: KVM_SET_USER_MEMORY_REGION fails")
+                    }),
+                }
+            }
+            HostOp::ClearYoung { gfn, npages } => {
+                advance(self);
+                self.say(|| {
+                    format!(
+                        "mmu_notifier_clear_young(gfns {gfn:#x}..{:#x})",
+                        gfn + npages
+                    )
+                });
+                self.push_host_frame(
+                    a,
+                    crate::kvm::mmu::access_track::ClearYoung::call(gfn, npages),
+                    env,
+                );
+            }
             HostOp::NxRecover => {
                 advance(self);
                 self.say(|| "kvm_nx_huge_page_recovery_worker: recover NX huge pages".into());
@@ -183,6 +223,8 @@ fn set_memory_region(change: MemslotChange, as_id: u8, slot: Memslot) -> Frame {
         change,
         as_id,
         slot,
+        lock: Default::default(),
+        wrprot: 0,
     }))
 }
 

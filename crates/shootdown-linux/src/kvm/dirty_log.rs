@@ -39,14 +39,14 @@
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
-use crate::kvm::kvm_main::FlushRemoteTlbs;
+use crate::kvm::kvm_main::{FlushRemoteTlbs, SetMemoryRegion, SetMemoryRegionPc};
 use crate::kvm::memslot::Memslot;
 use crate::kvm::mmu::rwlock::RwlockWait;
 use crate::kvm::mode;
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
 use shootdown_engine::{Env, Violation};
-use shootdown_hw::ept::{EptWalk, Gfn, SpId, SpteKind};
+use shootdown_hw::ept::{gfns_per_entry, EptWalk, Gfn, SpId, SpteKind};
 use shootdown_hw::CpuId;
 use std::collections::BTreeMap;
 
@@ -250,7 +250,7 @@ impl Machine {
 
     /// Does a memslot of vCPU `v`'s address space log dirty pages at `gfn` (the oracle's
     /// view: the active set)?
-    fn logs_dirty(&self, v: CpuId, gfn: Gfn) -> bool {
+    pub(crate) fn logs_dirty(&self, v: CpuId, gfn: Gfn) -> bool {
         let k = self.kvm(self.vm_of(v));
         !k.dirty_log.bitmaps.is_empty()
             && k.address_spaces[self.vcpu_as_id(v)]
@@ -547,6 +547,128 @@ impl Machine {
                 Flow::Return
             }
         }
+    }
+
+    /// The leaf SPTEs of guest frames `[base, base + npages)` in address space `as_id`: each
+    /// TDP root's (walked entry by entry), or the rmaps' (`slot_handle_level`).
+    fn slot_leaves(&self, vm: usize, as_id: u8, base: Gfn, npages: u64) -> Vec<(SpId, u16, u8)> {
+        let end = base + npages;
+        let mut out = Vec::new();
+        if self.opts.tdp_mmu {
+            let mut todo: Vec<SpId> = self.tdp_roots_of(vm, as_id).collect();
+            while let Some(sp) = todo.pop() {
+                let page = self.ept.page(sp);
+                let span = gfns_per_entry(page.level);
+                for (&idx, e) in &page.entries {
+                    let g = page.gfn + idx as u64 * span;
+                    if g + span <= base || g >= end {
+                        continue;
+                    }
+                    match e.kind {
+                        SpteKind::Table(c) => todo.push(c),
+                        SpteKind::Leaf { .. } => out.push((sp, idx, page.level)),
+                        _ => {}
+                    }
+                }
+            }
+        } else {
+            let mmu = &self.kvm(vm).mmu;
+            for (&(level, _), heads) in mmu
+                .rmap
+                .iter()
+                .filter(|(&(l, g), _)| g < end && g + gfns_per_entry(l) > base)
+            {
+                for &(sp, idx) in heads {
+                    if mmu.sp_as_id(sp) == as_id {
+                        out.push((sp, idx, level));
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// `kvm_arch_commit_memory_region()` → `kvm_mmu_slot_apply_flags()` as a FLAGS_ONLY change
+    /// turns dirty logging on (v5.15): `kvm_mmu_slot_remove_write_access(slot, PG_LEVEL_4K)`
+    /// (the legacy MMU's rmaps under the spinlock, `__rmap_write_protect(.., pt_protect =
+    /// false)`; the TDP MMU's `kvm_tdp_mmu_wrprot_slot` under the read lock, `cmpxchg`), or
+    /// with PML `kvm_mmu_slot_leaf_clear_dirty` (4 KiB SPTEs: D cleared) and the huge SPTEs
+    /// write-protected; then a flush — always, since b64d740ea7dd (v6.0): an access-tracked
+    /// SPTE is already read-only, so "flush if an SPTE changed" (the A5 mutant, the code
+    /// before) leaves a writable TLB entry that `clear_young` did not flush.
+    pub(crate) fn kvm_mmu_slot_apply_flags_step<E: Env>(
+        &mut self,
+        me: usize,
+        s: &mut SetMemoryRegion,
+        env: &mut E,
+    ) -> Flow {
+        let vm = self.vm_of(me);
+        match s.pc {
+            SetMemoryRegionPc::ApplyFlagsLock => {
+                let spin = if self.opts.tdp_mmu {
+                    self.mmu_read_lock(me, &mut s.lock, env)
+                } else {
+                    self.mmu_lock_acquire(me, env)
+                };
+                if let Some(spin) = spin {
+                    return spin;
+                }
+                s.pc = SetMemoryRegionPc::ApplyFlags;
+                self.say(|| {
+                    "kvm_arch_commit_memory_region: kvm_mmu_slot_apply_flags (logging on): KVM_MMU_LOCK".into()
+                });
+                Flow::Next
+            }
+            _ => {
+                let leaves = self.slot_leaves(vm, s.as_id, s.slot.base_gfn, s.slot.npages);
+                let mut n = 0;
+                for (sp, idx, level) in leaves {
+                    let kind = self.ept.spte(sp, idx).kind;
+                    let new = match kind {
+                        SpteKind::Leaf { dirty: true, .. } if self.opts.pml && level == 1 => {
+                            kind.with_dirty(false)
+                        }
+                        SpteKind::Leaf { writable: true, .. } if !self.opts.pml || level > 1 => {
+                            kind.with_writable(false)
+                        }
+                        _ => continue,
+                    };
+                    self.set_spte_attrs(sp, idx, new);
+                    n += 1;
+                }
+                s.wrprot = n;
+                if self.opts.tdp_mmu {
+                    self.mmu_read_unlock(me, env);
+                } else {
+                    self.mmu_lock_release(me, env);
+                }
+                s.pc = SetMemoryRegionPc::Done;
+                let what = if self.opts.pml {
+                    "kvm_mmu_slot_leaf_clear_dirty"
+                } else {
+                    "kvm_mmu_slot_remove_write_access"
+                };
+                if n == 0 && self.opts.mutants.enable_dirty_log_flush_if_wrprot() {
+                    self.say(|| format!("{what}: no SPTE changed; KVM_MMU_UNLOCK; no flush"));
+                    return Flow::Next;
+                }
+                self.say(|| {
+                    format!("{what}: {n} SPTE(s) changed; KVM_MMU_UNLOCK; kvm_arch_flush_remote_tlbs_memslot")
+                });
+                Flow::Call(FlushRemoteTlbs::call())
+            }
+        }
+    }
+
+    /// Oracle, as the ioctl that turned logging on for `slot` returns: the VMM now copies all
+    /// of the slot's memory (migration's first pass), so only writes from here on are owed.
+    pub(crate) fn enable_dirty_log_returned(&mut self, vm: usize, _as_id: u8, slot: &Memslot) {
+        let range = slot.base_gfn..slot.base_gfn + slot.npages;
+        self.kvm_mut(vm)
+            .dirty_log
+            .owed
+            .retain(|g, _| !range.contains(g));
     }
 
     /// After `kvm_arch_sync_dirty_log()`: with manual protect, GET copies the live bitmap and

@@ -392,6 +392,8 @@ pub enum InstallMemslotsPc {
 pub enum MemslotChange {
     Create,
     Delete,
+    /// `KVM_MR_FLAGS_ONLY` adding `KVM_MEM_LOG_DIRTY_PAGES` (`dirty_log.rs`).
+    FlagsOnly,
 }
 
 /// `kvm_set_memory_region()` → `__kvm_set_memory_region()` for a CREATE or DELETE of one
@@ -403,6 +405,10 @@ pub struct SetMemoryRegion {
     /// The slot's address space (`mem->slot >> 16`).
     pub as_id: u8,
     pub slot: Memslot,
+    /// FLAGS_ONLY: the TDP MMU's `mmu_lock` (read) for the commit's write-protect, and how
+    /// many SPTEs it changed.
+    pub lock: crate::kvm::mmu::rwlock::RwlockWait,
+    pub wrprot: u32,
 }
 
 /// The steps of `__kvm_set_memory_region()`.
@@ -416,6 +422,12 @@ pub enum SetMemoryRegionPc {
     FlushShadow,
     /// Build the final set (the slot added or gone) and install it.
     InstallFinal,
+    /// FLAGS_ONLY (logging on): `kvm_arch_commit_memory_region()` →
+    /// `kvm_mmu_slot_apply_flags()`: take `mmu_lock`.
+    ApplyFlagsLock,
+    /// Write-protect the slot's SPTEs (with PML: clear the D bits of its 4 KiB ones), drop
+    /// `mmu_lock`, flush (b64d740ea7dd: always).
+    ApplyFlags,
     /// `kvm_arch_commit_memory_region()`, `mutex_unlock(&kvm->slots_lock)`; return.
     Done,
 }
@@ -856,6 +868,12 @@ impl Machine {
                 s.pc = match s.change {
                     MemslotChange::Delete => InstallInvalid,
                     MemslotChange::Create => InstallFinal,
+                    MemslotChange::FlagsOnly => {
+                        // kvm_prepare_memory_region(): kvm_alloc_dirty_bitmap().
+                        let (a, slot) = (s.as_id, s.slot.clone());
+                        self.kvm_mut(vm).dirty_log.alloc(a, &slot);
+                        InstallFinal
+                    }
                 };
                 Flow::Next
             }
@@ -893,6 +911,11 @@ impl Machine {
                 let a = s.as_id as usize;
                 self.build_inactive_set(vm, a, |slots| match change {
                     MemslotChange::Delete => slots.retain(|sl| sl.id != slot.id),
+                    MemslotChange::FlagsOnly => {
+                        for sl in slots.iter_mut().filter(|sl| sl.id == slot.id) {
+                            sl.dirty_log = slot.dirty_log;
+                        }
+                    }
                     MemslotChange::Create => {
                         slots.retain(|sl| sl.id != slot.id);
                         slots.push(slot.clone());
@@ -901,16 +924,27 @@ impl Machine {
                 });
                 self.say(|| match change {
                     MemslotChange::Delete => format!("copy the memslots without slot {id}"),
+                    MemslotChange::FlagsOnly => format!(
+                        "kvm_alloc_dirty_bitmap; copy the memslots with slot {id} logging dirty pages"
+                    ),
                     MemslotChange::Create => format!(
                         "copy the memslots with new slot {id} (gfns {:#x}..{:#x})",
                         s.slot.base_gfn,
                         s.slot.end()
                     ),
                 });
-                s.pc = Done;
+                s.pc = if change == MemslotChange::FlagsOnly {
+                    ApplyFlagsLock
+                } else {
+                    Done
+                };
                 Flow::Call(install_memslots(a as u32))
             }
+            ApplyFlagsLock | ApplyFlags => self.kvm_mmu_slot_apply_flags_step(me, s, env),
             Done => {
+                if s.change == MemslotChange::FlagsOnly {
+                    self.enable_dirty_log_returned(vm, s.as_id, &s.slot);
+                }
                 if s.change == MemslotChange::Delete {
                     self.check_memslot_deleted(vm, s.as_id, &s.slot);
                     let freed = (s.as_id, s.slot.clone());

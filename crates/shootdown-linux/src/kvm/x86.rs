@@ -321,11 +321,15 @@ impl Machine {
                 let handler = match s.exit {
                     // direct_page_fault(): fast_page_fault() first, for a write to a present
                     // SPTE (page_fault_can_be_fast()), then the fault proper.
+                    // page_fault_can_be_fast(): any fault while access tracking is on
+                    // (no A/D bits: `shadow_acc_track_mask`), else a write to a present SPTE.
                     Exit::EptViolation {
                         gfn,
                         access,
-                        present: true,
-                    } if access.is_write() => self.fast_page_fault(v, gfn, access, env),
+                        present,
+                    } if !self.opts.ept_ad || (present && access.is_write()) => {
+                        self.fast_page_fault(v, gfn, access, env)
+                    }
                     Exit::EptViolation { gfn, access, .. } => {
                         Some(self.slow_page_fault(gfn, access))
                     }

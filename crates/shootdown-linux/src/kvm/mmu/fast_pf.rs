@@ -19,6 +19,7 @@
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
+use crate::kvm::mmu::access_track::restore_acc_track_spte;
 use crate::kvm::mmu::fault::TdpPageFault;
 use crate::kvm::mmu::tdp_mmu::TdpMmuPageFault;
 use crate::kvm::mode;
@@ -33,16 +34,21 @@ use shootdown_hw::CpuId;
 /// (`if (++retry_count > 4) break;`).
 const FAST_PF_RETRIES: u8 = 4;
 
+/// What the lockless walk says when it finds no leaf.
+const NO_LEAF: &str = "no present leaf SPTE";
+
 /// `fast_page_fault()` of vCPU `v`, inside its lockless section, with a fixable SPTE.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FastPageFault {
     pub pc: FastPageFaultPc,
     pub gfn: Gfn,
     pub access: Access,
-    /// The leaf the walk found, and its value then (what the `cmpxchg` expects).
+    /// The leaf the walk found, its value then (what the `cmpxchg` expects) and the value the
+    /// fix writes.
     pub sp: SpId,
     pub idx: u16,
     pub old: SpteKind,
+    pub new: SpteKind,
     /// Oracle: the epoch at which the walk read it.
     pub walked: u64,
     /// Failed `cmpxchg`es so far.
@@ -68,10 +74,54 @@ pub enum FastPageFaultPc {
 enum FastWalk {
     /// `is_access_allowed()`: someone fixed it already (`RET_PF_SPURIOUS`).
     Spurious,
-    /// A 4 KiB leaf that `spte_can_locklessly_be_made_writable()`.
-    Fixable { sp: SpId, idx: u16, old: SpteKind },
+    /// A leaf the fast path can fix: access-tracked (restored), or write-protected and
+    /// MMU-writable (`spte_can_locklessly_be_made_writable()`: W set); `new` is what the
+    /// `cmpxchg` writes.
+    Fixable {
+        sp: SpId,
+        idx: u16,
+        old: SpteKind,
+        new: SpteKind,
+    },
     /// Not present, not a leaf, a huge leaf, or not MMU-writable (`RET_PF_INVALID`).
     Invalid(&'static str),
+}
+
+/// What the walk found, for the step's text.
+fn fixable_text(old: SpteKind) -> &'static str {
+    match old {
+        SpteKind::Leaf {
+            access_tracked: true,
+            ..
+        } => "an access-tracked SPTE",
+        _ => "a write-protected, MMU-writable SPTE",
+    }
+}
+
+/// What the fix does, for the step's text.
+fn fix_verb(old: SpteKind, new: SpteKind) -> &'static str {
+    let tracked = matches!(
+        old,
+        SpteKind::Leaf {
+            access_tracked: true,
+            ..
+        }
+    );
+    let w = matches!(
+        (old, new),
+        (
+            SpteKind::Leaf {
+                writable: false,
+                ..
+            },
+            SpteKind::Leaf { writable: true, .. }
+        )
+    );
+    match (tracked, w) {
+        (true, true) => "restores R/X and sets W",
+        (true, false) => "restores R/X",
+        _ => "sets W",
+    }
 }
 
 impl Machine {
@@ -108,13 +158,18 @@ impl Machine {
                 None
             }
             FastWalk::Invalid(why) => {
-                self.say(|| format!("fast_page_fault(gfn {gfn:#x}): {why}: RET_PF_INVALID"));
+                // (A walk that found nothing, as most faults' with access tracking on, says
+                // nothing: the slow path tells the story.)
+                if why != NO_LEAF {
+                    self.say(|| format!("fast_page_fault(gfn {gfn:#x}): {why}: RET_PF_INVALID"));
+                }
                 Some(self.slow_page_fault(gfn, access))
             }
-            FastWalk::Fixable { sp, idx, old } => {
+            FastWalk::Fixable { sp, idx, old, new } => {
                 self.walk_shadow_page_lockless_begin(v, env);
+                let what = fixable_text(old);
                 self.say(|| {
-                    format!("fast_page_fault(gfn {gfn:#x}): walk_shadow_page_lockless_begin; a write-protected, MMU-writable SPTE (EPT page #{sp} entry {idx})")
+                    format!("fast_page_fault(gfn {gfn:#x}): walk_shadow_page_lockless_begin; {what} (EPT page #{sp} entry {idx})")
                 });
                 Some(Frame::FastPageFault(Box::new(FastPageFault {
                     pc: FastPageFaultPc::Fix,
@@ -123,6 +178,7 @@ impl Machine {
                     sp,
                     idx,
                     old,
+                    new,
                     walked: self.oracle.now(),
                     retries: 0,
                 })))
@@ -147,7 +203,16 @@ impl Machine {
                 let now = self.fast_pf_current(v, sp, idx);
                 let plain = now != Some(s.old) && self.opts.mutants.fast_pf_plain_store();
                 if now == Some(s.old) || plain {
-                    let new = s.old.with_writable(true);
+                    let new = s.new;
+                    if matches!(
+                        s.old,
+                        SpteKind::Leaf {
+                            access_tracked: true,
+                            ..
+                        }
+                    ) {
+                        self.perf.counters.inc(Counter::KvmAccessTrackRestored);
+                    }
                     if plain {
                         // The stale value may map another frame now (zapped and faulted
                         // again since the walk): a full write, not an attribute change.
@@ -164,7 +229,7 @@ impl Machine {
                         if plain {
                             format!("fast_pf_fix_direct_spte: store W=1 to EPT page #{sp} entry {idx} (a plain store over what changed since the walk)")
                         } else {
-                            format!("fast_pf_fix_direct_spte: cmpxchg64 sets W in EPT page #{sp} entry {idx}")
+                            format!("fast_pf_fix_direct_spte: cmpxchg64 {} in EPT page #{sp} entry {idx}", fix_verb(s.old, s.new))
                         }
                     });
                     return Flow::Next;
@@ -177,8 +242,8 @@ impl Machine {
                     return Flow::Next;
                 }
                 match self.fast_pf_walk(v, gfn, s.access) {
-                    FastWalk::Fixable { sp, idx, old } => {
-                        (s.sp, s.idx, s.old) = (sp, idx, old);
+                    FastWalk::Fixable { sp, idx, old, new } => {
+                        (s.sp, s.idx, s.old, s.new) = (sp, idx, old, new);
                         s.walked = self.oracle.now();
                         self.say(|| {
                             format!("fast_pf_fix_direct_spte: cmpxchg64 failed (the SPTE changed): walk again: EPT page #{sp} entry {idx}")
@@ -201,8 +266,20 @@ impl Machine {
                 }
             }
             MarkDirty => {
+                // fast_pf_fix_direct_spte(): the page is marked only if the fix made the SPTE
+                // writable (a read's restore of an access-tracked SPTE marks nothing).
                 let as_id = self.vcpu_as_id(v);
-                let marked = self.kvm_vcpu_mark_page_dirty(v, as_id, gfn, env);
+                let made_writable = matches!(
+                    (s.old, s.new),
+                    (
+                        SpteKind::Leaf {
+                            writable: false,
+                            ..
+                        },
+                        SpteKind::Leaf { writable: true, .. }
+                    )
+                );
+                let marked = made_writable && self.kvm_vcpu_mark_page_dirty(v, as_id, gfn, env);
                 self.walk_shadow_page_lockless_end(v, env);
                 self.say(|| {
                     format!(
@@ -259,31 +336,41 @@ impl Machine {
             spte,
         } = self.ept.walk_from(root, gfn)
         else {
-            return FastWalk::Invalid("no present leaf SPTE");
+            return FastWalk::Invalid(NO_LEAF);
         };
         let SpteKind::Leaf {
             writable,
             mmu_writable,
             exec,
+            access_tracked,
             ..
         } = spte.kind
         else {
             unreachable!("a leaf walk ends at a leaf")
         };
-        if access.allowed_by(writable, exec) {
+        if !access_tracked && access.allowed_by(writable, exec) {
             return FastWalk::Spurious;
         }
-        if !access.is_write() || !mmu_writable {
-            return FastWalk::Invalid("not a write-protected, MMU-writable SPTE");
+        // restore_acc_track_spte(), then W for a write to an MMU-writable SPTE.
+        let mut new = restore_acc_track_spte(spte.kind);
+        if access.is_write() && !writable && mmu_writable {
+            // A huge SPTE must be split for dirty logging: the slow path does it.
+            if level > 1 && self.logs_dirty(v, gfn) {
+                return FastWalk::Invalid("a huge SPTE of a logged slot");
+            }
+            new = new.with_writable(true);
         }
-        // A huge SPTE must be split for dirty logging: the slow path does it.
-        if level > 1 {
-            return FastWalk::Invalid("a huge SPTE");
+        let SpteKind::Leaf { writable: w, .. } = new else {
+            unreachable!()
+        };
+        if new == spte.kind || !access.allowed_by(w, exec) {
+            return FastWalk::Invalid("not a write-protected, MMU-writable SPTE");
         }
         FastWalk::Fixable {
             sp,
             idx,
             old: spte.kind,
+            new,
         }
     }
 

@@ -414,6 +414,7 @@ impl Machine {
                     memtype: MT_WB_IPAT,
                     exec: self.spte_exec(level),
                     dirty: self.make_spte_dirty(writable),
+                    access_tracked: false,
                 };
                 let old = self.ept.spte(sp, idx).kind;
                 if old == kind {

@@ -11,6 +11,7 @@
 //! * [`zap`] — what a memslot deletion zaps: `zap_all`, `fast_invalidate`, `slot_only`, and
 //!   `kvm_mmu_remote_flush_or_zap`;
 //! * [`lock`] — `mmu_lock`, with the oracle's check that no flush is owed when it is released;
+//! * [`access_track`] — aging without A/D bits (`clear_young`) and its access-tracked SPTEs;
 //! * [`nx_huge_pages`] — the iTLB multihit mitigation: no executable huge SPTEs, split pages
 //!   tracked and zapped again by the recovery worker, in both MMUs;
 //! * the TDP MMU (v5.10+, seed 004): [`rwlock`] (`mmu_lock` as a queued rwlock), [`tdp_iter`]
@@ -22,6 +23,7 @@
 //! tables: no unsync pages, no write tracking), one MMU role, no limit on the number of shadow
 //! pages (`make_mmu_pages_available` never recycles), no accessed bits.
 
+pub mod access_track;
 pub mod fast_pf;
 pub mod fault;
 pub mod lock;

@@ -40,7 +40,9 @@ impl Machine {
     }
 
     /// `make_spte()`'s D bit: set with W (`spte |= spte_shadow_dirty_mask(spte)` for a
-    /// writable SPTE), when EPT A/D bits are on.
+    /// writable SPTE), when EPT A/D bits are on. (So without PML, whose D clearing is the only
+    /// way to a writable clean SPTE, the CPU's assist never fires and A/D on and off explore
+    /// the same states.)
     pub(crate) fn make_spte_dirty(&self, writable: bool) -> bool {
         writable && self.opts.ept_ad
     }

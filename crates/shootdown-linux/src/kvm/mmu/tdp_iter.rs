@@ -157,6 +157,7 @@ mod tests {
             memtype: MT_WB_IPAT,
             exec: true,
             dirty: false,
+            access_tracked: false,
         };
         m.set(root, 0, SpteKind::Table(pdpt), 1);
         m.set(pdpt, 0, SpteKind::Table(pd), 1);

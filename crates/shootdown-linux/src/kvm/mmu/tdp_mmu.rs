@@ -976,6 +976,7 @@ impl Machine {
             memtype,
             exec: self.spte_exec(goal),
             dirty: self.make_spte_dirty(writable),
+            access_tracked: false,
         };
         // make_spte(): a writable SPTE of a slot that logs dirty pages marks its gfn.
         if writable && !self.make_spte_leaves_mark_to_pml() {
@@ -1059,6 +1060,7 @@ impl Machine {
                     memtype,
                     exec: self.spte_exec(goal),
                     dirty: self.make_spte_dirty(writable),
+                    access_tracked: false,
                 };
                 self.set_spte(vm, sp, idx, kind);
                 self.kvm_mut(vm)
