@@ -1258,6 +1258,13 @@ impl Scenario {
                     "zap_gfn_range_lock = \"read\" (seed 004's patch 12) needs tdp_zap = \"mainline\"".into(),
                 ));
             }
+            if options.dirty_log_initially_set && !options.manual_dirty_log_protect {
+                // KVM_ENABLE_CAP(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2) carries the flag.
+                return Err(err(
+                    "options.dirty_log_initially_set",
+                    "dirty_log_initially_set = true needs options.manual_dirty_log_protect = true (it is a flag of that capability)".into(),
+                ));
+            }
             if options.pml && !options.ept_ad {
                 // vmx: enable_pml is cleared when EPT A/D bits are off (PML logs the writes
                 // that set D).

@@ -19,6 +19,8 @@ fn the_legacy_mmu_verifies_under_sc_and_tso_with_and_without_manual_protect() {
         ("kvm_pml", "tso", 48931),
         ("kvm_dirty_log_enable", "sc", 4313),
         ("kvm_dirty_log_enable", "tso", 6752),
+        ("kvm_dirty_log_initially_set", "sc", 16318),
+        ("kvm_dirty_log_initially_set", "tso", 25339),
     ] {
         let r = run(sc, None, mm, &["options.tdp_mmu=false"]);
         assert_eq!(
@@ -190,4 +192,30 @@ fn logging_turned_on_without_a_flush_misses_the_writes_of_an_aged_page_in_both_m
             .expect("a TLB hit");
         assert!(aged < on && on < hit, "tdp_mmu={tdp}: {t:?}");
     }
+}
+
+#[test]
+fn initially_set_needs_manual_protect_and_a_clear_bitmap_loses_the_writes() {
+    let e = common::set_error(
+        "kvm_dirty_log_initially_set",
+        "options.manual_dirty_log_protect=false",
+    );
+    assert!(
+        e.contains("options.dirty_log_initially_set")
+            && e.contains("manual_dirty_log_protect")
+            && !e.contains('\n'),
+        "{e}"
+    );
+    // Without the all-set bitmap nothing is write-protected and nothing reported: the
+    // first KVM_CLEAR_DIRTY_LOG returns without the page vcpu0 wrote.
+    let r = run(
+        "kvm_dirty_log_initially_set",
+        Some("initially_set_bitmap_clear"),
+        "sc",
+        &[],
+    );
+    assert_eq!(r.invariant.as_deref(), Some("INV-DIRTYLOG"));
+    let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    assert!(t.iter().any(|s| s.contains("initially-all-set: nothing to write-protect")), "{t:?}");
+    assert!(t.last().unwrap().contains("KVM_CLEAR_DIRTY_LOG returned without gfn 0x20"), "{t:?}");
 }

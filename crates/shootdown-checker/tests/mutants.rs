@@ -366,6 +366,15 @@ const MUTANTS: &[Pinned] = &[
         618,
     ),
     (
+        "kvm_dirty_log_initially_set",
+        "initially_set_bitmap_clear",
+        None,
+        "sc",
+        "INV-DIRTYLOG",
+        39,
+        1328,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         Some("K15"),

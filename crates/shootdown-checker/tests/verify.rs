@@ -112,6 +112,8 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_pml", "tso", 49973, 110750),
     ("kvm_dirty_log_enable", "sc", 4339, 8173),
     ("kvm_dirty_log_enable", "tso", 6028, 12896),
+    ("kvm_dirty_log_initially_set", "sc", 16548, 31687),
+    ("kvm_dirty_log_initially_set", "tso", 23325, 51134),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it

@@ -847,6 +847,10 @@ mutants! {
     /// access-tracked is already read-only, but `clear_young` did not flush: a vCPU keeps a
     /// writable TLB entry and its writes reach no dirty bitmap.
     enable_dirty_log_flush_if_wrprot = "A5",
+    /// Seeded (`dirty_log_initially_set`): turning logging on skips the write-protect, as
+    /// initially-all-set allows, but leaves the new bitmap clear: a page written through its
+    /// still-writable SPTE is in no bitmap, and no `KVM_CLEAR_DIRTY_LOG` protects it.
+    initially_set_bitmap_clear = "",
     /// Seeded (PML): `make_spte()` sets D with W in a slot that logs dirty pages but leaves
     /// the page's dirty mark to PML, which logs only writes that set D: a write through that
     /// SPTE logs nothing.
@@ -1249,6 +1253,12 @@ options! {
     /// (`kvm_arch_sync_dirty_log`, no wait).
     pml: bool = false,
         accepts = "true | false (needs ept_ad: D-bit dirty logging with per-vCPU PML buffers)";
+    /// Host: `KVM_DIRTY_LOG_INITIALLY_SET` (v5.4+, with `manual_dirty_log_protect`; QEMU asks
+    /// for it): a slot's dirty bitmap starts with every bit set and turning logging on
+    /// write-protects nothing; `KVM_CLEAR_DIRTY_LOG` write-protects what it clears (a huge
+    /// SPTE first at 2 MiB, so that the next write splits it).
+    dirty_log_initially_set: bool = false,
+        accepts = "true | false (needs manual_dirty_log_protect: bitmaps start all set)";
     /// Host: bits of the memslot generation an MMIO SPTE keeps (v5.1+: 19).
     mmio_gen_bits: MmioGenBits = MmioGenBits(19),
         accepts = "bits of the generation in an MMIO SPTE (integer 2..=20; 19 in v5.1+)";

@@ -292,7 +292,8 @@ impl Machine {
         while self.oracle.nr_vms() <= vm {
             self.oracle.add_vm();
         }
-        self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone())).into();
+        let all_set = self.opts.dirty_log_initially_set;
+        self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone(), all_set)).into();
         for v in vcpus {
             let vc = &mut self.host_mut().vcpus[v];
             vc.mode = mode::OUTSIDE_GUEST_MODE;
@@ -308,7 +309,8 @@ impl Machine {
 
     /// Give VM `vm` SMM's address space with memslots `slots` (`kvm/smm.rs`).
     pub fn enable_smm(&mut self, vm: usize, slots: Vec<Memslot>) {
-        self.kvm_mut(vm).enable_smm(slots);
+        let all_set = self.opts.dirty_log_initially_set;
+        self.kvm_mut(vm).enable_smm(slots, all_set);
     }
 
     /// The steal-time areas of VM `vm`'s vCPUs: vCPU i's at guest frame `base + i`, as if

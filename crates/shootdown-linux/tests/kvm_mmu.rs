@@ -854,3 +854,61 @@ fn aged_sptes_come_back_through_the_fast_path_and_logging_starts_on_a_live_slot(
         assert!(c.get(Counter::KvmDirtyPagesHarvested) >= 64, "{what}");
     }
 }
+
+/// `KVM_DIRTY_LOG_INITIALLY_SET` in both MMUs: turning logging on for the live slot sets every
+/// bit and write-protects nothing; the first `KVM_CLEAR_DIRTY_LOG` clears (and write-protects)
+/// all 1,024 pages, after which only the pages the vCPUs write come back.
+#[test]
+fn initially_set_reports_every_page_once_then_only_the_written_ones() {
+    for tdp_mmu in [true, false] {
+        let o = Options {
+            tdp_mmu,
+            manual_dirty_log_protect: true,
+            dirty_log_initially_set: true,
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        for cpu in 0..2 {
+            let prog = vec![
+                UserOp::TouchRange {
+                    start: 0x200 + cpu as u64 * 32,
+                    npages: 32,
+                    write: true,
+                },
+                UserOp::Loop {
+                    to: 0,
+                    times: Some(3000),
+                },
+                UserOp::Exit,
+            ];
+            m.add_task("t", mm, cpu, prog);
+        }
+        m.add_host_thread(
+            "qemu",
+            0,
+            3,
+            vec![
+                HostOp::Compute { ns: 50_000 },
+                HostOp::EnableDirtyLog { as_id: 0, id: 0 },
+                HostOp::Compute { ns: 20_000 },
+                HostOp::GetDirtyLog { as_id: 0, id: 0 },
+                HostOp::ClearDirtyLog { as_id: 0, id: 0 },
+                HostOp::Loop {
+                    to: 2,
+                    times: Some(2),
+                },
+                HostOp::Exit,
+            ],
+        );
+        let (stop, _) = run(&mut m, 100);
+        let what = format!("tdp_mmu = {tdp_mmu}");
+        assert_eq!(stop, Stop::Finished, "{what}: {}", m.dump());
+        let c = m.counters();
+        assert_eq!(c.get(Counter::KvmDirtyLogHarvests), 3, "{what}");
+        let harvested = c.get(Counter::KvmDirtyPagesHarvested);
+        // 1,024 at the first clear; then at most the 64 written pages each time.
+        assert!((1024 + 64..=1024 + 2 * 64).contains(&harvested), "{what}: {harvested}");
+    }
+}

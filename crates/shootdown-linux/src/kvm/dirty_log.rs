@@ -86,10 +86,22 @@ pub struct DirtyLog {
 }
 
 impl DirtyLog {
-    /// Give memslot `sl` of address space `as_id` a dirty bitmap (`kvm_alloc_dirty_bitmap`).
-    pub fn alloc(&mut self, as_id: u8, sl: &Memslot) {
+    /// Give memslot `sl` of address space `as_id` a dirty bitmap (`kvm_alloc_dirty_bitmap`),
+    /// with every page's bit set if `all_set` (`KVM_DIRTY_LOG_INITIALLY_SET`: `bitmap_set`).
+    pub fn alloc(&mut self, as_id: u8, sl: &Memslot, all_set: bool) {
         let words = sl.npages.div_ceil(BITS_PER_LONG) as usize;
-        self.bitmaps.insert(slot_key(as_id, sl.id), vec![0; words]);
+        let mut b = vec![0; words];
+        if all_set {
+            for (w, x) in b.iter_mut().enumerate() {
+                let left = sl.npages - w as u64 * BITS_PER_LONG;
+                *x = if left >= BITS_PER_LONG {
+                    u64::MAX
+                } else {
+                    (1 << left) - 1
+                };
+            }
+        }
+        self.bitmaps.insert(slot_key(as_id, sl.id), b);
     }
 
     pub fn word(&self, key: u32, w: u32) -> u64 {
@@ -288,6 +300,32 @@ impl Machine {
         true
     }
 
+    /// `kvm_mmu_slot_gfn_write_protect(.., PG_LEVEL_2M)` on a leaf: a huge one loses W and
+    /// MMU-writable (`__rmap_write_protect(.., pt_protect = true)` / `write_protect_gfn`).
+    fn huge_write_protect(&mut self, sp: SpId, idx: u16) -> bool {
+        let kind = self.ept.spte(sp, idx).kind;
+        if self.ept.page(sp).level < 2 {
+            return false;
+        }
+        let SpteKind::Leaf {
+            writable,
+            mmu_writable,
+            ..
+        } = kind
+        else {
+            return false;
+        };
+        if !writable && !mmu_writable {
+            return false;
+        }
+        let mut new = kind.with_writable(false);
+        if let SpteKind::Leaf { mmu_writable, .. } = &mut new {
+            *mmu_writable = false;
+        }
+        self.set_spte_attrs(sp, idx, new);
+        true
+    }
+
     /// `kvm_arch_mmu_enable_log_dirty_pt_masked()`'s callee and what it does, for the text.
     fn enable_log_dirty_text(&self) -> (&'static str, &'static str) {
         if self.opts.pml {
@@ -303,6 +341,23 @@ impl Machine {
     /// (`clear_dirty_pt_masked`, write lock held). How many changed.
     fn write_protect_pt_masked(&mut self, vm: usize, as_id: u8, base: Gfn, mask: u64) -> u32 {
         let mut n = 0;
+        if self.opts.dirty_log_initially_set && mask != 0 {
+            // kvm_arch_mmu_enable_log_dirty_pt_masked(): huge SPTEs were not write-protected
+            // when logging started, so those over the mask's first and last gfn are, now
+            // (kvm_mmu_slot_gfn_write_protect(.., PG_LEVEL_2M): W and MMU-writable cleared,
+            // so that the next write faults and splits them).
+            let first = base + mask.trailing_zeros() as u64;
+            let last = base + 63 - mask.leading_zeros() as u64;
+            for (sp, idx, level) in self.slot_leaves(vm, as_id, first, 1) {
+                let _ = level;
+                n += self.huge_write_protect(sp, idx) as u32;
+            }
+            if last / 512 != first / 512 {
+                for (sp, idx, _) in self.slot_leaves(vm, as_id, last, 1) {
+                    n += self.huge_write_protect(sp, idx) as u32;
+                }
+            }
+        }
         let gfns = (0..BITS_PER_LONG)
             .filter(|i| mask & (1 << i) != 0)
             .map(|i| base + i);

@@ -871,7 +871,9 @@ impl Machine {
                     MemslotChange::FlagsOnly => {
                         // kvm_prepare_memory_region(): kvm_alloc_dirty_bitmap().
                         let (a, slot) = (s.as_id, s.slot.clone());
-                        self.kvm_mut(vm).dirty_log.alloc(a, &slot);
+                        let all_set = self.opts.dirty_log_initially_set
+                            && !self.opts.mutants.initially_set_bitmap_clear();
+                        self.kvm_mut(vm).dirty_log.alloc(a, &slot, all_set);
                         InstallFinal
                     }
                 };
@@ -909,6 +911,8 @@ impl Machine {
                 let slot = s.slot.clone();
                 let change = s.change;
                 let a = s.as_id as usize;
+                let all_set = self.opts.dirty_log_initially_set
+                    && !self.opts.mutants.initially_set_bitmap_clear();
                 self.build_inactive_set(vm, a, |slots| match change {
                     MemslotChange::Delete => slots.retain(|sl| sl.id != slot.id),
                     MemslotChange::FlagsOnly => {
@@ -925,7 +929,8 @@ impl Machine {
                 self.say(|| match change {
                     MemslotChange::Delete => format!("copy the memslots without slot {id}"),
                     MemslotChange::FlagsOnly => format!(
-                        "kvm_alloc_dirty_bitmap; copy the memslots with slot {id} logging dirty pages"
+                        "kvm_alloc_dirty_bitmap{}; copy the memslots with slot {id} logging dirty pages",
+                        if all_set { ", bitmap_set (initially all set)" } else { "" }
                     ),
                     MemslotChange::Create => format!(
                         "copy the memslots with new slot {id} (gfns {:#x}..{:#x})",
@@ -933,7 +938,9 @@ impl Machine {
                         s.slot.end()
                     ),
                 });
-                s.pc = if change == MemslotChange::FlagsOnly {
+                // kvm_mmu_slot_apply_flags(): initially-all-set write-protects nothing (every
+                // page counts as dirty).
+                s.pc = if change == MemslotChange::FlagsOnly && !self.opts.dirty_log_initially_set {
                     ApplyFlagsLock
                 } else {
                     Done
@@ -951,7 +958,15 @@ impl Machine {
                     self.kvm_mut(vm).freed_slots.push(freed);
                 }
                 self.store(env, me, Loc::SlotsLock(vm as u32), 0);
-                self.say(|| "mutex_unlock(&kvm->slots_lock); return".into());
+                let init_set =
+                    s.change == MemslotChange::FlagsOnly && self.opts.dirty_log_initially_set;
+                self.say(|| {
+                    if init_set {
+                        "kvm_mmu_slot_apply_flags: initially-all-set: nothing to write-protect; mutex_unlock(&kvm->slots_lock); return".into()
+                    } else {
+                        "mutex_unlock(&kvm->slots_lock); return".into()
+                    }
+                });
                 Flow::Return
             }
         }

@@ -315,10 +315,11 @@ shootdown_engine::clone_by_fields!(Kvm {
 
 impl Kvm {
     /// A VM with memslots `slots` in address space 0.
-    pub fn new(slots: Vec<memslot::Memslot>, vcpus: std::ops::Range<usize>) -> Kvm {
+    /// `all_set`: `KVM_DIRTY_LOG_INITIALLY_SET` (the logged slots' bitmaps start all set).
+    pub fn new(slots: Vec<memslot::Memslot>, vcpus: std::ops::Range<usize>, all_set: bool) -> Kvm {
         let mut dirty_log = dirty_log::DirtyLog::default();
         for sl in slots.iter().filter(|sl| sl.dirty_log) {
-            dirty_log.alloc(0, sl);
+            dirty_log.alloc(0, sl, all_set);
         }
         Kvm {
             address_spaces: vec![AddressSpace::new(0, slots)],
@@ -345,10 +346,10 @@ impl Kvm {
     /// Give the VM address space 1 (SMM) with memslots `slots` (QEMU's `smram` address space:
     /// SMRAM over an alias of the normal map). Its first generation is 1, as
     /// `kvm_create_vm` numbers each address space's.
-    pub fn enable_smm(&mut self, slots: Vec<memslot::Memslot>) {
+    pub fn enable_smm(&mut self, slots: Vec<memslot::Memslot>, all_set: bool) {
         self.address_spaces.truncate(1);
         for sl in slots.iter().filter(|sl| sl.dirty_log) {
-            self.dirty_log.alloc(1, sl);
+            self.dirty_log.alloc(1, sl, all_set);
         }
         self.address_spaces.push(AddressSpace::new(1, slots));
     }
