@@ -216,6 +216,15 @@ fn initially_set_needs_manual_protect_and_a_clear_bitmap_loses_the_writes() {
     );
     assert_eq!(r.invariant.as_deref(), Some("INV-DIRTYLOG"));
     let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
-    assert!(t.iter().any(|s| s.contains("initially-all-set: nothing to write-protect")), "{t:?}");
-    assert!(t.last().unwrap().contains("KVM_CLEAR_DIRTY_LOG returned without gfn 0x20"), "{t:?}");
+    assert!(
+        t.iter()
+            .any(|s| s.contains("initially-all-set: nothing to write-protect")),
+        "{t:?}"
+    );
+    assert!(
+        t.last()
+            .unwrap()
+            .contains("KVM_CLEAR_DIRTY_LOG returned without gfn 0x20"),
+        "{t:?}"
+    );
 }

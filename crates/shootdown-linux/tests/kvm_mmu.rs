@@ -909,6 +909,9 @@ fn initially_set_reports_every_page_once_then_only_the_written_ones() {
         assert_eq!(c.get(Counter::KvmDirtyLogHarvests), 3, "{what}");
         let harvested = c.get(Counter::KvmDirtyPagesHarvested);
         // 1,024 at the first clear; then at most the 64 written pages each time.
-        assert!((1024 + 64..=1024 + 2 * 64).contains(&harvested), "{what}: {harvested}");
+        assert!(
+            (1024 + 64..=1024 + 2 * 64).contains(&harvested),
+            "{what}: {harvested}"
+        );
     }
 }

@@ -12,8 +12,9 @@
 //!
 //! Why the flush before the copy is enough: a vCPU may keep a writable TLB entry of a page
 //! until the flush, writing it without marking it, but that page's bit was set when its SPTE
-//! was made writable and is in the bitmap being returned, and those writes are done before
-//! the VMM reads the page (it copies only after the ioctl returns).
+//! was made writable (or, for an SPTE writable before logging began, the VMM copies the page
+//! once turning logging on has returned) and is in the bitmap being returned, and those
+//! writes are done before the VMM reads the page (it copies only after the ioctl returns).
 //!
 //! The oracle (`INV-DIRTYLOG`): every guest write to a logged page is owed to the VMM until a
 //! returned bitmap holds the page. When `KVM_GET_DIRTY_LOG` returns, each page owed must be
@@ -29,13 +30,17 @@
 //! write-protected, one flush after the unlock; the VMM copies those pages once it returns,
 //! so that is where `INV-DIRTYLOG` judges.
 //!
-//! Simplified: write-protect dirty logging only (no PML, whose D-bit clearing and per-vCPU
-//! log buffers need EPT A/D bits in the SPTEs; no dirty ring); `KVM_CLEAR_DIRTY_LOG` clears
-//! the whole slot's range with the mask of the VMM's last `KVM_GET_DIRTY_LOG` (QEMU clears
-//! the bits it fetched, in chunks); no `KVM_DIRTY_LOG_INITIALLY_SET`; no huge-page write
-//! protection at enable time (a logged slot is mapped
-//! with 4 KiB SPTEs from the start, as `kvm_mmu_hugepage_adjust` does once logging is on:
-//! scenarios start with logging enabled).
+//! With PML (`pml.rs`) a harvest clears D bits instead of W, and pages the CPU logged but KVM
+//! has not drained yet count as reported later. A host thread may also turn logging on for a
+//! live slot (`enable_dirty_log`: a FLAGS_ONLY memslot update, then
+//! `kvm_mmu_slot_apply_flags` write-protects the slot and flushes — always, since
+//! b64d740ea7dd), after which only later writes are owed; with `KVM_DIRTY_LOG_INITIALLY_SET`
+//! the bitmap starts all set and nothing is write-protected until `KVM_CLEAR_DIRTY_LOG`.
+//!
+//! Simplified: no dirty ring; `KVM_CLEAR_DIRTY_LOG` clears the whole slot's range with the
+//! mask of the VMM's last `KVM_GET_DIRTY_LOG` (QEMU clears the bits it fetched, in chunks);
+//! logging is never turned off; a logged slot's new SPTEs are 4 KiB (as
+//! `kvm_mmu_hugepage_adjust` makes them once logging is on).
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
@@ -280,7 +285,8 @@ impl Machine {
     }
 
     /// `spte_write_protect(sptep, pt_protect = false)` on a leaf: clear W, keep the
-    /// MMU-writable bits (so that `fast_page_fault` may set it again). Whether it changed.
+    /// MMU-writable bits (so that `fast_page_fault` may set it again); with PML
+    /// `spte_clear_dirty()` instead: clear D, keep W. Whether it changed.
     fn spte_write_protect(&mut self, sp: SpId, idx: u16) -> bool {
         let kind = self.ept.spte(sp, idx).kind;
         if self.opts.pml {
@@ -352,7 +358,10 @@ impl Machine {
                 let _ = level;
                 n += self.huge_write_protect(sp, idx) as u32;
             }
-            if last / 512 != first / 512 {
+            // `ALIGN(start << PAGE_SHIFT, PMD_SIZE) != ALIGN(end << PAGE_SHIFT, PMD_SIZE)`: both
+            // rounded *up* (an end on a 2 MiB boundary is not seen as crossing).
+            let up = |g: Gfn| g.div_ceil(512) * 512;
+            if up(first) != up(last) {
                 for (sp, idx, _) in self.slot_leaves(vm, as_id, last, 1) {
                     n += self.huge_write_protect(sp, idx) as u32;
                 }

@@ -869,6 +869,21 @@ impl Machine {
                     MemslotChange::Delete => InstallInvalid,
                     MemslotChange::Create => InstallFinal,
                     MemslotChange::FlagsOnly => {
+                        let a = s.as_id as usize;
+                        let logs = self.kvm(vm).address_spaces[a]
+                            .active_set()
+                            .slots
+                            .iter()
+                            .any(|sl| sl.id == id && sl.dirty_log);
+                        if logs {
+                            // __kvm_set_memory_region(): the flags do not change: "Nothing to
+                            // change", return 0.
+                            self.store(env, me, Loc::SlotsLock(vm as u32), 0);
+                            self.say(|| {
+                                format!("slot {id} logs dirty pages already: nothing to change; mutex_unlock(&kvm->slots_lock); return 0")
+                            });
+                            return Flow::Return;
+                        }
                         // kvm_prepare_memory_region(): kvm_alloc_dirty_bitmap().
                         let (a, slot) = (s.as_id, s.slot.clone());
                         let all_set = self.opts.dirty_log_initially_set

@@ -13,9 +13,13 @@
 //! why write-protecting such an SPTE (already read-only) must still flush (b64d740ea7dd,
 //! `dirty_log.rs`).
 //!
-//! Simplified: one step ages the whole range and drops the lock (scenarios age one page); with
-//! A/D bits on, aging clears the accessed bit, which the model does not keep (the step then
-//! only takes and drops the lock); `clear_flush_young` and `test_young` are not modelled.
+//! Simplified: one step ages the whole range and drops the lock (scenarios age one page), each
+//! SPTE with one atomic read-modify-write — safer than the kernel, whose legacy
+//! `mmu_spte_age()` decides the page's dirty hand-off from a lockless read and whose TDP
+//! `age_gfn_range()` stores its iterator's value (A4's pattern), so a W a fast fix sets in
+//! between is not lost here; with A/D bits on, aging clears the accessed bit, which the model
+//! does not keep (the step then only takes and drops the lock); `clear_flush_young` and
+//! `test_young` are not modelled.
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};

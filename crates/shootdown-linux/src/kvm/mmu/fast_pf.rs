@@ -1,5 +1,6 @@
 //! `fast_page_fault()` (arch/x86/kvm/mmu/mmu.c, v3.10+; the TDP MMU's walk from v5.13): a
-//! write to a present leaf SPTE whose W bit dirty logging cleared is fixed without `mmu_lock`.
+//! write to a present leaf SPTE whose W bit dirty logging cleared, or any access to an SPTE
+//! aging made access-tracked (no A/D bits, `access_track.rs`), is fixed without `mmu_lock`.
 //! The walk is lockless (`walk_shadow_page_lockless_begin`: the legacy MMU turns interrupts
 //! off and sets `vcpu->mode = READING_SHADOW_PAGE_TABLES`, so that `kvm_flush_remote_tlbs()`
 //! waits before shadow pages are freed; the TDP MMU holds `rcu_read_lock()`), and the fix is
@@ -10,12 +11,17 @@
 //! vCPU can write through the SPTE before the bit is set, and dirty logging must not lose it
 //! (`INV-DIRTYLOG`, `dirty_log.rs`).
 //!
-//! Simplified: only write-protected SPTEs are fixed (no access tracking: EPT A/D bits are
-//! assumed, so no SPTE is access-tracked); the walk and the lockless section's begin are one
-//! step with the exit's handling, and a fault whose SPTE cannot be fixed goes straight to the
-//! slow path in that step (the kernel's begin/end round trip changes nothing another CPU
-//! sees); `page_fault_can_be_fast()` is "a write to a present translation" (the exit's
-//! qualification).
+//! `page_fault_can_be_fast()`: any fault while access tracking is on (`ept_ad` off), else a
+//! write to a present translation (the exit's qualification). An access-tracked SPTE is
+//! restored (`restore_acc_track_spte`: R and X back) and, for a write to an MMU-writable one,
+//! made writable; the page is marked only when the fix set W.
+//!
+//! Simplified: a huge SPTE is left to the slow path only in a slot that logs dirty pages (the
+//! condition of later kernels; v5.15 left any huge SPTE's W to it, and its slow path then
+//! replaced the leaf with `cmpxchg`, which the model's slow path does not do: it retries on a
+//! present leaf); the walk and the lockless section's begin are one step with the exit's
+//! handling, and a fault whose SPTE cannot be fixed goes straight to the slow path in that
+//! step (the kernel's begin/end round trip changes nothing another CPU sees).
 
 use crate::counters::Counter;
 use crate::frame::{Flow, Frame};
@@ -83,7 +89,8 @@ enum FastWalk {
         old: SpteKind,
         new: SpteKind,
     },
-    /// Not present, not a leaf, a huge leaf, or not MMU-writable (`RET_PF_INVALID`).
+    /// Not present, not a leaf, a huge leaf of a logged slot to make writable, or not
+    /// MMU-writable (`RET_PF_INVALID`).
     Invalid(&'static str),
 }
 
@@ -98,6 +105,20 @@ fn fixable_text(old: SpteKind) -> &'static str {
     }
 }
 
+/// Does the fix set W (`is_writable_pte(new) && !is_writable_pte(old)`)?
+fn made_writable(old: SpteKind, new: SpteKind) -> bool {
+    matches!(
+        (old, new),
+        (
+            SpteKind::Leaf {
+                writable: false,
+                ..
+            },
+            SpteKind::Leaf { writable: true, .. }
+        )
+    )
+}
+
 /// What the fix does, for the step's text.
 fn fix_verb(old: SpteKind, new: SpteKind) -> &'static str {
     let tracked = matches!(
@@ -107,16 +128,7 @@ fn fix_verb(old: SpteKind, new: SpteKind) -> &'static str {
             ..
         }
     );
-    let w = matches!(
-        (old, new),
-        (
-            SpteKind::Leaf {
-                writable: false,
-                ..
-            },
-            SpteKind::Leaf { writable: true, .. }
-        )
-    );
+    let w = made_writable(old, new);
     match (tracked, w) {
         (true, true) => "restores R/X and sets W",
         (true, false) => "restores R/X",
@@ -134,9 +146,10 @@ impl Machine {
         }
     }
 
-    /// `fast_page_fault()` on vCPU `v`'s write to a present translation of `gfn`, as the exit
-    /// is handled: the lockless walk; the frame that fixes the SPTE, or the slow path, or
-    /// nothing (`RET_PF_SPURIOUS`: the guest retries its access).
+    /// `fast_page_fault()` on vCPU `v`'s EPT violation of `gfn` (`page_fault_can_be_fast()`:
+    /// a write to a present translation, or any with access tracking on), as the exit is
+    /// handled: the lockless walk; the frame that fixes the SPTE, or the slow path, or nothing
+    /// (`RET_PF_SPURIOUS`: the guest retries its access).
     pub(crate) fn fast_page_fault<E: Env>(
         &mut self,
         v: CpuId,
@@ -227,7 +240,7 @@ impl Machine {
                     s.pc = MarkDirty;
                     self.say(|| {
                         if plain {
-                            format!("fast_pf_fix_direct_spte: store W=1 to EPT page #{sp} entry {idx} (a plain store over what changed since the walk)")
+                            format!("fast_pf_fix_direct_spte: store the fixed SPTE to EPT page #{sp} entry {idx} (a plain store over what changed since the walk)")
                         } else {
                             format!("fast_pf_fix_direct_spte: cmpxchg64 {} in EPT page #{sp} entry {idx}", fix_verb(s.old, s.new))
                         }
@@ -269,23 +282,16 @@ impl Machine {
                 // fast_pf_fix_direct_spte(): the page is marked only if the fix made the SPTE
                 // writable (a read's restore of an access-tracked SPTE marks nothing).
                 let as_id = self.vcpu_as_id(v);
-                let made_writable = matches!(
-                    (s.old, s.new),
-                    (
-                        SpteKind::Leaf {
-                            writable: false,
-                            ..
-                        },
-                        SpteKind::Leaf { writable: true, .. }
-                    )
-                );
-                let marked = made_writable && self.kvm_vcpu_mark_page_dirty(v, as_id, gfn, env);
+                let w = made_writable(s.old, s.new);
+                let marked = w && self.kvm_vcpu_mark_page_dirty(v, as_id, gfn, env);
                 self.walk_shadow_page_lockless_end(v, env);
                 self.say(|| {
                     format!(
                         "{}; walk_shadow_page_lockless_end; RET_PF_FIXED",
                         if marked {
                             format!("kvm_vcpu_mark_page_dirty(gfn {gfn:#x})")
+                        } else if !w {
+                            format!("gfn {gfn:#x}: restored, not made writable: no dirty mark")
                         } else {
                             format!("gfn {gfn:#x}: its memslot logs no dirty pages")
                         }
@@ -320,7 +326,9 @@ impl Machine {
     /// Is vCPU `v` between its fast fix of `gfn`'s SPTE and the dirty mark it then makes?
     pub(crate) fn fast_pf_marks_pending(&self, v: CpuId, gfn: Gfn) -> bool {
         self.host_ref().vcpus[v].stack.iter().any(|f| {
-            matches!(f, Frame::FastPageFault(s) if s.pc == FastPageFaultPc::MarkDirty && s.gfn == gfn)
+            matches!(f, Frame::FastPageFault(s) if s.pc == FastPageFaultPc::MarkDirty
+                && s.gfn == gfn
+                && made_writable(s.old, s.new))
         })
     }
 

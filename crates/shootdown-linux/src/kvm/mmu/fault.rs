@@ -6,7 +6,9 @@
 //! `check_mmio_spte`) and falls back to `tdp_page_fault` when the SPTE is stale
 //! (docs/design/kernel-model.md §4.4; docs/design/kvm-mmu-seeds.md §1.2).
 //!
-//! Simplifications: no `fast_page_fault`, no async page faults, gfn-to-pfn is one step (a
+//! (`fast_page_fault`, which runs first for some faults, is `fast_pf.rs`.)
+//!
+//! Simplifications: no async page faults, gfn-to-pfn is one step (a
 //! memslot lookup; no GUP), no write tracking, the RO-slot write path (`KVM_PFN_ERR_RO_FAULT`)
 //! is an emulated write.
 

@@ -13,9 +13,10 @@
 //! when its host PTE was writable and clean (shmem), and with PML the missed D bit is a
 //! missed dirty-log entry.
 //!
-//! Simplified: no accessed bits (no aging, `kvm_set_pfn_accessed()`), so `is_dirty_spte()`
-//! and W are all `INV-AD` watches; the page's dirty flag itself is not kept (the hand-off is
-//! counted, `kvm.set_pfn_dirty`).
+//! Simplified: no accessed bits (aging without A/D bits is access tracking,
+//! `access_track.rs`; `kvm_set_pfn_accessed()` is not modelled), so `INV-AD` watches the dirty
+//! state only (`is_dirty_spte()`: D, or W); the page's dirty flag itself is not kept (the
+//! hand-off is counted, `kvm.set_pfn_dirty`, from the value the write replaced).
 
 use crate::counters::Counter;
 use crate::machine::Machine;
@@ -41,8 +42,7 @@ impl Machine {
 
     /// `make_spte()`'s D bit: set with W (`spte |= spte_shadow_dirty_mask(spte)` for a
     /// writable SPTE), when EPT A/D bits are on. (So without PML, whose D clearing is the only
-    /// way to a writable clean SPTE, the CPU's assist never fires and A/D on and off explore
-    /// the same states.)
+    /// way to a writable clean SPTE, the CPU's assist never fires.)
     pub(crate) fn make_spte_dirty(&self, writable: bool) -> bool {
         writable && self.opts.ept_ad
     }
@@ -77,27 +77,16 @@ impl Machine {
         believed: SpteKind,
     ) -> SpteKind {
         let now = self.ept.spte(sp, idx).kind;
-        if let (
-            SpteKind::Leaf {
-                writable: w1,
-                dirty: d1,
-                pfn,
-                ..
-            },
-            SpteKind::Leaf {
-                writable: w0,
-                dirty: d0,
-                ..
-            },
-        ) = (now, believed)
-        {
-            let lost = if w1 && !w0 {
-                Some("the W bit fast_page_fault set")
-            } else if d1 && !d0 && self.opts.ept_ad {
-                Some("the D bit the CPU set")
-            } else {
-                None
-            };
+        if let (SpteKind::Leaf { pfn, .. }, SpteKind::Leaf { pfn: p0, .. }) = (now, believed) {
+            // Only a lost *dirty* state matters (`is_dirty_spte`): with A/D bits a W that a
+            // fast fix set again is no loss, the SPTE's D (kept by the write-protect) says
+            // dirty either way.
+            let lost = (pfn == p0 && self.is_dirty_spte(now) && !self.is_dirty_spte(believed))
+                .then_some(if self.opts.ept_ad {
+                    "the D bit the CPU set"
+                } else {
+                    "the W bit fast_page_fault set"
+                });
             if let Some(lost) = lost {
                 let page = self.ept.page(sp);
                 let gfn = page.gfn + idx as u64 * gfns_per_entry(page.level);
