@@ -228,3 +228,25 @@ fn initially_set_needs_manual_protect_and_a_clear_bitmap_loses_the_writes() {
         "{t:?}"
     );
 }
+
+#[test]
+fn turning_logging_on_twice_changes_nothing_the_second_time() {
+    // __kvm_set_memory_region(): the same flags again is "Nothing to change": the bitmap
+    // and what the VMM is owed stay, so the A5 window is still found behind the second call.
+    let twice = "kvm.threads=[{ name = \"qemu\", program = [{ clear_young = { gfn = 0x200 } }, { enable_dirty_log = { id = 0 } }, { enable_dirty_log = { id = 0 } }, { get_dirty_log = { id = 0 } }, \"exit\"] }]";
+    let r = run("kvm_dirty_log_enable", None, "sc", &[twice]);
+    assert_eq!(r.verdict, "verified");
+    let r = run(
+        "kvm_dirty_log_enable",
+        Some("enable_dirty_log_flush_if_wrprot"),
+        "sc",
+        &[twice],
+    );
+    assert_eq!(r.invariant.as_deref(), Some("INV-DIRTYLOG"));
+    let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+    assert!(
+        t.iter()
+            .any(|s| s.contains("logs dirty pages already: nothing to change")),
+        "{t:?}"
+    );
+}
