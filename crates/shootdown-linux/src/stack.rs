@@ -284,10 +284,7 @@ impl Machine {
             }
             Frame::SetMemoryRegion(s) => match s.pc {
                 SetMemoryRegionPc::Lock => self.slots_lock_busy(cpu),
-                SetMemoryRegionPc::ApplyFlagsLock if self.opts.tdp_mmu => {
-                    self.mmu_rwlock_waits(cpu, s.lock, false)
-                }
-                SetMemoryRegionPc::ApplyFlagsLock => self.mmu_lock_waits(cpu),
+                SetMemoryRegionPc::ApplyFlagsLock => self.kvm_mmu_lock_waits(cpu, s.lock, true),
                 _ => false,
             },
             Frame::TdpPageFault(s) => s.pc == TdpPageFaultPc::Lock && self.mmu_lock_waits(cpu),

@@ -48,6 +48,34 @@ fn run(m: &mut Machine, ms: u64) -> (Stop, u64) {
     (s.stop, s.steps)
 }
 
+/// Two vCPUs each writing their 32 of 64 guest pages (0x200…) `loops` times over, in a VM whose
+/// slot 0 has 0x400 pages (`logged`: `KVM_MEM_LOG_DIRTY_PAGES` from the start), and the VMM
+/// thread `qemu` running `host`.
+fn two_writers(o: Options, logged: bool, loops: u32, host: Vec<HostOp>) -> Machine {
+    let mut slot = ram(0, 0, 0x400, false);
+    slot.dirty_log = logged;
+    let mut m = vm(2, o, vec![slot]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x200, 64, true);
+    for cpu in 0..2 {
+        let prog = vec![
+            UserOp::TouchRange {
+                start: 0x200 + cpu as u64 * 32,
+                npages: 32,
+                write: true,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(loops),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("t", mm, cpu, prog);
+    }
+    m.add_host_thread("qemu", 0, 3, host);
+    m
+}
+
 /// A guest touch of a page whose frame no SPTE maps exits to KVM, which maps it; the access
 /// then hits: one EPT violation per page (4 KiB slot) or per 2 MiB region (huge slot).
 #[test]
@@ -625,30 +653,10 @@ fn after_each_harvest_the_fast_path_makes_pages_writable_again() {
             manual_dirty_log_protect: manual,
             ..Options::default()
         };
-        let mut slot = ram(0, 0, 0x400, false);
-        slot.dirty_log = true;
-        let mut m = vm(2, o, vec![slot]);
-        let mm = m.add_mm("g");
-        m.map_pages(mm, 0x200, 64, true);
-        for cpu in 0..2 {
-            let prog = vec![
-                UserOp::TouchRange {
-                    start: 0x200 + cpu as u64 * 32,
-                    npages: 32,
-                    write: true,
-                },
-                UserOp::Loop {
-                    to: 0,
-                    times: Some(200),
-                },
-                UserOp::Exit,
-            ];
-            m.add_task("t", mm, cpu, prog);
-        }
-        m.add_host_thread(
-            "qemu",
-            0,
-            3,
+        let mut m = two_writers(
+            o,
+            true,
+            200,
             [
                 vec![
                     HostOp::Compute { ns: 20_000 },
@@ -713,30 +721,10 @@ fn with_pml_writes_after_a_harvest_are_logged_without_exits() {
             pml: true,
             ..Options::default()
         };
-        let mut slot = ram(0, 0, 0x400, false);
-        slot.dirty_log = true;
-        let mut m = vm(2, o, vec![slot]);
-        let mm = m.add_mm("g");
-        m.map_pages(mm, 0x200, 64, true);
-        for cpu in 0..2 {
-            let prog = vec![
-                UserOp::TouchRange {
-                    start: 0x200 + cpu as u64 * 32,
-                    npages: 32,
-                    write: true,
-                },
-                UserOp::Loop {
-                    to: 0,
-                    times: Some(200),
-                },
-                UserOp::Exit,
-            ];
-            m.add_task("t", mm, cpu, prog);
-        }
-        m.add_host_thread(
-            "qemu",
-            0,
-            3,
+        let mut m = two_writers(
+            o,
+            true,
+            200,
             [
                 vec![
                     HostOp::Compute { ns: 20_000 },
@@ -793,28 +781,10 @@ fn aged_sptes_come_back_through_the_fast_path_and_logging_starts_on_a_live_slot(
             ept_ad,
             ..Options::default()
         };
-        let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
-        let mm = m.add_mm("g");
-        m.map_pages(mm, 0x200, 64, true);
-        for cpu in 0..2 {
-            let prog = vec![
-                UserOp::TouchRange {
-                    start: 0x200 + cpu as u64 * 32,
-                    npages: 32,
-                    write: true,
-                },
-                UserOp::Loop {
-                    to: 0,
-                    times: Some(3000),
-                },
-                UserOp::Exit,
-            ];
-            m.add_task("t", mm, cpu, prog);
-        }
-        m.add_host_thread(
-            "qemu",
-            0,
-            3,
+        let mut m = two_writers(
+            o,
+            false,
+            3000,
             vec![
                 HostOp::Compute { ns: 50_000 },
                 HostOp::ClearYoung {
@@ -867,28 +837,10 @@ fn initially_set_reports_every_page_once_then_only_the_written_ones() {
             dirty_log_initially_set: true,
             ..Options::default()
         };
-        let mut m = vm(2, o, vec![ram(0, 0, 0x400, false)]);
-        let mm = m.add_mm("g");
-        m.map_pages(mm, 0x200, 64, true);
-        for cpu in 0..2 {
-            let prog = vec![
-                UserOp::TouchRange {
-                    start: 0x200 + cpu as u64 * 32,
-                    npages: 32,
-                    write: true,
-                },
-                UserOp::Loop {
-                    to: 0,
-                    times: Some(3000),
-                },
-                UserOp::Exit,
-            ];
-            m.add_task("t", mm, cpu, prog);
-        }
-        m.add_host_thread(
-            "qemu",
-            0,
-            3,
+        let mut m = two_writers(
+            o,
+            false,
+            3000,
             vec![
                 HostOp::Compute { ns: 50_000 },
                 HostOp::EnableDirtyLog { as_id: 0, id: 0 },

@@ -82,11 +82,7 @@ impl Machine {
             HostOp::MemslotDelete { as_id, id } => {
                 advance(self);
                 self.charge(env, |c| c.vmm_memslot_update);
-                let slot = self
-                    .kvm(vm)
-                    .address_spaces
-                    .get(as_id as usize)
-                    .and_then(|s| s.active_set().slots.iter().find(|s| s.id == id).cloned());
+                let slot = self.active_memslot(vm, as_id, id);
                 let space = as_text(as_id);
                 match slot {
                     Some(slot) => {
@@ -138,11 +134,7 @@ impl Machine {
             HostOp::EnableDirtyLog { as_id, id } => {
                 advance(self);
                 self.charge(env, |c| c.vmm_memslot_update);
-                let slot = self
-                    .kvm(vm)
-                    .address_spaces
-                    .get(as_id as usize)
-                    .and_then(|s| s.active_set().slots.iter().find(|s| s.id == id).cloned());
+                let slot = self.active_memslot(vm, as_id, id);
                 let space = as_text(as_id);
                 match slot {
                     Some(mut slot) => {
@@ -226,6 +218,17 @@ fn set_memory_region(change: MemslotChange, as_id: u8, slot: Memslot) -> Frame {
         lock: Default::default(),
         wrprot: 0,
     }))
+}
+
+impl Machine {
+    /// Memslot `id` of VM `vm`'s address space `as_id` as the active memslots have it (what the
+    /// VMM's ioctl finds), if there is one.
+    fn active_memslot(&self, vm: usize, as_id: u8, id: u16) -> Option<Memslot> {
+        self.kvm(vm)
+            .address_spaces
+            .get(as_id as usize)
+            .and_then(|s| s.active_set().slots.iter().find(|s| s.id == id).cloned())
+    }
 }
 
 /// How a counterexample names a slot's address space ("" for the normal one).

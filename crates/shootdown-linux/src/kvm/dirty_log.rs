@@ -474,11 +474,7 @@ impl Machine {
                 Flow::Next
             }
             MmuLock => {
-                let spin = if self.opts.tdp_mmu {
-                    self.mmu_write_lock(me, &mut s.lock, env)
-                } else {
-                    self.mmu_lock_acquire(me, env)
-                };
+                let spin = self.kvm_mmu_lock(me, &mut s.lock, false, env);
                 if let Some(spin) = spin {
                     return spin;
                 }
@@ -564,11 +560,7 @@ impl Machine {
                 Flow::Next
             }
             Unlock => {
-                if self.opts.tdp_mmu {
-                    self.mmu_write_unlock(me, env);
-                } else {
-                    self.mmu_lock_release(me, env);
-                }
+                self.kvm_mmu_unlock(me, false, env);
                 s.pc = CopyToUser;
                 if s.flush && (s.clear || !self.opts.mutants.get_dirty_log_skips_flush()) {
                     self.say(|| "KVM_MMU_UNLOCK; kvm_arch_flush_remote_tlbs_memslot".into());
@@ -670,11 +662,7 @@ impl Machine {
         let vm = self.vm_of(me);
         match s.pc {
             SetMemoryRegionPc::ApplyFlagsLock => {
-                let spin = if self.opts.tdp_mmu {
-                    self.mmu_read_lock(me, &mut s.lock, env)
-                } else {
-                    self.mmu_lock_acquire(me, env)
-                };
+                let spin = self.kvm_mmu_lock(me, &mut s.lock, true, env);
                 if let Some(spin) = spin {
                     return spin;
                 }
@@ -702,11 +690,7 @@ impl Machine {
                     n += 1;
                 }
                 s.wrprot = n;
-                if self.opts.tdp_mmu {
-                    self.mmu_read_unlock(me, env);
-                } else {
-                    self.mmu_lock_release(me, env);
-                }
+                self.kvm_mmu_unlock(me, true, env);
                 s.pc = SetMemoryRegionPc::Done;
                 let what = if self.opts.pml {
                     "kvm_mmu_slot_leaf_clear_dirty"
@@ -749,8 +733,7 @@ impl Machine {
     pub(crate) fn get_dirty_log_waits(&self, me: usize, s: &GetDirtyLog) -> bool {
         match s.pc {
             GetDirtyLogPc::SlotsLock => self.slots_lock_busy(me),
-            GetDirtyLogPc::MmuLock if self.opts.tdp_mmu => self.mmu_rwlock_waits(me, s.lock, true),
-            GetDirtyLogPc::MmuLock => self.mmu_lock_waits(me),
+            GetDirtyLogPc::MmuLock => self.kvm_mmu_lock_waits(me, s.lock, false),
             _ => false,
         }
     }

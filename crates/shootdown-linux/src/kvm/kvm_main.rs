@@ -1085,11 +1085,7 @@ impl Machine {
             EndUnlock => {
                 self.rmw(env, me, Loc::MmuNotifierSeq(vm as u32), |q| q + 1);
                 self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c - 1);
-                if self.opts.tdp_mmu {
-                    self.mmu_write_unlock(me, env);
-                } else {
-                    self.mmu_lock_release(me, env);
-                }
+                self.kvm_mmu_unlock(me, false, env);
                 self.say(|| {
                     "invalidate_range_end: mmu_notifier_seq++, mmu_notifier_count--".into()
                 });

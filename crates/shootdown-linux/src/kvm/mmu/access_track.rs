@@ -102,11 +102,7 @@ impl Machine {
                 if first {
                     self.srcu_read_lock(me, env);
                 }
-                let spin = if self.opts.tdp_mmu {
-                    self.mmu_write_lock(me, &mut s.lock, env)
-                } else {
-                    self.mmu_lock_acquire(me, env)
-                };
+                let spin = self.kvm_mmu_lock(me, &mut s.lock, false, env);
                 if let Some(spin) = spin {
                     return spin;
                 }
@@ -138,11 +134,7 @@ impl Machine {
                         }
                     }
                 }
-                if self.opts.tdp_mmu {
-                    self.mmu_write_unlock(me, env);
-                } else {
-                    self.mmu_lock_release(me, env);
-                }
+                self.kvm_mmu_unlock(me, false, env);
                 self.srcu_read_unlock(me, env);
                 let ad = self.opts.ept_ad;
                 self.say(|| {
@@ -171,12 +163,7 @@ impl Machine {
 
     /// Would the next step only wait for `mmu_lock`?
     pub(crate) fn clear_young_waits(&self, me: usize, s: &ClearYoung) -> bool {
-        s.pc == ClearYoungPc::Lock
-            && if self.opts.tdp_mmu {
-                self.mmu_rwlock_waits(me, s.lock, true)
-            } else {
-                self.mmu_lock_waits(me)
-            }
+        s.pc == ClearYoungPc::Lock && self.kvm_mmu_lock_waits(me, s.lock, false)
     }
 
     /// The leaf SPTEs that map guest frames `[gfn, gfn + npages)` of VM `vm`: each TDP root's

@@ -70,3 +70,45 @@ impl Machine {
         !self.kvm(vm).mmu_lock.queue.is_empty()
     }
 }
+
+impl Machine {
+    /// `KVM_MMU_LOCK(kvm)`: the legacy MMU's spinlock, or the TDP MMU's rwlock for write
+    /// (`shared`: for read, `read_lock(&kvm->mmu_lock)`). `Some(spin)` while it waits; call
+    /// again after each wake-up with the same `lock` (the rwlock's wait state).
+    pub(crate) fn kvm_mmu_lock<E: Env>(
+        &mut self,
+        me: usize,
+        lock: &mut crate::kvm::mmu::rwlock::RwlockWait,
+        shared: bool,
+        env: &mut E,
+    ) -> Option<Flow> {
+        match (self.opts.tdp_mmu, shared) {
+            (false, _) => self.mmu_lock_acquire(me, env),
+            (true, false) => self.mmu_write_lock(me, lock, env),
+            (true, true) => self.mmu_read_lock(me, lock, env),
+        }
+    }
+
+    /// `KVM_MMU_UNLOCK(kvm)` (`shared`: `read_unlock`), the release of [`Machine::kvm_mmu_lock`].
+    pub(crate) fn kvm_mmu_unlock<E: Env>(&mut self, me: usize, shared: bool, env: &mut E) {
+        match (self.opts.tdp_mmu, shared) {
+            (false, _) => self.mmu_lock_release(me, env),
+            (true, false) => self.mmu_write_unlock(me, env),
+            (true, true) => self.mmu_read_unlock(me, env),
+        }
+    }
+
+    /// Would `me`'s next [`Machine::kvm_mmu_lock`] only wait?
+    pub(crate) fn kvm_mmu_lock_waits(
+        &self,
+        me: usize,
+        lock: crate::kvm::mmu::rwlock::RwlockWait,
+        shared: bool,
+    ) -> bool {
+        if self.opts.tdp_mmu {
+            self.mmu_rwlock_waits(me, lock, !shared)
+        } else {
+            self.mmu_lock_waits(me)
+        }
+    }
+}

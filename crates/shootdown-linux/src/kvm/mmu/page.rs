@@ -336,11 +336,7 @@ impl Machine {
     pub(crate) fn mmu_load_step<E: Env>(&mut self, v: CpuId, s: &mut MmuLoad, env: &mut E) -> Flow {
         match s.pc {
             MmuLoadPc::Lock => {
-                let spin = if self.opts.tdp_mmu {
-                    self.mmu_write_lock(v, &mut s.lock, env)
-                } else {
-                    self.mmu_lock_acquire(v, env)
-                };
+                let spin = self.kvm_mmu_lock(v, &mut s.lock, false, env);
                 if let Some(spin) = spin {
                     return spin;
                 }
