@@ -19,9 +19,13 @@ impl Machine {
         }
         if !v.stack.is_empty() {
             // The vCPU thread runs host code (`vcpu_run`), unless it waits; a blocked one (HLT)
-            // is woken when an interrupt for its guest is pending.
+            // is woken when an interrupt for its guest is pending: an IPI, or the reschedule
+            // IPI of a wake-up that queued a task on its idle guest CPU (`kick_cpu` sends
+            // none in the explorer).
             let runs = match v.thread {
-                ThreadState::Blocked => self.cpus[cpu].ipi_pending,
+                ThreadState::Blocked => {
+                    self.cpus[cpu].ipi_pending || !self.cpus[cpu].runqueue.is_empty()
+                }
                 _ => !self.host_stack_blocked(cpu),
             };
             if runs {
