@@ -663,6 +663,9 @@ pub enum OpSpec {
     ReclaimUnmap {
         start: u64,
         npages: u64,
+        /// kswapd's form (kernel threads only): the mm reclaimed from.
+        #[serde(default)]
+        mm: Option<String>,
     },
     SetAffinity {
         cpu: usize,
@@ -820,7 +823,15 @@ impl OpSpec {
                 writable,
             },
             OpSpec::Fdatasync { file } => UserOp::Fdatasync { file },
-            OpSpec::ReclaimUnmap { start, npages } => UserOp::ReclaimUnmap { start, npages },
+            OpSpec::ReclaimUnmap {
+                start,
+                npages,
+                ref mm,
+            } => UserOp::ReclaimUnmap {
+                start,
+                npages,
+                mm: mm.as_ref().map(|m| mm_ids[m.as_str()]),
+            },
             OpSpec::SetAffinity { cpu } => UserOp::SetAffinity { cpu },
             OpSpec::SetAffinityNext => UserOp::SetAffinityNext,
             OpSpec::Event => UserOp::Event,
@@ -1125,6 +1136,15 @@ impl Scenario {
                     OpSpec::Collapse { mm, .. } if !mm_names.contains(&mm.as_str()) => {
                         Some(format!("no mm named '{mm}' in [[mms]]"))
                     }
+                    OpSpec::ReclaimUnmap { mm: Some(_), .. } if t.mm.is_some() => {
+                        Some("reclaim_unmap with mm is kswapd's: only a kernel thread (a task without mm) runs it; a task reclaims its own mm without one".into())
+                    }
+                    OpSpec::ReclaimUnmap { mm: Some(mm), .. } if !mm_names.contains(&mm.as_str()) => {
+                        Some(format!("no mm named '{mm}' in [[mms]]"))
+                    }
+                    OpSpec::ReclaimUnmap { mm: None, .. } if t.mm.is_none() => {
+                        Some("a kernel thread's reclaim_unmap names the mm it reclaims from (mm = ...)".into())
+                    }
                     OpSpec::Collapse { start, .. } if start % 512 != 0 => Some(format!(
                         "collapse start {start:#x} is not the first page of a 512-page group"
                     )),
@@ -1158,6 +1178,7 @@ impl Scenario {
                         Some("migrate_vma takes 1 or more pages within one 512-page page table".into())
                     }
                     OpSpec::Collapse { .. }
+                    | OpSpec::ReclaimUnmap { mm: Some(_), .. }
                     | OpSpec::KernelTouch { .. }
                     | OpSpec::VunmapRange { .. }
                     | OpSpec::TextPoke { .. }
@@ -1166,7 +1187,7 @@ impl Scenario {
                     | OpSpec::Loop { .. }
                     | OpSpec::Exit => None,
                     _ if t.mm.is_none() => Some(
-                        "a kernel thread (a task without mm) runs only collapse, use_mm, touch, unuse_mm, kernel_touch, vunmap_range, text_poke, efi_call, compute, loop and exit".into(),
+                        "a kernel thread (a task without mm) runs only collapse, reclaim_unmap (with mm), use_mm, touch, unuse_mm, kernel_touch, vunmap_range, text_poke, efi_call, compute, loop and exit".into(),
                     ),
                     _ => None,
                 };
@@ -1264,6 +1285,36 @@ impl Scenario {
                     "options.dirty_log_initially_set",
                     "dirty_log_initially_set = true needs options.manual_dirty_log_protect = true (it is a flag of that capability)".into(),
                 ));
+            }
+            if !options.ept {
+                // Shadow paging is modelled for guest faults, PTE changes and flushes; the
+                // host-side paths (notifiers, memslot and dirty-log ioctls), the TDP MMU, PML
+                // and SMM are not (yet) written for shadow pages.
+                let reject = if options.tdp_mmu {
+                    Some(("options.tdp_mmu", "the TDP MMU needs EPT (tdp_enabled)"))
+                } else if options.pml {
+                    Some(("options.pml", "PML needs EPT"))
+                } else if !k.threads.is_empty() {
+                    Some((
+                        "kvm.threads",
+                        "host threads are not modelled with shadow paging yet",
+                    ))
+                } else if !k.prefault.is_empty() {
+                    Some((
+                        "kvm.prefault",
+                        "prefaulting fills EPT; with shadow paging the guest faults its pages in",
+                    ))
+                } else if k.smm {
+                    Some((
+                        "kvm.smm",
+                        "SMM's address space is not modelled with shadow paging yet",
+                    ))
+                } else {
+                    None
+                };
+                if let Some((key, why)) = reject {
+                    return Err(err(key, format!("{why} (options.ept = false)")));
+                }
             }
             if options.pml && !options.ept_ad {
                 // vmx: enable_pml is cleared when EPT A/D bits are off (PML logs the writes

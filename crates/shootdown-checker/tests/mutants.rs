@@ -375,6 +375,24 @@ const MUTANTS: &[Pinned] = &[
         1328,
     ),
     (
+        "kvm_shadow",
+        "shadow_invlpg_skips_sync",
+        None,
+        "sc",
+        "INV-STALE",
+        31,
+        2449,
+    ),
+    (
+        "kvm_shadow_pv_flush",
+        "flush_tlb_guest_skips_sync",
+        Some("A6"),
+        "sc",
+        "INV-STALE",
+        20,
+        5748,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         Some("K15"),
@@ -739,7 +757,7 @@ fn every_catalog_mutant_and_both_extra_mutants_are_covered() {
     }
     for bug in [
         "N1", "N3", "N5", "N8", "O1", "K1", "K2", "K6", "K7", "K10", "K12", "K14", "K15", "A1",
-        "A2", "A3", "A4", "A5",
+        "A2", "A3", "A4", "A5", "A6",
     ] {
         assert!(MUTANTS.iter().any(|m| m.2 == Some(bug)), "{bug}");
     }

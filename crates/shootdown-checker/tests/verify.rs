@@ -114,6 +114,10 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_dirty_log_enable", "tso", 6028, 12896),
     ("kvm_dirty_log_initially_set", "sc", 16548, 31687),
     ("kvm_dirty_log_initially_set", "tso", 23325, 51134),
+    ("kvm_shadow", "sc", 2919, 5613),
+    ("kvm_shadow", "tso", 5105, 12619),
+    ("kvm_shadow_pv_flush", "sc", 14469, 29618),
+    ("kvm_shadow_pv_flush", "tso", 17707, 40270),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it

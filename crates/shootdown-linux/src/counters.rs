@@ -141,6 +141,19 @@ counters! {
     KvmMmuRecycled = "kvm.mmu_recycled",
     /// Memslot sets published (`install_new_memslots`: two per deletion, one per creation).
     KvmMemslotUpdates = "kvm.memslot_updates",
+    /// Shadow paging: guest page faults KVM handled (`FNAME(page_fault)`: exits for a
+    /// missing or read-only SPTE whose guest PTE allows the access).
+    KvmShadowFaults = "kvm.shadow_faults",
+    /// Shadow paging: level-1 shadow pages allocated for guest page tables (and guest 2 MiB
+    /// pages).
+    KvmShadowPages = "kvm.shadow_pages",
+    /// Shadow paging: unsync pages synced (`kvm_sync_page` from `mmu_sync_children`).
+    KvmSyncPage = "kvm.sync_page",
+    /// Shadow paging: guest INVLPGs handled (`kvm_mmu_invlpg`; KVM stat `invlpg`).
+    KvmInvlpg = "kvm.invlpg",
+    /// Shadow paging: emulated writes to a write-protected guest page table
+    /// (`kvm_mmu_pte_write`; KVM stat `mmu_pte_write`).
+    KvmMmuPteWrite = "kvm.mmu_pte_write",
     /// EPT violations handled (`tdp_page_fault` calls).
     KvmEptViolations = "kvm.ept_violations",
     /// Faults that retried because an invalidation raced with them (`mmu_notifier_retry`).

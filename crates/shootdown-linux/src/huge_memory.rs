@@ -202,13 +202,17 @@ impl Machine {
         if m.space.huge.is_empty() {
             return 0;
         }
-        let mut n = 0;
+        let mut changed = Vec::new();
         for (&pt, leaf) in m.space.huge.range_mut(pt_index(start)..=pt_index(end - 1)) {
             let (s, e) = group(pt);
             if leaf.present && start <= s && e <= end && change(leaf) {
                 self.oracle.pte_changed(leaf);
-                n += 1;
+                changed.push(pt);
             }
+        }
+        let n = changed.len() as u64;
+        for pt in changed {
+            self.kvm_shadow_pmd_written(mm, pt, env);
         }
         self.charge(env, |c| Time(n * (c.pte_update.0 + c.page_free.0)));
         n

@@ -81,6 +81,7 @@ impl Machine {
                 }
                 let table = m.space.pmd.remove(&pt).expect("checked");
                 m.tables_to_free.push(table);
+                self.kvm_shadow_pmd_written(mm, pt, env);
                 // The old small pages go (freed once copied).
                 let n = self.zap_range(mm, start, PTRS_PER_PT, None, env);
                 *pc = CollapsePc::Install;

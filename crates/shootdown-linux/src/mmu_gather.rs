@@ -242,6 +242,7 @@ impl Machine {
         if !writable_upgrade {
             if let Some(pt) = self.huge_pmd_to_split(call.mm, call.start, call.npages) {
                 let flush = self.split_huge_pmd_invalidate(call.mm, pt);
+                self.kvm_shadow_pmd_written(call.mm, pt, env);
                 g.split = Some(pt as u32);
                 *pc = ZapPc::Split;
                 let mm = call.mm;
@@ -307,11 +308,17 @@ impl Machine {
                 let first = start.div_ceil(PTRS_PER_PT);
                 let last = (start + npages) / PTRS_PER_PT;
                 let m = &mut self.mms[mm as usize];
+                let mut unlinked = Vec::new();
                 for idx in first..last {
                     if let Some(t) = m.space.pmd.remove(&idx) {
                         m.tables_to_free.push(t);
+                        unlinked.push(idx);
                     }
                 }
+                for idx in unlinked {
+                    self.kvm_shadow_pmd_written(mm, idx, env);
+                }
+                let m = &mut self.mms[mm as usize];
                 let freed = !m.tables_to_free.is_empty();
                 g.freed_tables = freed;
                 if freed && self.opts.mutants.free_tables_before_flush() {

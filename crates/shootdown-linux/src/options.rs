@@ -847,6 +847,15 @@ mutants! {
     /// access-tracked is already read-only, but `clear_young` did not flush: a vCPU keeps a
     /// writable TLB entry and its writes reach no dirty bitmap.
     enable_dirty_log_flush_if_wrprot = "A5",
+    /// Shadow paging: `kvm_vcpu_flush_tlb_guest()` only flushes the hardware TLB (INVVPID),
+    /// as before b53e84eed08b: a PV flush (`KVM_VCPU_FLUSH_TLB`, or
+    /// `KVM_REQ_TLB_FLUSH_GUEST`) leaves the unsync pages unsynced, and the vCPU refills its
+    /// TLB from an SPTE built from a guest PTE the initiator changed and flushed.
+    flush_tlb_guest_skips_sync = "A6",
+    /// Seeded (shadow paging): `FNAME(invlpg)` leaves an unsync page's SPTE as it is and only
+    /// flushes the address from the vCPU's TLB: the next access refills it from the SPTE
+    /// built before the guest changed its PTE.
+    shadow_invlpg_skips_sync = "",
     /// Seeded (`dirty_log_initially_set`): turning logging on skips the write-protect, as
     /// initially-all-set allows, but leaves the new bitmap clear: a page written through its
     /// still-writable SPTE is in no bitmap, and no `KVM_CLEAR_DIRTY_LOG` protects it.
@@ -1238,6 +1247,13 @@ options! {
     /// `KVM_CLEAR_DIRTY_LOG` clears and write-protects (`kvm/dirty_log.rs`).
     manual_dirty_log_protect: bool = false,
         accepts = "true | false (KVM_CLEAR_DIRTY_LOG re-protects what KVM_GET_DIRTY_LOG fetched)";
+    /// Host: EPT (`kvm_intel.ept`, on by default where the CPU has it). Off: shadow paging
+    /// (`kvm/mmu/shadow.rs`): KVM builds the page tables the CPU walks from the guest's own,
+    /// write-protecting them or letting level-1 tables go unsync until the guest flushes
+    /// (INVLPG, a CR3 load, a PV flush). Turns `ept_ad` off, as vmx's `hardware_setup()`
+    /// does; needs the legacy MMU and no host threads, PML or SMM.
+    ept: bool = true,
+        accepts = "true | false (kvm_intel.ept; false: shadow paging of the guest's page tables)";
     /// Host: EPT accessed/dirty bits (`kvm_intel.enable_ept_ad_bits`, on by default where the
     /// CPU has them, Haswell+, as on every seed's host): KVM sets D in every writable SPTE it
     /// makes and the CPU sets it on a write through a leaf without it; `is_dirty_spte()` reads

@@ -292,6 +292,11 @@ impl Machine {
         while self.oracle.nr_vms() <= vm {
             self.oracle.add_vm();
         }
+        // vmx hardware_setup(): no EPT A/D bits (nor PML) without EPT.
+        if !self.opts.ept {
+            self.opts.ept_ad = false;
+            self.opts.pml = false;
+        }
         let all_set = self.opts.dirty_log_initially_set;
         self.host_mut().kvms[vm] = Some(Kvm::new(slots, vcpus.clone(), all_set)).into();
         for v in vcpus {

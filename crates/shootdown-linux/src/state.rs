@@ -550,10 +550,12 @@ pub enum UserOp {
         npages: u64,
         copy_pages: u64,
     },
-    /// Reclaim-style batched unmap (`try_to_unmap` + `arch_tlbbatch_flush`) of pages.
+    /// Reclaim-style batched unmap (`try_to_unmap` + `arch_tlbbatch_flush`) of pages: of the
+    /// task's own mm (direct reclaim), or, from a kernel thread, of `mm` (kswapd).
     ReclaimUnmap {
         start: Vpn,
         npages: u64,
+        mm: Option<MmId>,
     },
     /// `sched_setaffinity(0, {cpu})`.
     SetAffinity {

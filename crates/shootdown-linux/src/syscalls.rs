@@ -75,6 +75,8 @@ pub enum Syscall {
         npages: u64,
         targets: Vec<CpuId>,
         begin: u64,
+        /// kswapd's: the mm reclaimed from (a kernel thread's); `None`: the caller's own.
+        mm: Option<MmId>,
     },
     SetAffinity {
         pc: SetAffinityPc,
@@ -470,7 +472,11 @@ impl Machine {
             }
             _ => {}
         }
-        let mm = self.current_mm(cpu);
+        let mm = match s {
+            // kswapd: a kernel thread reclaiming another process's pages.
+            Syscall::ReclaimUnmap { mm: Some(m), .. } => *m,
+            _ => self.current_mm(cpu),
+        };
         match s {
             Syscall::PageFault { pc, vpn, write } => match *pc {
                 PageFaultPc::Start => {
@@ -799,6 +805,7 @@ impl Machine {
                 npages,
                 targets,
                 begin,
+                ..
             } => match *pc {
                 ReclaimUnmapPc::Unmap => {
                     // try_to_unmap_one() ×n under the PTL: clear PTEs; for each one cleared,

@@ -271,6 +271,7 @@ impl Machine {
         c.cr3_mm = mm;
         c.cr3_pcid = kp;
         self.perf.counters.inc(Counter::Cr3Writes);
+        self.kvm_shadow_cr3_load(cpu, need_flush, env);
     }
 
     /// `native_flush_tlb_one_user(addr)`: INVLPG in the kernel PCID, and under PTI either
@@ -298,6 +299,10 @@ impl Machine {
             } else {
                 self.invalidate_user_asid(cpu, asid, env);
             }
+        }
+        // With shadow paging INVLPG exits (the user PCID's INVPCID finds the SPTE synced).
+        if self.shadow_paging(cpu) {
+            self.kvm_mmu_invlpg(cpu, vpn, env);
         }
     }
 
@@ -391,6 +396,7 @@ impl Machine {
         self.cpus[cpu].tlb.flush_pcid(kp);
         self.charge(env, |c| c.cr3_write_flush);
         self.perf.counters.inc(Counter::Cr3Writes);
+        self.kvm_shadow_cr3_load(cpu, true, env);
     }
 
     /// Read `mm_cpumask(mm)` (one step, bit by bit through the memory model) minus `cpu`;

@@ -14,7 +14,7 @@ use crate::syscalls::{
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park, Time, Violation};
 use shootdown_hw::ept::EptWalk;
-use shootdown_hw::pagetable::{pt_index, Vpn, Walk};
+use shootdown_hw::pagetable::{pt_index, Vpn, Walk, PTRS_PER_PT};
 use shootdown_hw::tlb::{EptUse, TlbEntry};
 use shootdown_hw::CpuId;
 
@@ -142,6 +142,10 @@ impl Machine {
         if let Some(e) = hit.filter(|e| !lacks_permission(e) && !needs_dirty_assist(e)) {
             if write && !e.writable {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
+                if self.shadow_paging(cpu) {
+                    // The #PF exits to KVM first.
+                    return self.shadow_translate(cpu, mm, pcid, vpn, access, env);
+                }
                 return Err(Fault::PageFault);
             }
             let pte = self.mms[e.mm as usize].space.leaf(vpn, e.huge);
@@ -173,6 +177,9 @@ impl Machine {
         }
         self.charge(env, |c| c.tlb_miss_walk);
         self.perf.counters.inc(Counter::TlbMisses);
+        if self.shadow_paging(cpu) {
+            return self.shadow_translate(cpu, mm, pcid, vpn, access, env);
+        }
         let Some((pte, huge)) = self.walk(cpu, mm, pcid, vpn, env) else {
             return Err(Fault::PageFault);
         };
@@ -307,6 +314,97 @@ impl Machine {
         }
     }
 
+    /// The hardware's walk with shadow paging (EPT off): not the guest's page tables but
+    /// KVM's shadow of them, from the vCPU's root (the guest CR3's shadow page). A leaf that
+    /// allows the access fills the TLB with what KVM built it from (the guest PTE's version,
+    /// checked by the oracle like any fill); otherwise the #PF exits to KVM, which reads the
+    /// guest's own tables (`FNAME(walk_addr)`): a guest PTE that allows the access is a shadow
+    /// fault for KVM to fix (`Exit::ShadowPageFault`), else KVM injects the #PF and the
+    /// guest's handler runs (`Err(PageFault)`, the exit paid).
+    fn shadow_translate<E: Env>(
+        &mut self,
+        cpu: CpuId,
+        mm: MmId,
+        pcid: u16,
+        vpn: Vpn,
+        access: Access,
+        env: &mut E,
+    ) -> Result<(), Fault> {
+        let root = self.host_ref().vcpus[cpu]
+            .root
+            .expect("a vCPU in the guest has a root");
+        let vm = self.vm_of(cpu);
+        if let EptWalk::Leaf { sp, idx, spte, .. } = self.ept.walk_from(root, vpn) {
+            let shootdown_hw::ept::SpteKind::Leaf { writable, .. } = spte.kind else {
+                unreachable!("a leaf walk ends at a leaf")
+            };
+            if access.allowed_by(writable, true) {
+                let l = &self.kvm(vm).shadow.leaves[&sp];
+                let sh = l.gptes[&idx];
+                let huge = l.table.is_none();
+                let pfn = if huge {
+                    sh.gfn - vpn % PTRS_PER_PT
+                } else {
+                    sh.gfn
+                };
+                let u = EptUse {
+                    gfn: sh.gfn,
+                    sp,
+                    idx,
+                    version: spte.version,
+                    filled: self.oracle.now(),
+                    exec: true,
+                    dirty: false,
+                };
+                let victim = env.random(u64::MAX);
+                self.cpus[cpu].tlb.insert(
+                    pcid,
+                    vpn,
+                    TlbEntry {
+                        pfn: pfn as u32,
+                        writable,
+                        global: false,
+                        mm,
+                        version: sh.version,
+                        ept: Some(u),
+                        huge,
+                    },
+                    victim,
+                );
+                self.perf.uses_checked += 1;
+                let pte = self.mms[mm as usize].space.leaf(vpn, huge);
+                if let Err(v) = self.oracle.check_use(mm, mm, vpn, sh.version, &pte) {
+                    self.violate(v);
+                }
+                if access.is_write() {
+                    self.note_guest_write(cpu, sh.gfn);
+                }
+                self.say(|| {
+                    format!(
+                        "user access mm{mm} page {vpn:#x}: walk the shadow page tables, fill TLB (shadow page #{sp} entry {idx}, built from guest PTE version {})",
+                        sh.version
+                    )
+                });
+                return Ok(());
+            }
+        }
+        match self.fname_walk_addr(mm, vpn, access) {
+            crate::kvm::mmu::paging_tmpl::GuestWalk::Mapped { .. } => {
+                Err(Fault::Exit(Exit::ShadowPageFault { vpn, access }))
+            }
+            crate::kvm::mmu::paging_tmpl::GuestWalk::Fault => {
+                // The #PF exits (the exception bitmap intercepts it without EPT); KVM's walk
+                // finds the guest's tables do not allow the access and injects it.
+                self.vm_exit(env);
+                self.charge(env, |c| c.ept_violation);
+                self.say(|| {
+                    format!("user access mm{mm} page {vpn:#x}: no shadow translation; #PF VM exit, FNAME(walk_addr): the guest PTE does not allow it: inject the #PF")
+                });
+                Err(Fault::PageFault)
+            }
+        }
+    }
+
     /// The current task's access was completed by KVM (emulated MMIO): its op moves on as if
     /// the access had been made.
     pub(crate) fn complete_user_access<E: Env>(&mut self, cpu: CpuId, env: &mut E) {
@@ -344,6 +442,10 @@ impl Machine {
 
     /// Would a speculative fill of `vpn` through `cpu`'s CR3 change anything?
     pub(crate) fn fill_would_change(&self, cpu: CpuId, vpn: Vpn) -> bool {
+        if self.shadow_paging(cpu) {
+            // The page walker reads KVM's shadow tables, not the guest's: not modelled.
+            return false;
+        }
         let c = &self.cpus[cpu];
         let pcid = self.fill_pcid(cpu);
         if c.tlb.lookup(pcid, vpn).is_some() {
@@ -445,12 +547,16 @@ impl Machine {
         if end == TLB_FLUSH_ALL {
             self.cpus[cpu].tlb.flush_pcid(up);
             self.charge(env, |c| c.cr3_write_flush);
+            self.kvm_shadow_cr3_load(cpu, true, env);
             return;
         }
         for v in (start..end).step_by(1 << stride) {
             self.invlpg(cpu, up, v);
             self.charge(env, |c| c.invlpg);
             self.perf.counters.inc(Counter::InvlpgCount);
+            if self.shadow_paging(cpu) {
+                self.kvm_mmu_invlpg(cpu, v, env);
+            }
         }
         if env.tracing() {
             env.trace(TraceEvent::Instant {
@@ -659,7 +765,7 @@ impl Machine {
                     }
                 }
             }
-            UserOp::ReclaimUnmap { start, npages } => self.enter_syscall(
+            UserOp::ReclaimUnmap { start, npages, mm } => self.enter_syscall(
                 cpu,
                 t,
                 Syscall::ReclaimUnmap {
@@ -668,6 +774,7 @@ impl Machine {
                     npages,
                     targets: Vec::new(),
                     begin: 0,
+                    mm,
                 },
                 env,
             ),
@@ -1071,7 +1178,18 @@ fn user_op_text(op: &UserOp, files: &[crate::vma::File]) -> Option<String> {
                 if writable { "RW" } else { "RO" }
             )
         }
-        UserOp::ReclaimUnmap { start, npages } => format!("reclaim {npages} page(s) at {start:#x}"),
+        UserOp::ReclaimUnmap {
+            start,
+            npages,
+            mm: None,
+        } => {
+            format!("reclaim {npages} page(s) at {start:#x}")
+        }
+        UserOp::ReclaimUnmap {
+            start,
+            npages,
+            mm: Some(mm),
+        } => format!("kswapd: reclaim {npages} page(s) at {start:#x} of mm{mm}"),
         UserOp::SetAffinity { cpu } => format!("sched_setaffinity(cpu{cpu})"),
         UserOp::UseMm { mm } => format!("mmget_not_zero(mm{mm}); kthread_use_mm(mm{mm})"),
         UserOp::UnuseMm => "kthread_unuse_mm; mmput".into(),

@@ -867,3 +867,80 @@ fn initially_set_reports_every_page_once_then_only_the_written_ones() {
         );
     }
 }
+
+/// Shadow paging (EPT off): the guest's page tables are shadowed; vcpu0 zaps 16 of the pages
+/// vcpu1 reads (the page table goes unsync; the INVLPGs of the flush sync its SPTEs), then
+/// unmaps a whole page table of its own (an emulated PMD write). Every use is checked: a stale
+/// SPTE after a flush would stop the run.
+#[test]
+fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
+    let o = Options {
+        ept: false,
+        ..Options::default()
+    };
+    let mut m = vm(2, o, vec![ram(0, 0, 0x800, false)]);
+    let mm = m.add_mm("g");
+    m.map_pages(mm, 0x200, 64, true);
+    m.map_pages(mm, 0x400, 8, true);
+    m.add_task(
+        "zapper",
+        mm,
+        0,
+        vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 64,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x200,
+                npages: 16,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(20),
+            },
+            UserOp::TouchRange {
+                start: 0x400,
+                npages: 8,
+                write: true,
+            },
+            UserOp::Munmap {
+                start: 0x400,
+                npages: 512,
+            },
+            UserOp::Exit,
+        ],
+    );
+    m.add_task(
+        "reader",
+        mm,
+        1,
+        vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 32,
+                write: false,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(40),
+            },
+            UserOp::Exit,
+        ],
+    );
+    let (stop, _) = run(&mut m, 50);
+    assert_eq!(stop, Stop::Finished);
+    let c = m.counters();
+    // Each zap of a page both vCPUs read is faulted in again by both.
+    assert!(c.get(Counter::KvmShadowFaults) >= 64 + 8 + 20 * 16, "{c:?}");
+    // One shadow page per guest page table (0x200 and 0x400 groups).
+    assert_eq!(c.get(Counter::KvmShadowPages), 2);
+    // The madvise flushes 16 pages with INVLPGs on both vCPUs (the reader's when it runs the
+    // mm), every one an exit.
+    assert!(c.get(Counter::KvmInvlpg) >= 20 * 16, "{c:?}");
+    // free_pgtables() clears the PMD entry of 0x400's table: one emulated write.
+    assert_eq!(c.get(Counter::KvmMmuPteWrite), 1);
+    assert_eq!(c.get(Counter::KvmEptViolations), 0);
+    assert!(m.perf.uses_checked > 0);
+}

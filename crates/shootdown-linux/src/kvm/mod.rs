@@ -290,6 +290,8 @@ pub struct Kvm {
     pub freed_slots: Vec<(u8, memslot::Memslot)>,
     /// The dirty bitmaps of slots that log dirty pages, and the oracle's writes owed.
     pub dirty_log: dirty_log::DirtyLog,
+    /// Shadow paging (EPT off): the shadow pages of the guest's page tables.
+    pub shadow: mmu::shadow::ShadowMmu,
 }
 
 shootdown_engine::clone_by_fields!(Kvm {
@@ -311,6 +313,7 @@ shootdown_engine::clone_by_fields!(Kvm {
     max_gfn,
     freed_slots,
     dirty_log,
+    shadow,
 });
 
 impl Kvm {
@@ -340,6 +343,7 @@ impl Kvm {
             max_gfn: mmu::tdp_mmu::TDP_MMU_MAX_GFN_EXCLUSIVE,
             freed_slots: Vec::new(),
             dirty_log,
+            shadow: Default::default(),
         }
     }
 

@@ -98,6 +98,10 @@ impl Machine {
     /// `kvm_vcpu_flush_tlb(vcpu)` (H5): INVVPID single-context — every guest-linear translation
     /// of the vCPU, all guest PCIDs (and paging-structure caches).
     pub(crate) fn kvm_vcpu_flush_tlb<E: Env>(&mut self, v: CpuId, env: &mut E) {
+        if self.shadow_paging(v) {
+            let how = self.kvm_vcpu_flush_tlb_guest_shadow(v, env);
+            self.say(|| format!("kvm_vcpu_flush_tlb_guest (shadow paging): {how}"));
+        }
         self.cpus[v].tlb.flush_all();
         self.perf.counters.inc(Counter::KvmTlbFlush);
         self.charge(env, |c| c.invvpid_single);

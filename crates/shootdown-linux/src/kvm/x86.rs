@@ -45,6 +45,9 @@ pub enum Exit {
     },
     /// An EPT misconfiguration: an MMIO SPTE for `gfn`.
     EptMisconfig { gfn: Gfn },
+    /// Shadow paging (EPT off): a #PF for guest-virtual page `vpn` whose guest PTE allows
+    /// the access but whose shadow SPTE is missing or read-only (`FNAME(page_fault)`).
+    ShadowPageFault { vpn: u64, access: Access },
     /// WRMSR of an MTRR MSR (`host`: not an exit but the VMM's `KVM_SET_MSRS` from the vCPU
     /// thread, e.g. QEMU's reset-state put).
     Wrmsr { msr: u32, value: u64, host: bool },
@@ -288,6 +291,9 @@ impl Machine {
                         format!("EPT violation ({} gfn {gfn:#x})", access.text())
                     }
                     Exit::EptMisconfig { gfn } => format!("EPT misconfiguration (gfn {gfn:#x})"),
+                    Exit::ShadowPageFault { vpn, access } => {
+                        format!("#PF ({} page {vpn:#x})", access.text())
+                    }
                     Exit::Wrmsr {
                         msr,
                         value,
@@ -307,6 +313,7 @@ impl Machine {
                 let handler = match s.exit {
                     Exit::EptViolation { .. } => "; handle_ept_violation",
                     Exit::EptMisconfig { .. } => "; handle_ept_misconfig",
+                    Exit::ShadowPageFault { .. } => "; handle_exception_nmi → kvm_mmu_page_fault",
                     Exit::Wrmsr { .. } => "; kvm_set_msr_common",
                     Exit::Cr0Cd { .. } => "; handle_cr → kvm_set_cr0",
                     Exit::Pause => "; handle_pause",
@@ -334,6 +341,10 @@ impl Machine {
                         Some(self.slow_page_fault(gfn, access))
                     }
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
+                    Exit::ShadowPageFault { vpn, access } => {
+                        self.fname_page_fault(v, vpn, access, env);
+                        None
+                    }
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
                     Exit::Smi => self.kvm_smm_changed(v, true),
@@ -463,7 +474,12 @@ impl Machine {
                 if let Some(range) = self.host_mut().vcpus[v].memtype_check.take() {
                     self.check_memtype(Some(v), range);
                 }
-                self.say(|| format!("no request: VM entry (EPTP = EPT page #{root})"));
+                let table = if self.opts.ept {
+                    "EPTP = EPT page"
+                } else {
+                    "CR3 = shadow root"
+                };
+                self.say(|| format!("no request: VM entry ({table} #{root})"));
                 self.vm_enter(v);
                 Flow::Return
             }
@@ -485,6 +501,12 @@ impl Machine {
             }
             Exit::EptMisconfig { gfn } => {
                 format!("gfn {gfn:#x}: MMIO SPTE: EPT misconfiguration, VM exit")
+            }
+            Exit::ShadowPageFault { vpn, access } => {
+                format!(
+                    "page {vpn:#x}: no shadow translation for the {}: #PF VM exit",
+                    access.text()
+                )
             }
             Exit::Kick => "VM exit (external interrupt)".into(),
             Exit::Pause => "PAUSE loop: VM exit".into(),

@@ -18,9 +18,12 @@
 //!   (the walk), [`tdp_mmu`] (roots, `kvm_zap_gfn_range`, the read-lock fault), [`tdp_rcu`]
 //!   (RCU-deferred freeing of the tables it removes).
 //!
+//! * shadow paging (EPT off): [`shadow`] (the shadow pages of guest page tables, unsync pages,
+//!   `kvm_mmu_sync_roots`, the emulated PMD write) and [`paging_tmpl`] (`FNAME(page_fault)`,
+//!   `FNAME(invlpg)`, `FNAME(sync_page)`).
+//!
 //! The EPT pages themselves (what the hardware walks) are `shootdown_hw::ept`; this is KVM's
-//! software view of them. Simplifications: direct MMU only (no shadow paging of guest page
-//! tables: no unsync pages, no write tracking), one MMU role, no limit on the number of shadow
+//! software view of them (shadow pages live in the same arena). Simplifications: one MMU role, no limit on the number of shadow
 //! pages (`make_mmu_pages_available` never recycles), no accessed bits.
 
 pub mod access_track;
@@ -29,7 +32,9 @@ pub mod fault;
 pub mod lock;
 pub mod nx_huge_pages;
 pub mod page;
+pub mod paging_tmpl;
 pub mod rwlock;
+pub mod shadow;
 pub mod spte;
 pub mod spte_ad;
 pub mod tdp_iter;

@@ -335,6 +335,22 @@ impl Machine {
     /// One step of `kvm_mmu_load()` for vCPU `v`.
     pub(crate) fn mmu_load_step<E: Env>(&mut self, v: CpuId, s: &mut MmuLoad, env: &mut E) -> Flow {
         match s.pc {
+            MmuLoadPc::Lock if !self.opts.ept => {
+                // Shadow paging, one mmu_lock section (`shadow.rs`): mmu_alloc_shadow_roots()
+                // for the guest's CR3, kvm_mmu_sync_roots(), the CR3 write and a VPID flush.
+                let root = self.mmu_alloc_shadow_roots(v, env);
+                self.charge(env, |c| c.mmu_root_load);
+                self.host_mut().vcpus[v].root = Some(root);
+                self.cpus[v].tlb.set_ept_tag(ept_tag(root));
+                let synced = self.kvm_mmu_sync_roots(v, env);
+                self.cpus[v].tlb.flush_all();
+                self.charge(env, |c| c.invvpid_single);
+                let mm = self.cpus[v].cr3_mm;
+                self.say(|| {
+                    format!("kvm_mmu_load: shadow root #{root} for the guest's CR3 (mm{mm}); kvm_mmu_sync_roots: {synced} unsync page(s) synced; INVVPID")
+                });
+                Flow::Return
+            }
             MmuLoadPc::Lock => {
                 let spin = self.kvm_mmu_lock(v, &mut s.lock, false, env);
                 if let Some(spin) = spin {

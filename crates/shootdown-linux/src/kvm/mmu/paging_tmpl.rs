@@ -1,0 +1,311 @@
+//! arch/x86/kvm/mmu/paging_tmpl.h for a 64-bit guest (`FNAME` = `paging64_`), the functions
+//! that read the guest's page tables: the shadow page fault (`FNAME(page_fault)`:
+//! `FNAME(walk_addr)`, then `FNAME(fetch)` under `mmu_lock`), a guest INVLPG
+//! (`FNAME(invlpg)`) and the sync of an unsync page (`FNAME(sync_page)`), in their v5.15 form.
+//! See `shadow.rs` for the shadow pages themselves and what is simplified.
+
+use crate::counters::Counter;
+use crate::kvm::mmu::fault::Emulation;
+use crate::machine::Machine;
+use crate::state::Access;
+use shootdown_engine::Env;
+use shootdown_hw::ept::{ept_index, SpId, SpteKind, MT_WB_IPAT};
+use shootdown_hw::pagetable::{pt_index, Pte, Vpn, Walk, PTRS_PER_PT};
+use shootdown_hw::CpuId;
+
+use super::shadow::Shadowed;
+
+/// What `FNAME(walk_addr)` found for a guest-virtual page.
+pub(crate) enum GuestWalk {
+    /// A present guest PTE in page-table page `table`, or (`table = None`) a present 2 MiB
+    /// PMD leaf (its frame offset for the page already applied to `gfn`).
+    Mapped {
+        table: Option<shootdown_hw::pagetable::PtPageId>,
+        pte: Pte,
+        gfn: u64,
+    },
+    /// No translation, or not one that allows the access: the guest gets the #PF.
+    Fault,
+}
+
+impl Machine {
+    /// `FNAME(walk_addr)`: the guest's translation of `vpn` in mm `mm` as its page tables say
+    /// now (a walk through a freed guest table finds nothing: the guest gets its #PF).
+    pub(crate) fn fname_walk_addr(
+        &self,
+        mm: crate::state::MmId,
+        vpn: Vpn,
+        access: Access,
+    ) -> GuestWalk {
+        let space = &self.mms[mm as usize].space;
+        let (table, pte, gfn) = match self.pt_pages.walk(space, vpn) {
+            Walk::Leaf { table, pte } => (Some(table), pte, pte.pfn as u64),
+            Walk::Huge { pte } => (None, pte, pte.pfn as u64 + vpn % PTRS_PER_PT),
+            Walk::NoTable | Walk::FreedTable(_) => return GuestWalk::Fault,
+        };
+        if !pte.present || !access.allowed_by(pte.writable, true) {
+            return GuestWalk::Fault;
+        }
+        GuestWalk::Mapped { table, pte, gfn }
+    }
+
+    /// `FNAME(page_fault)` for a shadow-paging exit of vCPU `v` at `vpn` (one step: the
+    /// lockless `FNAME(walk_addr)` and the `mmu_lock` section of `FNAME(fetch)` together, so the
+    /// walk cannot go stale before the lock — `FNAME(gpte_changed)`'s retry never fires):
+    /// shadow pages for the guest's tables down to level 1 (`kvm_mmu_get_page`, which syncs a
+    /// page it finds unsync), then the leaf SPTE from the guest PTE (`mmu_set_spte`). A guest
+    /// PTE that no longer allows the access leaves everything as it is: the guest retries and
+    /// takes its #PF (which the model's CPU delivers on the next try, `kvm_inject_page_fault`
+    /// in effect). A frame without a memslot is emulated MMIO.
+    pub(crate) fn fname_page_fault<E: Env>(
+        &mut self,
+        v: CpuId,
+        vpn: Vpn,
+        access: Access,
+        env: &mut E,
+    ) {
+        let vm = self.vm_of(v);
+        let mm = self.cpus[v].cr3_mm;
+        self.perf.counters.inc(Counter::KvmShadowFaults);
+        self.charge(env, |c| c.ept_violation);
+        let GuestWalk::Mapped { table, pte, gfn } = self.fname_walk_addr(mm, vpn, access) else {
+            self.say(|| {
+                format!("FNAME(page_fault) mm{mm} page {vpn:#x}: the guest PTE does not allow the {}: back to the guest (#PF)", access.text())
+            });
+            return;
+        };
+        let slot = self.kvm(vm).address_spaces[0]
+            .active_set()
+            .lookup(gfn)
+            .cloned();
+        let Some(slot) = slot else {
+            let derived = self.kvm(vm).address_spaces[0].active_set().version;
+            self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
+            self.say(|| format!("FNAME(page_fault) mm{mm} page {vpn:#x}: gfn {gfn:#x} has no memslot: emulate (MMIO)"));
+            return;
+        };
+        debug_assert!(
+            self.kvm(vm).mmu_lock.val == 0,
+            "no multi-step mmu_lock holder with shadow paging"
+        );
+        let root = self.host_ref().vcpus[v].root.expect("a root in the guest");
+        let pmd = self.shadow_pmd_page(vm, mm, root, vpn, env);
+        let pt = pt_index(vpn);
+        let pidx = ept_index(2, vpn);
+        let sp = match self.ept.spte(pmd, pidx).kind {
+            SpteKind::Table(sp) => sp,
+            _ => {
+                let sp = self.shadow_get_page(v, mm, pt, table, env);
+                let e = self.oracle.tick();
+                self.ept.set(pmd, pidx, SpteKind::Table(sp), e);
+                sp
+            }
+        };
+        let idx = ept_index(1, vpn);
+        let writable = pte.writable && !slot.readonly;
+        let host_writable = !slot.readonly;
+        self.shadow_set_leaf(
+            vm,
+            sp,
+            idx,
+            slot.pfn_of(gfn),
+            host_writable,
+            writable,
+            pte.version,
+            gfn,
+            env,
+        );
+        self.perf.counters.inc(Counter::KvmMmuPfFixed);
+        self.charge(env, |c| c.spte_install);
+        self.say(|| {
+            format!(
+                "FNAME(page_fault) mm{mm} page {vpn:#x}: guest PTE version {} -> gfn {gfn:#x}; mmu_lock: shadow page #{sp} entry {idx} = pfn {:#x} ({})",
+                pte.version,
+                slot.pfn_of(gfn),
+                if writable { "writable" } else { "read-only" }
+            )
+        });
+    }
+
+    /// `mmu_set_spte()` of leaf `idx` of level-1 page `sp`: host frame `pfn` (`host_writable`:
+    /// the memslot lets the host page be written, `shadow_host_writable_mask`), built from guest
+    /// PTE version `version` mapping `gfn`. Writing the same translation again changes no SPTE
+    /// (`mmu_spte_update` of an identical value); KVM's record of the guest PTE moves on.
+    #[allow(clippy::too_many_arguments)]
+    fn shadow_set_leaf<E: Env>(
+        &mut self,
+        vm: usize,
+        sp: SpId,
+        idx: u16,
+        pfn: u64,
+        host_writable: bool,
+        writable: bool,
+        version: u32,
+        gfn: u64,
+        env: &mut E,
+    ) {
+        let kind = SpteKind::Leaf {
+            pfn,
+            writable,
+            mmu_writable: host_writable,
+            memtype: MT_WB_IPAT,
+            exec: true,
+            dirty: false,
+            access_tracked: false,
+        };
+        if self.ept.spte(sp, idx).kind != kind {
+            let e = self.oracle.tick();
+            self.ept.set(sp, idx, kind, e);
+        }
+        let _ = env;
+        self.kvm_mut(vm)
+            .shadow
+            .leaves
+            .get_mut(&sp)
+            .expect("a level-1 shadow page")
+            .gptes
+            .insert(
+                idx,
+                Shadowed {
+                    version,
+                    gfn,
+                    writable,
+                },
+            );
+    }
+
+    /// Drop leaf `idx` of `sp` (`drop_spte` / `mmu_page_zap_pte`). Whether it was present.
+    fn shadow_drop_leaf<E: Env>(&mut self, vm: usize, sp: SpId, idx: u16, env: &mut E) -> bool {
+        self.kvm_mut(vm)
+            .shadow
+            .leaves
+            .get_mut(&sp)
+            .expect("a level-1 shadow page")
+            .gptes
+            .remove(&idx);
+        if !self.ept.spte(sp, idx).is_present() {
+            return false;
+        }
+        let e = self.oracle.tick();
+        self.ept.set(sp, idx, SpteKind::None, e);
+        self.charge(env, |c| c.spte_zap);
+        true
+    }
+
+    /// `FNAME(sync_page)(vcpu, sp)` (v5.15; `kvm_sync_page` around it clears `sp->unsync`,
+    /// here derived): each SPTE is compared with its guest PTE as it is now — one no longer
+    /// present, or mapping another frame, is dropped; one whose write permission changed is
+    /// rewritten (`mmu_spte_update`). Returns whether a remote flush is owed: an SPTE dropped
+    /// or made read-only (the flush goes back to the caller, as since 6bc6db000295 removed
+    /// `tlbs_dirty`).
+    pub(crate) fn fname_sync_page<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) -> bool {
+        let l = &self.kvm(vm).shadow.leaves[&sp];
+        let (mm, pt) = (l.mm, l.pt);
+        let entries: Vec<(u16, Shadowed)> = l.gptes.iter().map(|(&i, &s)| (i, s)).collect();
+        let mut flush = false;
+        for (idx, old) in entries {
+            let vpn = pt * PTRS_PER_PT + idx as u64;
+            let pte = self.mms[mm as usize].space.pte(vpn);
+            if !pte.present || pte.pfn as u64 != old.gfn {
+                flush |= self.shadow_drop_leaf(vm, sp, idx, env);
+                continue;
+            }
+            let SpteKind::Leaf {
+                pfn,
+                writable,
+                mmu_writable,
+                ..
+            } = self.ept.spte(sp, idx).kind
+            else {
+                continue;
+            };
+            // make_spte() with the old SPTE's host-writable bit and the guest's permission.
+            let w = pte.writable && mmu_writable;
+            flush |= writable && !w;
+            self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn, env);
+        }
+        self.say(|| {
+            format!(
+                "FNAME(sync_page) shadow page #{sp} (mm{mm} pages {:#x}+512){}",
+                pt * PTRS_PER_PT,
+                if flush {
+                    ": SPTEs dropped or made read-only"
+                } else {
+                    ""
+                }
+            )
+        });
+        flush
+    }
+
+    /// `kvm_mmu_invlpg(vcpu, gva)` for a guest INVLPG (an exit with shadow paging):
+    /// `FNAME(invlpg)` walks the root to the leaf for `vpn`; if its page is unsync, the SPTE
+    /// is zapped (`mmu_page_zap_pte`, with `kvm_flush_remote_tlbs_with_address` if it was
+    /// present) and rebuilt from the guest PTE as it is now (`FNAME(update_pte)`, a
+    /// prefetch). A sync page is left alone: write-protection kept it current. Then the
+    /// vCPU's own translation goes (`tlb_flush_gva`: INVVPID of the address).
+    pub(crate) fn kvm_mmu_invlpg<E: Env>(&mut self, v: CpuId, vpn: Vpn, env: &mut E) {
+        let vm = self.vm_of(v);
+        let mm = self.cpus[v].cr3_mm;
+        self.vm_exit(env);
+        self.perf.counters.inc(Counter::KvmInvlpg);
+        let Some(root) = self.host_ref().vcpus[v].root else {
+            return;
+        };
+        let leaf = match self.ept.walk_from(root, vpn) {
+            shootdown_hw::ept::EptWalk::Leaf {
+                sp, idx, level: 1, ..
+            } => Some((sp, idx)),
+            _ => None,
+        };
+        let what = match leaf {
+            Some((sp, idx))
+                if self.sp_unsync(vm, sp) && !self.opts.mutants.shadow_invlpg_skips_sync() =>
+            {
+                let old = self.kvm(vm).shadow.leaves[&sp].gptes.get(&idx).copied();
+                if self.shadow_drop_leaf(vm, sp, idx, env) {
+                    self.kvm_shadow_flush_remote_tlbs(vm, env);
+                }
+                let pte = self.mms[mm as usize].space.pte(vpn);
+                let slot = self.kvm(vm).address_spaces[0]
+                    .active_set()
+                    .lookup(pte.pfn as u64)
+                    .cloned();
+                match (old, slot) {
+                    (Some(_), Some(sl)) if pte.present => {
+                        let gfn = pte.pfn as u64;
+                        let w = pte.writable && !sl.readonly;
+                        self.shadow_set_leaf(
+                            vm,
+                            sp,
+                            idx,
+                            sl.pfn_of(gfn),
+                            !sl.readonly,
+                            w,
+                            pte.version,
+                            gfn,
+                            env,
+                        );
+                        format!("shadow page #{sp} is unsync: zap entry {idx}, kvm_flush_remote_tlbs, FNAME(update_pte) from guest PTE version {}", pte.version)
+                    }
+                    _ => format!(
+                        "shadow page #{sp} is unsync: zap entry {idx}, kvm_flush_remote_tlbs"
+                    ),
+                }
+            }
+            Some((sp, _)) if self.sp_unsync(vm, sp) => {
+                format!("shadow page #{sp} is unsync, but FNAME(invlpg) leaves it (mutant)")
+            }
+            Some((sp, _)) => format!("shadow page #{sp} is sync: nothing to do"),
+            None => "no shadow leaf".to_string(),
+        };
+        self.cpus[v].tlb.invlpgb(&shootdown_hw::tlb::Invlpgb {
+            pcid: None,
+            range: Some((vpn, vpn + 1)),
+            final_only: false,
+            include_global: true,
+        });
+        self.charge(env, |c| c.invlpg);
+        self.say(|| format!("INVLPG mm{mm} page {vpn:#x}: VM exit, kvm_mmu_invlpg: {what}; INVVPID of the address"));
+    }
+}

@@ -1,0 +1,368 @@
+//! Shadow paging (`kvm_intel.ept=0`, option `ept = false`; arch/x86/kvm/mmu/mmu.c): without
+//! EPT the CPU walks page tables KVM builds from the guest's own, mapping guest-virtual pages
+//! straight to host frames. Each guest page table is shadowed by an *indirect* shadow page
+//! (`role.direct = 0`, `sp->gfn` the guest table's frame); its SPTEs are built from the guest
+//! PTEs by the fault path (`paging_tmpl.rs`, `FNAME(page_fault)`).
+//!
+//! KVM write-protects every guest page table it shadows, so that it sees the guest change it.
+//! A level-1 table may instead go *unsync* (`mmu_try_to_unsync_pages` → `kvm_unsync_page`):
+//! its frame becomes writable again and the guest changes its PTEs freely; KVM relies on the
+//! guest flushing its TLB afterwards — `INVLPG` (`kvm_mmu_invlpg`, one PTE) or a CR3 load,
+//! INVPCID, a PV flush (`kvm_mmu_sync_roots` → `mmu_sync_children` → `FNAME(sync_page)`) — to
+//! bring the shadow back in line, as the architecture lets it cache the old translation until
+//! then.
+//!
+//! The model's guest page tables have two levels (a PMD per mm, 4 KiB page-table pages), so a
+//! shadow root is a 4-level page whose levels 4 and 3 stand for the guest's PGD and PUD (never
+//! changed here) and whose level-2 pages shadow the PMD. Level-1 pages shadow page-table pages;
+//! a guest 2 MiB page is mapped by a level-1 page with no guest table (`role.direct = 1` for a
+//! guest large page), which is never unsync.
+//!
+//! Simplifications (each safer than the kernel, or equal in what the guest can observe):
+//! * **write tracking is exact and immediate.** A guest write to a shadowed page table is the
+//!   trap the kernel takes: for a level-1 table, the first write unsyncs it
+//!   (`kvm_unsync_page`), modelled by deriving `unsync` from the guest's PTEs ([`LeafSp`]: a
+//!   level-1 page is unsync once a PTE it shadows changed since KVM read it); for the PMD
+//!   (`kvm_mmu_pte_write`, which emulates the write), the entry's SPTE is zapped with a remote
+//!   flush at the write ([`Machine::kvm_shadow_pmd_written`]). The guest kernel's own
+//!   direct-map translations of its page tables are not modelled, so the remote flush that
+//!   write-protecting a table owes (`rmap_write_protect`, f81602958c11) cannot be missed;
+//! * every `mmu_lock` section of shadow paging is one step (the model runs no multi-step
+//!   holder of the lock with shadow paging: no host thread, no zap), and
+//!   `kvm_flush_remote_tlbs` from it flushes every vCPU of the VM at once
+//!   ([`Machine::kvm_shadow_flush_remote_tlbs`]), as if the request, the kicks and the wait
+//!   were instantaneous;
+//! * the guest's A/D bits are not set by KVM's walk (the native model's CPU does not set them
+//!   either), so a writable guest PTE makes a writable SPTE at once (no `protect_clean_gpte`);
+//! * one role per guest table (no `role.access` / CR0.WP / SMEP variants, no PAE quadrants).
+
+use crate::counters::Counter;
+use crate::machine::Machine;
+use crate::state::MmId;
+use shootdown_engine::Env;
+use shootdown_hw::ept::{ept_index, SpId, SpteKind, EPT_ROOT_LEVEL};
+use shootdown_hw::pagetable::{PtIndex, PtPageId, Vpn, PTRS_PER_PT};
+use shootdown_hw::CpuId;
+use std::collections::BTreeMap;
+
+/// What one SPTE of a level-1 shadow page was built from (`sp->gfns[i]`, plus the guest PTE's
+/// version for the oracle: a TLB entry filled from the SPTE carries it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shadowed {
+    /// The guest PTE's version when KVM last read it.
+    pub version: u32,
+    /// The guest frame it mapped then.
+    pub gfn: u64,
+    /// Its write permission then.
+    pub writable: bool,
+}
+
+/// A level-1 shadow page (`struct kvm_mmu_page` with `role.level = 1`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeafSp {
+    /// The guest mm and 512-page group it maps.
+    pub mm: MmId,
+    pub pt: PtIndex,
+    /// The guest page-table page it shadows (its `sp->gfn`); `None` for a guest 2 MiB page
+    /// (a direct page: nothing to sync).
+    pub table: Option<PtPageId>,
+    /// The SPTEs KVM built, by index.
+    pub gptes: BTreeMap<u16, Shadowed>,
+}
+
+/// KVM's software view of a VM's shadow page tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ShadowMmu {
+    /// The shadow root of each guest mm (the page for its CR3, `mmu_alloc_shadow_roots`).
+    pub roots: BTreeMap<MmId, SpId>,
+    /// Levels 3 and 2 by (mm, level, first page): the guest's PUD and PMD pages.
+    pub uppers: BTreeMap<(MmId, u8, Vpn), SpId>,
+    /// Level-1 pages.
+    pub leaves: BTreeMap<SpId, LeafSp>,
+    /// The level-1 page of each guest page-table page (`kvm_mmu_get_page`'s hash lookup by
+    /// gfn and role), and of each guest 2 MiB page by (mm, group).
+    pub by_table: BTreeMap<PtPageId, SpId>,
+    pub by_huge: BTreeMap<(MmId, PtIndex), SpId>,
+}
+
+/// The first page an entry of a level-`level` page covering `vpn` maps.
+fn span_base(level: u8, vpn: Vpn) -> Vpn {
+    let span = shootdown_hw::ept::gfns_per_entry(level) * shootdown_hw::ept::EPT_ENTRIES;
+    vpn / span * span
+}
+
+impl Machine {
+    /// Does vCPU `v` run on shadow paging (a VM with a modelled MMU, EPT off)?
+    pub(crate) fn shadow_paging(&self, v: CpuId) -> bool {
+        !self.opts.ept && self.has_kvm_mmu(v)
+    }
+
+    /// Is the level-1 page `sp` unsync? A page shadowing a guest table is, as soon as a PTE
+    /// it shadows differs from what KVM read (the guest's first write to the table took the
+    /// write-protection fault that unsyncs it: see the module documentation).
+    pub(crate) fn sp_unsync(&self, vm: usize, sp: SpId) -> bool {
+        let l = &self.kvm(vm).shadow.leaves[&sp];
+        if l.table.is_none() {
+            return false;
+        }
+        let space = &self.mms[l.mm as usize].space;
+        l.gptes.iter().any(|(&i, s)| {
+            let pte = space.pte(l.pt * PTRS_PER_PT + i as u64);
+            !pte.present || pte.version != s.version
+        })
+    }
+
+    /// `mmu_alloc_shadow_roots()` for the guest CR3 of vCPU `v` (its mm): the root page of
+    /// that role, found or allocated. Returns it.
+    pub(crate) fn mmu_alloc_shadow_roots<E: Env>(&mut self, v: CpuId, env: &mut E) -> SpId {
+        let vm = self.vm_of(v);
+        let mm = self.cpus[v].cr3_mm;
+        if let Some(&root) = self.kvm(vm).shadow.roots.get(&mm) {
+            return root;
+        }
+        let root = self.ept.alloc(EPT_ROOT_LEVEL, 0);
+        self.perf.counters.inc(Counter::KvmMmuCacheMiss);
+        self.charge(env, |c| c.sp_alloc);
+        self.kvm_mut(vm).shadow.roots.insert(mm, root);
+        root
+    }
+
+    /// The level-2 shadow page covering `vpn` under `root` (mm `mm`), allocating and linking
+    /// the levels 3 and 2 it needs (`FNAME(fetch)`'s walk over the upper levels, whose guest
+    /// tables the model never changes).
+    pub(crate) fn shadow_pmd_page<E: Env>(
+        &mut self,
+        vm: usize,
+        mm: MmId,
+        root: SpId,
+        vpn: Vpn,
+        env: &mut E,
+    ) -> SpId {
+        let mut parent = root;
+        for level in [3u8, 2] {
+            let idx = ept_index(level + 1, vpn);
+            if let SpteKind::Table(child) = self.ept.spte(parent, idx).kind {
+                parent = child;
+                continue;
+            }
+            let key = (mm, level, span_base(level, vpn));
+            let child = match self.kvm(vm).shadow.uppers.get(&key) {
+                Some(&c) => c,
+                None => {
+                    let c = self.ept.alloc(level, vpn);
+                    self.perf.counters.inc(Counter::KvmMmuCacheMiss);
+                    self.charge(env, |c| c.sp_alloc);
+                    self.kvm_mut(vm).shadow.uppers.insert(key, c);
+                    c
+                }
+            };
+            let e = self.oracle.tick();
+            self.ept.set(parent, idx, SpteKind::Table(child), e);
+            parent = child;
+        }
+        parent
+    }
+
+    /// `kvm_mmu_get_page(vcpu, gfn of guest table `table`, level 1, direct = 0)` (or, for a
+    /// guest 2 MiB page, the direct level-1 page of its group): the page from the hash, or a
+    /// new one (`account_shadowed`: the guest table is write-tracked from now on). A page found
+    /// unsync is synced first (`kvm_sync_page`), as the kernel does before linking it, with a
+    /// flush of the vCPU's TLB (`KVM_REQ_TLB_FLUSH_CURRENT`). Returns it.
+    pub(crate) fn shadow_get_page<E: Env>(
+        &mut self,
+        v: CpuId,
+        mm: MmId,
+        pt: PtIndex,
+        table: Option<PtPageId>,
+        env: &mut E,
+    ) -> SpId {
+        let vm = self.vm_of(v);
+        let found = {
+            let s = &self.kvm(vm).shadow;
+            match table {
+                Some(t) => s.by_table.get(&t).copied(),
+                None => s.by_huge.get(&(mm, pt)).copied(),
+            }
+        };
+        if let Some(sp) = found {
+            if self.sp_unsync(vm, sp) {
+                let flush = self.fname_sync_page(vm, sp, env);
+                self.cpus[v].tlb.flush_all();
+                self.charge(env, |c| c.invvpid_single);
+                self.say(|| {
+                    format!(
+                        "kvm_mmu_get_page: shadow page #{sp} is unsync: kvm_sync_page{}; KVM_REQ_TLB_FLUSH_CURRENT",
+                        if flush { " (SPTEs dropped)" } else { "" }
+                    )
+                });
+                if flush {
+                    self.kvm_shadow_flush_remote_tlbs(vm, env);
+                }
+            }
+            return sp;
+        }
+        let sp = self.ept.alloc(1, pt * PTRS_PER_PT);
+        self.perf.counters.inc(Counter::KvmMmuCacheMiss);
+        self.perf.counters.inc(Counter::KvmShadowPages);
+        self.charge(env, |c| c.sp_alloc);
+        let s = &mut self.kvm_mut(vm).shadow;
+        s.leaves.insert(
+            sp,
+            LeafSp {
+                mm,
+                pt,
+                table,
+                gptes: BTreeMap::new(),
+            },
+        );
+        match table {
+            Some(t) => s.by_table.insert(t, sp),
+            None => s.by_huge.insert((mm, pt), sp),
+        };
+        sp
+    }
+
+    /// `kvm_mmu_sync_roots(vcpu)` (`KVM_REQ_MMU_SYNC`, a CR3 load that flushes, and a guest
+    /// TLB flush since b53e84eed08b): `mmu_sync_children()` of the root — every unsync
+    /// level-1 page linked under it is write-protected again and synced (`kvm_sync_page` →
+    /// `FNAME(sync_page)`), and if a sync dropped or reduced an SPTE, `kvm_flush_remote_tlbs`.
+    /// Returns how many pages it synced.
+    pub(crate) fn kvm_mmu_sync_roots<E: Env>(&mut self, v: CpuId, env: &mut E) -> u64 {
+        let vm = self.vm_of(v);
+        let Some(root) = self.host_ref().vcpus[v].root else {
+            return 0;
+        };
+        let unsync: Vec<SpId> = self
+            .kvm(vm)
+            .shadow
+            .leaves
+            .keys()
+            .copied()
+            .filter(|&sp| self.linked_under(sp, root) && self.sp_unsync(vm, sp))
+            .collect();
+        let mut flush = false;
+        for &sp in &unsync {
+            flush |= self.fname_sync_page(vm, sp, env);
+        }
+        if flush {
+            self.kvm_shadow_flush_remote_tlbs(vm, env);
+        }
+        self.perf
+            .counters
+            .add(Counter::KvmSyncPage, unsync.len() as u64);
+        unsync.len() as u64
+    }
+
+    /// Is shadow page `sp` linked, through its parents, under `root`?
+    fn linked_under(&self, mut sp: SpId, root: SpId) -> bool {
+        loop {
+            if sp == root {
+                return true;
+            }
+            match self.ept.page(sp).parent {
+                Some((p, _)) => sp = p,
+                None => return false,
+            }
+        }
+    }
+
+    /// The guest wrote PMD entry `pt` of mm `mm` (linked or unlinked a page-table page, or
+    /// changed a 2 MiB leaf): the write-protection fault on the shadowed PMD page, emulated
+    /// (`kvm_mmu_pte_write`): the entry's SPTE in every shadow root of the mm is zapped
+    /// (`mmu_page_zap_pte`: the child page is unlinked, not freed), and since it was present,
+    /// `kvm_flush_remote_tlbs` (`need_remote_flush`). Nothing to do without shadow paging.
+    pub(crate) fn kvm_shadow_pmd_written<E: Env>(&mut self, mm: MmId, pt: PtIndex, env: &mut E) {
+        if self.opts.ept || !self.has_any_kvm_mmu() {
+            return;
+        }
+        let vpn = pt * PTRS_PER_PT;
+        let vms: Vec<usize> = (0..self.host_ref().kvms.len())
+            .filter(|&vm| self.host_ref().kvms[vm].is_some())
+            .collect();
+        for vm in vms {
+            let Some(&pmd) = self.kvm(vm).shadow.uppers.get(&(mm, 2, span_base(2, vpn))) else {
+                continue;
+            };
+            let idx = ept_index(2, vpn);
+            if !self.ept.spte(pmd, idx).is_present() {
+                continue;
+            }
+            self.vm_exit(env);
+            let e = self.oracle.tick();
+            self.ept.set(pmd, idx, SpteKind::None, e);
+            self.charge(env, |c| c.spte_zap);
+            self.perf.counters.inc(Counter::KvmMmuPteWrite);
+            self.say(|| {
+                format!("guest PMD write (mm{mm} pages {vpn:#x}+512): write-protected: kvm_mmu_pte_write zaps the shadow PMD entry; kvm_flush_remote_tlbs")
+            });
+            self.kvm_shadow_flush_remote_tlbs(vm, env);
+        }
+    }
+
+    /// `kvm_flush_remote_tlbs(kvm)` from a shadow-paging `mmu_lock` section, in one step: every
+    /// vCPU of the VM loses its guest translations (the request, the kicks and the wait for
+    /// guest mode to be left are not modelled separately).
+    pub(crate) fn kvm_shadow_flush_remote_tlbs<E: Env>(&mut self, vm: usize, env: &mut E) {
+        let begin = self.oracle.flush_begin();
+        for c in self.kvm(vm).vcpus.clone() {
+            self.cpus[c].tlb.flush_all();
+        }
+        self.oracle.ept_flush_returned(vm, begin);
+        self.perf.counters.inc(Counter::KvmRemoteTlbFlush);
+        self.charge(env, |c| c.invvpid_single);
+    }
+}
+
+impl Machine {
+    /// A guest CR3 load on vCPU `v` with shadow paging (CR3-load exiting: `handle_cr` →
+    /// `kvm_set_cr3`), after the CPU-side effect the caller modelled: a table of another mm
+    /// switches the root to that role's (`kvm_mmu_new_pgd`); unless NOFLUSH (`flush`),
+    /// `kvm_invalidate_pcid` raises `KVM_REQ_MMU_SYNC` and `KVM_REQ_TLB_FLUSH_CURRENT`,
+    /// serviced before the entry: `kvm_mmu_sync_roots`, INVVPID. Nothing to do otherwise.
+    pub(crate) fn kvm_shadow_cr3_load<E: Env>(&mut self, v: CpuId, flush: bool, env: &mut E) {
+        if !self.shadow_paging(v) {
+            return;
+        }
+        self.vm_exit(env);
+        let old = self.host_ref().vcpus[v].root;
+        let root = self.mmu_alloc_shadow_roots(v, env);
+        if old != Some(root) {
+            self.host_mut().vcpus[v].root = Some(root);
+            self.cpus[v]
+                .tlb
+                .set_ept_tag(shootdown_hw::tlb::ept_tag(root));
+            self.charge(env, |c| c.mmu_root_load);
+        }
+        if !flush {
+            self.say(|| format!("CR3 load (NOFLUSH): VM exit, kvm_set_cr3: shadow root #{root}"));
+            return;
+        }
+        let synced = self.kvm_mmu_sync_roots(v, env);
+        self.cpus[v].tlb.flush_all();
+        self.charge(env, |c| c.invvpid_single);
+        self.say(|| {
+            format!("CR3 load: VM exit, kvm_set_cr3 → kvm_invalidate_pcid: KVM_REQ_MMU_SYNC (kvm_mmu_sync_roots of shadow root #{root}: {synced} unsync page(s) synced), KVM_REQ_TLB_FLUSH_CURRENT (INVVPID)")
+        });
+    }
+
+    /// `kvm_vcpu_flush_tlb_guest()` with shadow paging: the guest asked for its TLB to be
+    /// flushed (`KVM_VCPU_FLUSH_TLB` in its steal-time area, the PV flush; or
+    /// `KVM_REQ_TLB_FLUSH_GUEST`), which from the guest's side makes every change to its
+    /// PTEs visible, so the unsync pages are synced first: `kvm_mmu_sync_roots` of the
+    /// current root (v5.16+, 61b05a9fd4ae, which also drops the unsync cached roots the model
+    /// does not keep; v5.13–v5.15 unloaded the MMU instead, b53e84eed08b, and the next
+    /// `kvm_mmu_load` synced the same pages before the entry). The
+    /// `flush_tlb_guest_skips_sync` mutant (A6) is the form before b53e84eed08b: only the
+    /// hardware flush. Returns a description for the step's text.
+    pub(crate) fn kvm_vcpu_flush_tlb_guest_shadow<E: Env>(
+        &mut self,
+        v: CpuId,
+        env: &mut E,
+    ) -> String {
+        if self.opts.mutants.flush_tlb_guest_skips_sync() {
+            return "no kvm_mmu_sync_roots (before b53e84eed08b)".into();
+        }
+        let synced = self.kvm_mmu_sync_roots(v, env);
+        format!("kvm_mmu_sync_roots: {synced} unsync page(s) synced")
+    }
+}
