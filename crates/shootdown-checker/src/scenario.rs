@@ -15,7 +15,7 @@ use shootdown_linux::kvm::memslot::Memslot;
 use shootdown_linux::kvm::mtrr::{
     size_mask, MemType, MtrrState, VarRange, KVM_NR_VAR_MTRR, MTRR_DEF_TYPE_E, MTRR_PHYS_MASK_VALID,
 };
-use shootdown_linux::options::{TdpZap, ZapLock, MUTANT_NAMES};
+use shootdown_linux::options::{HvTlbFlush, KvmVersion, TdpZap, ZapLock, MUTANT_NAMES};
 use shootdown_linux::{
     Action, HostConfig, Machine, MemoryModel, MmId, OptValue, Options, UserOp, INIT_MM,
 };
@@ -1292,6 +1292,26 @@ impl Scenario {
                 // and SMM are not (yet) written for shadow pages.
                 let reject = if options.tdp_mmu {
                     Some(("options.tdp_mmu", "the TDP MMU needs EPT (tdp_enabled)"))
+                } else if options.kvm != KvmVersion::Mainline {
+                    Some((
+                        "options.kvm",
+                        "shadow paging is modelled in its v5.15 form (kvm = \"mainline\")",
+                    ))
+                } else if options.hv_tlb_flush != HvTlbFlush::Off {
+                    Some((
+                        "options.hv_tlb_flush",
+                        "Hyper-V's flush hypercalls are not modelled with shadow paging yet",
+                    ))
+                } else if options.shoot4u {
+                    Some((
+                        "options.shoot4u",
+                        "Shoot4U is not modelled with shadow paging",
+                    ))
+                } else if file.features.invlpgb {
+                    Some((
+                        "features.invlpgb",
+                        "INVLPGB is AMD's; shadow paging here is VMX's",
+                    ))
                 } else if options.pml {
                     Some(("options.pml", "PML needs EPT"))
                 } else if !k.threads.is_empty() {

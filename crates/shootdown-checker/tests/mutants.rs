@@ -380,8 +380,8 @@ const MUTANTS: &[Pinned] = &[
         None,
         "sc",
         "INV-STALE",
-        31,
-        2449,
+        34,
+        2685,
     ),
     (
         "kvm_shadow_pv_flush",
@@ -389,8 +389,8 @@ const MUTANTS: &[Pinned] = &[
         Some("A6"),
         "sc",
         "INV-STALE",
-        20,
-        5748,
+        23,
+        6664,
     ),
     (
         "kvm_tdp_zap_all_yield",

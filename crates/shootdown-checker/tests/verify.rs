@@ -114,10 +114,14 @@ const TDP_MMU: &[(&str, &str, u64, u64)] = &[
     ("kvm_dirty_log_enable", "tso", 6028, 12896),
     ("kvm_dirty_log_initially_set", "sc", 16548, 31687),
     ("kvm_dirty_log_initially_set", "tso", 23325, 51134),
-    ("kvm_shadow", "sc", 2919, 5613),
-    ("kvm_shadow", "tso", 5105, 12619),
-    ("kvm_shadow_pv_flush", "sc", 14469, 29618),
-    ("kvm_shadow_pv_flush", "tso", 17707, 40270),
+];
+/// Shadow paging (EPT off): the guest's INVLPG syncing an unsync page (`kvm_shadow`), and the
+/// host's flush after a PV flush syncing it (`kvm_shadow_pv_flush`). More in `tests/shadow.rs`.
+const SHADOW: &[(&str, &str, u64, u64)] = &[
+    ("kvm_shadow", "sc", 3329, 6415),
+    ("kvm_shadow", "tso", 5703, 14044),
+    ("kvm_shadow_pv_flush", "sc", 14955, 30596),
+    ("kvm_shadow_pv_flush", "tso", 18253, 41412),
 ];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it
@@ -202,6 +206,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     KVM_MMU_SC,
     KVM_MMU_TSO,
     TDP_MMU,
+    SHADOW,
     NX_HUGE_PAGES,
     SMM,
     STEAL_TIME_CACHE,
@@ -278,6 +283,11 @@ fn fixed_tdp_mmu_and_memtype_zaps_verify() {
 #[test]
 fn fixed_nx_huge_pages_verify() {
     verify(NX_HUGE_PAGES);
+}
+
+#[test]
+fn fixed_shadow_paging_verifies() {
+    verify(SHADOW);
 }
 
 #[test]

@@ -194,6 +194,7 @@ impl Machine {
                 | Frame::MmuNotifierInvalidate(_)
                 | Frame::TdpPageFault(_)
                 | Frame::MmioPageFault(_)
+                | Frame::ShadowPageFault(_)
                 | Frame::MmuLoad(_)
                 | Frame::MmuUnload(_)
                 | Frame::CommitZap(_)

@@ -147,6 +147,9 @@ counters! {
     /// Shadow paging: level-1 shadow pages allocated for guest page tables (and guest 2 MiB
     /// pages).
     KvmShadowPages = "kvm.shadow_pages",
+    /// Shadow paging: level-1 pages gone unsync (KVM stat `mmu_unsync`): the guest wrote a
+    /// page table KVM shadows.
+    KvmMmuUnsync = "kvm.mmu_unsync",
     /// Shadow paging: unsync pages synced (`kvm_sync_page` from `mmu_sync_children`).
     KvmSyncPage = "kvm.sync_page",
     /// Shadow paging: guest INVLPGs handled (`kvm_mmu_invlpg`; KVM stat `invlpg`).

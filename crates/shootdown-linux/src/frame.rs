@@ -89,6 +89,8 @@ pub enum Frame {
     /// Host (KVM MMU): fault paths, roots, zaps (arch/x86/kvm/mmu).
     TdpPageFault(Box<TdpPageFault>),
     MmioPageFault(MmioPageFault),
+    /// Host (KVM shadow paging): `FNAME(page_fault)` (`kvm/mmu/paging_tmpl.rs`).
+    ShadowPageFault(crate::kvm::mmu::paging_tmpl::ShadowPageFault),
     MmuLoad(MmuLoad),
     MmuUnload(MmuUnload),
     CommitZap(Box<CommitZap>),
@@ -135,6 +137,7 @@ shootdown_engine::clone_by_variants!(Frame {
     MmuNotifierInvalidate,
     TdpPageFault,
     MmioPageFault,
+    ShadowPageFault,
     MmuLoad,
     MmuUnload,
     CommitZap,
@@ -197,6 +200,7 @@ impl Frame {
             | Frame::SynchronizeSrcu(_)
             | Frame::InstallMemslots(_)
             | Frame::MmioPageFault(_)
+            | Frame::ShadowPageFault(_)
             | Frame::MmuLoad(_)
             | Frame::MmuUnload(_)
             | Frame::NoncoherentDmaStart(_)
@@ -272,6 +276,7 @@ impl Frame {
             Frame::MmuNotifierInvalidate(_) => "kvm_mmu_notifier_invalidate_range",
             Frame::TdpPageFault(_) => "tdp_page_fault",
             Frame::MmioPageFault(_) => "handle_mmio_page_fault",
+            Frame::ShadowPageFault(_) => "FNAME(page_fault)",
             Frame::MmuLoad(_) => "kvm_mmu_load",
             Frame::MmuUnload(_) => "kvm_mmu_unload",
             Frame::CommitZap(_) => "kvm_mmu_commit_zap_page",
@@ -321,6 +326,7 @@ impl Frame {
             Frame::MmuNotifierInvalidate(s) => format!("{:?}", s.pc),
             Frame::TdpPageFault(s) => format!("{:?}", s.pc),
             Frame::MmioPageFault(s) => format!("{:?}", s.pc),
+            Frame::ShadowPageFault(s) => format!("{:?}", s.pc),
             Frame::MmuLoad(s) => format!("{:?}", s.pc),
             Frame::MmuUnload(s) => format!("{:?}", s.pc),
             Frame::CommitZap(s) => format!("{:?}", s.pc),

@@ -58,6 +58,7 @@ impl Machine {
             if write && !leaf.writable {
                 leaf.writable = true;
                 self.charge(env, |c| c.pte_update);
+                self.kvm_shadow_pmd_written(mm, pt, env);
             }
             true
         } else {
@@ -97,6 +98,7 @@ impl Machine {
         leaf.pfn = pfn;
         leaf.present = true;
         leaf.writable = true;
+        self.kvm_shadow_pmd_written(mm, pt, env);
         self.perf
             .counters
             .inc(crate::counters::Counter::ThpFaultAlloc);

@@ -247,6 +247,7 @@ impl Machine {
             Frame::MmuNotifierInvalidate(s) => self.mmu_notifier_step(cpu, s, env),
             Frame::TdpPageFault(s) => self.tdp_page_fault_step(cpu, s, env),
             Frame::MmioPageFault(s) => self.mmio_page_fault_step(cpu, s, env),
+            Frame::ShadowPageFault(s) => self.shadow_page_fault_step(cpu, s, env),
             Frame::MmuLoad(s) => self.mmu_load_step(cpu, s, env),
             Frame::MmuUnload(s) => self.mmu_unload_step(cpu, s, env),
             Frame::CommitZap(s) => self.commit_zap_step(cpu, s, env),

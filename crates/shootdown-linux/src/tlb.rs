@@ -300,9 +300,20 @@ impl Machine {
                 self.invalidate_user_asid(cpu, asid, env);
             }
         }
-        // With shadow paging INVLPG exits (the user PCID's INVPCID finds the SPTE synced).
+        // With shadow paging INVLPG exits (kvm_mmu_invlpg), and so does the user PCID's
+        // INVPCID of the address (kvm_handle_invpcid → kvm_mmu_invpcid_gva: the same
+        // FNAME(invlpg), a root of that PCID being the current one).
         if self.shadow_paging(cpu) {
             self.kvm_mmu_invlpg(cpu, vpn, env);
+            if self.pti && !defer_user && self.invpcid {
+                self.vm_exit(env);
+                let what = self.kvm_mmu_invalidate_gva(cpu, vpn, env);
+                self.say(|| {
+                    format!(
+                        "INVPCID (user PCID, page {vpn:#x}): VM exit, kvm_mmu_invpcid_gva: {what}"
+                    )
+                });
+            }
         }
     }
 

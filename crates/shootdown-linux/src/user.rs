@@ -142,10 +142,6 @@ impl Machine {
         if let Some(e) = hit.filter(|e| !lacks_permission(e) && !needs_dirty_assist(e)) {
             if write && !e.writable {
                 self.cpus[cpu].tlb.invlpg(pcid, vpn);
-                if self.shadow_paging(cpu) {
-                    // The #PF exits to KVM first.
-                    return self.shadow_translate(cpu, mm, pcid, vpn, access, env);
-                }
                 return Err(Fault::PageFault);
             }
             let pte = self.mms[e.mm as usize].space.leaf(vpn, e.huge);
@@ -394,11 +390,22 @@ impl Machine {
             }
             crate::kvm::mmu::paging_tmpl::GuestWalk::Fault => {
                 // The #PF exits (the exception bitmap intercepts it without EPT); KVM's walk
-                // finds the guest's tables do not allow the access and injects it.
+                // finds the guest's tables do not allow the access and injects it
+                // (kvm_inject_emulated_page_fault: for a protection fault, first
+                // kvm_mmu_invalidate_gva, against a stale SPTE looping the fault).
                 self.vm_exit(env);
                 self.charge(env, |c| c.ept_violation);
+                let protection = self.mms[mm as usize].space.pte(vpn).present;
+                let what = if protection {
+                    format!(
+                        "; kvm_mmu_invalidate_gva: {}",
+                        self.kvm_mmu_invalidate_gva(cpu, vpn, env)
+                    )
+                } else {
+                    String::new()
+                };
                 self.say(|| {
-                    format!("user access mm{mm} page {vpn:#x}: no shadow translation; #PF VM exit, FNAME(walk_addr): the guest PTE does not allow it: inject the #PF")
+                    format!("user access mm{mm} page {vpn:#x}: no shadow translation; #PF VM exit, FNAME(walk_addr): the guest PTE does not allow it: inject the #PF{what}")
                 });
                 Err(Fault::PageFault)
             }
@@ -524,6 +531,10 @@ impl Machine {
         let asid = self.cpus[cpu].tlbstate.loaded_mm_asid;
         let ts = &mut self.cpus[cpu].tlbstate;
         if ts.user_pcid_flush_mask & (1 << asid) == 0 {
+            // The user CR3 with NOFLUSH: with shadow paging, an exit all the same.
+            if self.pti {
+                self.kvm_shadow_cr3_load(cpu, false, env);
+            }
             return;
         }
         ts.user_pcid_flush_mask &= !(1 << asid);

@@ -177,6 +177,11 @@ pub struct Vcpu {
     pub alloc_failed: bool,
     /// The vCPU's PML log (`vmx->pml_pg`, `pml.rs`): gfns the CPU logged, not yet drained.
     pub pml: Vec<Gfn>,
+    /// Shadow paging: the guest CR3 (its mm and PCID) the current root is for, and
+    /// `mmu->prev_roots` (most recent first, at most `KVM_MMU_NUM_PREV_ROOTS`): roots a
+    /// CR3 switch may reuse without a sync (`kvm/mmu/shadow.rs`).
+    pub shadow_pgd: Option<(u32, u16)>,
+    pub prev_roots: Vec<(u32, u16)>,
 }
 
 shootdown_engine::clone_by_fields!(Vcpu {
@@ -205,6 +210,8 @@ shootdown_engine::clone_by_fields!(Vcpu {
     memtype_check,
     alloc_failed,
     pml,
+    shadow_pgd,
+    prev_roots,
 });
 
 impl Vcpu {
@@ -236,6 +243,8 @@ impl Vcpu {
             memtype_check: None,
             alloc_failed: false,
             pml: Vec::new(),
+            shadow_pgd: None,
+            prev_roots: Vec::new(),
         }
     }
 

@@ -187,9 +187,15 @@ impl Machine {
                 env.notify_key(spin_key(loc));
                 self.host_mut().vcpus[v].st_preempted = 0;
                 let flush = old & KVM_VCPU_FLUSH_TLB != 0;
+                // With a modelled MMU the entry comes steps later (the requests, the root).
+                let entry = if self.has_kvm_mmu(v) {
+                    ""
+                } else {
+                    "; VM entry"
+                };
                 self.say(|| {
                     format!(
-                        "vcpu_load(vcpu{v}); record_steal_time: xchg(st[{v}].preempted, 0) = {old:#x}{}; VM entry",
+                        "vcpu_load(vcpu{v}); record_steal_time: xchg(st[{v}].preempted, 0) = {old:#x}{}{entry}",
                         if flush { " ⇒ kvm_vcpu_flush_tlb (INVVPID)" } else { ", no flush" }
                     )
                 });
@@ -341,10 +347,9 @@ impl Machine {
                         Some(self.slow_page_fault(gfn, access))
                     }
                     Exit::EptMisconfig { gfn } => Some(MmioPageFault::call(gfn)),
-                    Exit::ShadowPageFault { vpn, access } => {
-                        self.fname_page_fault(v, vpn, access, env);
-                        None
-                    }
+                    Exit::ShadowPageFault { vpn, access } => Some(
+                        crate::kvm::mmu::paging_tmpl::ShadowPageFault::call(vpn, access),
+                    ),
                     Exit::Wrmsr { msr, value, .. } => self.kvm_mtrr_set_msr(v, msr, value, env),
                     Exit::Cr0Cd { cd } => self.kvm_set_cr0_cd(v, cd, env),
                     Exit::Smi => self.kvm_smm_changed(v, true),
@@ -469,7 +474,12 @@ impl Machine {
                     return Flow::Next;
                 }
                 let root = self.host_ref().vcpus[v].root.expect("a root before entry");
-                self.cpus[v].tlb.set_ept_tag(ept_tag(root));
+                let tag = if self.opts.ept {
+                    ept_tag(root)
+                } else {
+                    crate::kvm::mmu::shadow::SHADOW_TLB_TAG
+                };
+                self.cpus[v].tlb.set_ept_tag(tag);
                 self.host_mut().vcpus[v].irqs_off = false;
                 if let Some(range) = self.host_mut().vcpus[v].memtype_check.take() {
                     self.check_memtype(Some(v), range);

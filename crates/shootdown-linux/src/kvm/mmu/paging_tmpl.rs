@@ -1,10 +1,11 @@
 //! arch/x86/kvm/mmu/paging_tmpl.h for a 64-bit guest (`FNAME` = `paging64_`), the functions
-//! that read the guest's page tables: the shadow page fault (`FNAME(page_fault)`:
+//! that read the guest's page tables: the shadow page fault ([`ShadowPageFault`]:
 //! `FNAME(walk_addr)`, then `FNAME(fetch)` under `mmu_lock`), a guest INVLPG
 //! (`FNAME(invlpg)`) and the sync of an unsync page (`FNAME(sync_page)`), in their v5.15 form.
 //! See `shadow.rs` for the shadow pages themselves and what is simplified.
 
 use crate::counters::Counter;
+use crate::frame::{Flow, Frame};
 use crate::kvm::mmu::fault::Emulation;
 use crate::machine::Machine;
 use crate::state::Access;
@@ -28,6 +29,54 @@ pub(crate) enum GuestWalk {
     Fault,
 }
 
+/// `FNAME(page_fault)(vcpu, addr, error_code)` of a shadow-paging #PF exit, in two steps:
+/// `FNAME(walk_addr)` reads the guest's tables without `mmu_lock` (a PTE that does not allow the
+/// access: back to the guest, which takes its #PF on the next try, `kvm_inject_page_fault` in
+/// effect; a frame without a memslot: emulated MMIO); then the `mmu_lock` section (one step):
+/// `FNAME(gpte_changed)` re-reads the guest's entries and retries the fault if they changed
+/// since the walk, else `FNAME(fetch)` gets the shadow pages (`kvm_mmu_get_page`, which syncs a
+/// page it finds unsync) and installs the leaf built from what the walk read
+/// (`mmu_set_spte`). Simplified: no prefetch of the neighbouring PTEs (`FNAME(pte_prefetch)`),
+/// no `mmu_notifier_retry` (no notifiers with shadow paging yet).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ShadowPageFault {
+    pub pc: ShadowPageFaultPc,
+    pub vpn: Vpn,
+    pub access: Access,
+    /// What the walk read.
+    pub walked: Option<Walked>,
+}
+
+/// The guest entries `FNAME(walk_addr)` read: its page-table page (`None`: a 2 MiB leaf), the
+/// PTE's version, frame and write permission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Walked {
+    pub table: Option<shootdown_hw::pagetable::PtPageId>,
+    pub version: u32,
+    pub gfn: u64,
+    pub writable: bool,
+}
+
+/// The steps of `FNAME(page_fault)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShadowPageFaultPc {
+    /// `FNAME(walk_addr)`, without `mmu_lock`.
+    Walk,
+    /// `mmu_lock`: `FNAME(gpte_changed)`, `FNAME(fetch)`, unlock.
+    Fetch,
+}
+
+impl ShadowPageFault {
+    pub fn call(vpn: Vpn, access: Access) -> Frame {
+        Frame::ShadowPageFault(ShadowPageFault {
+            pc: ShadowPageFaultPc::Walk,
+            vpn,
+            access,
+            walked: None,
+        })
+    }
+}
+
 impl Machine {
     /// `FNAME(walk_addr)`: the guest's translation of `vpn` in mm `mm` as its page tables say
     /// now (a walk through a freed guest table finds nothing: the guest gets its #PF).
@@ -49,82 +98,121 @@ impl Machine {
         GuestWalk::Mapped { table, pte, gfn }
     }
 
-    /// `FNAME(page_fault)` for a shadow-paging exit of vCPU `v` at `vpn` (one step: the
-    /// lockless `FNAME(walk_addr)` and the `mmu_lock` section of `FNAME(fetch)` together, so the
-    /// walk cannot go stale before the lock — `FNAME(gpte_changed)`'s retry never fires):
-    /// shadow pages for the guest's tables down to level 1 (`kvm_mmu_get_page`, which syncs a
-    /// page it finds unsync), then the leaf SPTE from the guest PTE (`mmu_set_spte`). A guest
-    /// PTE that no longer allows the access leaves everything as it is: the guest retries and
-    /// takes its #PF (which the model's CPU delivers on the next try, `kvm_inject_page_fault`
-    /// in effect). A frame without a memslot is emulated MMIO.
-    pub(crate) fn fname_page_fault<E: Env>(
+    /// One step of `FNAME(page_fault)` for vCPU `v` (see [`ShadowPageFault`]).
+    pub(crate) fn shadow_page_fault_step<E: Env>(
         &mut self,
         v: CpuId,
-        vpn: Vpn,
-        access: Access,
+        s: &mut ShadowPageFault,
         env: &mut E,
-    ) {
+    ) -> Flow {
         let vm = self.vm_of(v);
         let mm = self.cpus[v].cr3_mm;
-        self.perf.counters.inc(Counter::KvmShadowFaults);
-        self.charge(env, |c| c.ept_violation);
-        let GuestWalk::Mapped { table, pte, gfn } = self.fname_walk_addr(mm, vpn, access) else {
-            self.say(|| {
-                format!("FNAME(page_fault) mm{mm} page {vpn:#x}: the guest PTE does not allow the {}: back to the guest (#PF)", access.text())
-            });
-            return;
-        };
-        let slot = self.kvm(vm).address_spaces[0]
-            .active_set()
-            .lookup(gfn)
-            .cloned();
-        let Some(slot) = slot else {
-            let derived = self.kvm(vm).address_spaces[0].active_set().version;
-            self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
-            self.say(|| format!("FNAME(page_fault) mm{mm} page {vpn:#x}: gfn {gfn:#x} has no memslot: emulate (MMIO)"));
-            return;
-        };
-        debug_assert!(
-            self.kvm(vm).mmu_lock.val == 0,
-            "no multi-step mmu_lock holder with shadow paging"
-        );
-        let root = self.host_ref().vcpus[v].root.expect("a root in the guest");
-        let pmd = self.shadow_pmd_page(vm, mm, root, vpn, env);
-        let pt = pt_index(vpn);
-        let pidx = ept_index(2, vpn);
-        let sp = match self.ept.spte(pmd, pidx).kind {
-            SpteKind::Table(sp) => sp,
-            _ => {
-                let sp = self.shadow_get_page(v, mm, pt, table, env);
-                let e = self.oracle.tick();
-                self.ept.set(pmd, pidx, SpteKind::Table(sp), e);
-                sp
+        let (vpn, access) = (s.vpn, s.access);
+        match s.pc {
+            ShadowPageFaultPc::Walk => {
+                self.perf.counters.inc(Counter::KvmShadowFaults);
+                self.charge(env, |c| c.ept_violation);
+                let GuestWalk::Mapped { table, pte, gfn } = self.fname_walk_addr(mm, vpn, access)
+                else {
+                    self.say(|| {
+                        format!("FNAME(walk_addr) mm{mm} page {vpn:#x}: the guest PTE does not allow the {}: back to the guest (#PF)", access.text())
+                    });
+                    return Flow::Return;
+                };
+                let slots = self.kvm(vm).address_spaces[0].active_set();
+                if slots.lookup(gfn).is_none() {
+                    let derived = slots.version;
+                    self.host_mut().vcpus[v].emulate = Some(Emulation::Mmio { gfn, derived });
+                    self.say(|| format!("FNAME(walk_addr) mm{mm} page {vpn:#x}: gfn {gfn:#x} has no memslot: emulate (MMIO)"));
+                    return Flow::Return;
+                }
+                s.walked = Some(Walked {
+                    table,
+                    version: pte.version,
+                    gfn,
+                    writable: pte.writable,
+                });
+                s.pc = ShadowPageFaultPc::Fetch;
+                self.say(|| {
+                    format!("FNAME(walk_addr) mm{mm} page {vpn:#x}: guest PTE version {} -> gfn {gfn:#x} (no lock)", pte.version)
+                });
+                Flow::Next
             }
-        };
-        let idx = ept_index(1, vpn);
-        let writable = pte.writable && !slot.readonly;
-        let host_writable = !slot.readonly;
-        self.shadow_set_leaf(
-            vm,
-            sp,
-            idx,
-            slot.pfn_of(gfn),
-            host_writable,
-            writable,
-            pte.version,
-            gfn,
-            env,
-        );
-        self.perf.counters.inc(Counter::KvmMmuPfFixed);
-        self.charge(env, |c| c.spte_install);
-        self.say(|| {
-            format!(
-                "FNAME(page_fault) mm{mm} page {vpn:#x}: guest PTE version {} -> gfn {gfn:#x}; mmu_lock: shadow page #{sp} entry {idx} = pfn {:#x} ({})",
-                pte.version,
-                slot.pfn_of(gfn),
-                if writable { "writable" } else { "read-only" }
-            )
-        });
+            ShadowPageFaultPc::Fetch => {
+                let w = s.walked.expect("walked before the fetch");
+                debug_assert!(
+                    self.kvm(vm).mmu_lock.val == 0,
+                    "no multi-step mmu_lock holder with shadow paging"
+                );
+                // FNAME(gpte_changed): the guest's entries as the walk read them?
+                let now = match self.fname_walk_addr(mm, vpn, access) {
+                    GuestWalk::Mapped { table, pte, gfn } => Some(Walked {
+                        table,
+                        version: pte.version,
+                        gfn,
+                        writable: pte.writable,
+                    }),
+                    GuestWalk::Fault => None,
+                };
+                if now != Some(w) {
+                    self.perf.counters.inc(Counter::KvmFaultRetries);
+                    self.say(|| {
+                        format!("mmu_lock; FNAME(fetch) mm{mm} page {vpn:#x}: FNAME(gpte_changed): the guest PTE changed since the walk: unlock, retry")
+                    });
+                    return Flow::Return;
+                }
+                let slot = self.kvm(vm).address_spaces[0]
+                    .active_set()
+                    .lookup(w.gfn)
+                    .cloned()
+                    .expect(
+                        "a memslot (checked by the walk; no memslot changes with shadow paging)",
+                    );
+                let root = self.host_ref().vcpus[v].root.expect("a root in the guest");
+                let pmd = self.shadow_pmd_page(vm, mm, root, vpn, env);
+                let pidx = ept_index(2, vpn);
+                let sp = match self.ept.spte(pmd, pidx).kind {
+                    SpteKind::Table(sp) => sp,
+                    _ => {
+                        let sp = self.shadow_get_page(v, mm, pt_index(vpn), w.table, env);
+                        let e = self.oracle.tick();
+                        self.ept.set(pmd, pidx, SpteKind::Table(sp), e);
+                        sp
+                    }
+                };
+                let idx = ept_index(1, vpn);
+                let writable = w.writable && !slot.readonly;
+                let pfn = slot.pfn_of(w.gfn);
+                // mmu_set_spte(): a present leaf of another frame is dropped, and one that loses
+                // W updated, each with a remote flush.
+                let old = self.ept.spte(sp, idx).kind;
+                let flush = matches!(old, SpteKind::Leaf { pfn: p, writable: ow, .. } if p != pfn || (ow && !writable));
+                self.shadow_set_leaf(
+                    vm,
+                    sp,
+                    idx,
+                    pfn,
+                    !slot.readonly,
+                    writable,
+                    w.version,
+                    w.gfn,
+                    env,
+                );
+                if flush {
+                    self.kvm_shadow_flush_remote_tlbs(vm, env);
+                }
+                self.perf.counters.inc(Counter::KvmMmuPfFixed);
+                self.charge(env, |c| c.spte_install);
+                self.say(|| {
+                    format!(
+                        "mmu_lock; FNAME(fetch) mm{mm} page {vpn:#x}: shadow page #{sp} entry {idx} = pfn {pfn:#x} ({}, from guest PTE version {}); unlock",
+                        if writable { "writable" } else { "read-only" },
+                        w.version
+                    )
+                });
+                Flow::Return
+            }
+        }
     }
 
     /// `mmu_set_spte()` of leaf `idx` of level-1 page `sp`: host frame `pfn` (`host_writable`:
@@ -195,9 +283,10 @@ impl Machine {
     /// `FNAME(sync_page)(vcpu, sp)` (v5.15; `kvm_sync_page` around it clears `sp->unsync`,
     /// here derived): each SPTE is compared with its guest PTE as it is now — one no longer
     /// present, or mapping another frame, is dropped; one whose write permission changed is
-    /// rewritten (`mmu_spte_update`). Returns whether a remote flush is owed: an SPTE dropped
-    /// or made read-only (the flush goes back to the caller, as since 6bc6db000295 removed
-    /// `tlbs_dirty`).
+    /// rebuilt (`set_spte` with `can_unsync = false`, speculative). Returns whether a remote
+    /// flush is owed: an SPTE dropped, or one kept, which loses its accessed bit. (v5.15's
+    /// `sync_page` flushes itself once per page, since f81602958c11 replaced `tlbs_dirty`;
+    /// v5.16 returns the flag to the caller, as here: the same flush, once per sync.)
     pub(crate) fn fname_sync_page<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) -> bool {
         let l = &self.kvm(vm).shadow.leaves[&sp];
         let (mm, pt) = (l.mm, l.pt);
@@ -219,9 +308,12 @@ impl Machine {
             else {
                 continue;
             };
-            // make_spte() with the old SPTE's host-writable bit and the guest's permission.
+            // make_spte() with the old SPTE's host-writable bit and the guest's permission,
+            // speculative: without the accessed bit, whose loss `mmu_spte_update` flushes for
+            // (every SPTE here was used: a fault that needed it installed it).
             let w = pte.writable && mmu_writable;
-            flush |= writable && !w;
+            flush = true;
+            let _ = writable;
             self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn, env);
         }
         self.say(|| {
@@ -245,12 +337,33 @@ impl Machine {
     /// prefetch). A sync page is left alone: write-protection kept it current. Then the
     /// vCPU's own translation goes (`tlb_flush_gva`: INVVPID of the address).
     pub(crate) fn kvm_mmu_invlpg<E: Env>(&mut self, v: CpuId, vpn: Vpn, env: &mut E) {
-        let vm = self.vm_of(v);
-        let mm = self.cpus[v].cr3_mm;
         self.vm_exit(env);
         self.perf.counters.inc(Counter::KvmInvlpg);
+        let what = self.kvm_mmu_invalidate_gva(v, vpn, env);
+        let mm = self.cpus[v].cr3_mm;
+        self.say(|| format!("INVLPG mm{mm} page {vpn:#x}: VM exit, kvm_mmu_invlpg: {what}"));
+    }
+
+    /// `kvm_mmu_invalidate_gva(vcpu, mmu, gva)` on the current root (an INVLPG, an INVPCID of
+    /// one address, or the injection of a protection #PF): `tlb_flush_gva` (INVVPID of the
+    /// address), then `FNAME(invlpg)`. Returns what it did, for the step's text.
+    pub(crate) fn kvm_mmu_invalidate_gva<E: Env>(
+        &mut self,
+        v: CpuId,
+        vpn: Vpn,
+        env: &mut E,
+    ) -> String {
+        let vm = self.vm_of(v);
+        let mm = self.cpus[v].cr3_mm;
+        self.cpus[v].tlb.invlpgb(&shootdown_hw::tlb::Invlpgb {
+            pcid: None,
+            range: Some((vpn, vpn + 1)),
+            final_only: false,
+            include_global: true,
+        });
+        self.charge(env, |c| c.invlpg);
         let Some(root) = self.host_ref().vcpus[v].root else {
-            return;
+            return "no root".into();
         };
         let leaf = match self.ept.walk_from(root, vpn) {
             shootdown_hw::ept::EptWalk::Leaf {
@@ -299,13 +412,6 @@ impl Machine {
             Some((sp, _)) => format!("shadow page #{sp} is sync: nothing to do"),
             None => "no shadow leaf".to_string(),
         };
-        self.cpus[v].tlb.invlpgb(&shootdown_hw::tlb::Invlpgb {
-            pcid: None,
-            range: Some((vpn, vpn + 1)),
-            final_only: false,
-            include_global: true,
-        });
-        self.charge(env, |c| c.invlpg);
-        self.say(|| format!("INVLPG mm{mm} page {vpn:#x}: VM exit, kvm_mmu_invlpg: {what}; INVVPID of the address"));
+        format!("INVVPID of the address; {what}")
     }
 }

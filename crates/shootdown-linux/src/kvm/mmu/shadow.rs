@@ -18,23 +18,29 @@
 //! a guest 2 MiB page is mapped by a level-1 page with no guest table (`role.direct = 1` for a
 //! guest large page), which is never unsync.
 //!
-//! Simplifications (each safer than the kernel, or equal in what the guest can observe):
-//! * **write tracking is exact and immediate.** A guest write to a shadowed page table is the
-//!   trap the kernel takes: for a level-1 table, the first write unsyncs it
-//!   (`kvm_unsync_page`), modelled by deriving `unsync` from the guest's PTEs ([`LeafSp`]: a
-//!   level-1 page is unsync once a PTE it shadows changed since KVM read it); for the PMD
-//!   (`kvm_mmu_pte_write`, which emulates the write), the entry's SPTE is zapped with a remote
-//!   flush at the write ([`Machine::kvm_shadow_pmd_written`]). The guest kernel's own
-//!   direct-map translations of its page tables are not modelled, so the remote flush that
-//!   write-protecting a table owes (`rmap_write_protect`, f81602958c11) cannot be missed;
+//! Where the model differs from v5.15 (`docs/checker-kvm.md` lists the same):
+//! * **write tracking is exact and immediate** (safer). A guest write to a shadowed page
+//!   table is the trap the kernel takes: for a level-1 table the first write unsyncs it
+//!   (`kvm_unsync_page`), which the model notices at KVM's next look ([`Machine::sp_unsync`]:
+//!   a PTE it shadows differs from what KVM read) and then keeps until `mmu_sync_children`;
+//!   for the PMD (`kvm_mmu_pte_write`, which emulates the write) the entry's SPTE is zapped
+//!   with a remote flush at the write ([`Machine::kvm_shadow_pmd_written`]). The guest
+//!   kernel's own direct-map translations of its page tables are not modelled, so the remote
+//!   flush that write-protecting a table owes (`rmap_write_protect`, f81602958c11) cannot be
+//!   missed, and a write to a PTE KVM never shadowed unsyncs nothing;
 //! * every `mmu_lock` section of shadow paging is one step (the model runs no multi-step
-//!   holder of the lock with shadow paging: no host thread, no zap), and
-//!   `kvm_flush_remote_tlbs` from it flushes every vCPU of the VM at once
-//!   ([`Machine::kvm_shadow_flush_remote_tlbs`]), as if the request, the kicks and the wait
-//!   were instantaneous;
+//!   holder of the lock with shadow paging: no host thread, no zap; the fault's lockless
+//!   guest walk is a step of its own), and `kvm_flush_remote_tlbs` from it flushes every vCPU
+//!   of the VM at once, as if the request, the kicks and the wait were instantaneous (safer);
 //! * the guest's A/D bits are not set by KVM's walk (the native model's CPU does not set them
 //!   either), so a writable guest PTE makes a writable SPTE at once (no `protect_clean_gpte`);
-//! * one role per guest table (no `role.access` / CR0.WP / SMEP variants, no PAE quadrants).
+//!   every SPTE counts as accessed (its fault used it), so a sync that keeps it flushes;
+//! * no PTE prefetch (`FNAME(pte_prefetch)`); a synced page left without SPTEs is not zapped;
+//!   a guest 2 MiB page is always mapped by a new direct page after its PMD entry changed;
+//! * one role per guest table (no `role.access` / CR0.WP / SMEP variants, no PAE quadrants),
+//!   one root per guest mm (`prev_roots` keyed by mm and PCID), no INVPCID of a single or all
+//!   contexts, no CR4.PGE toggles (the model's guest uses neither with shadow paging);
+//! * the TLB entry filled from a 4 KiB SPTE of a guest 2 MiB page is a 2 MiB one, as for EPT.
 
 use crate::counters::Counter;
 use crate::machine::Machine;
@@ -68,6 +74,10 @@ pub struct LeafSp {
     pub table: Option<PtPageId>,
     /// The SPTEs KVM built, by index.
     pub gptes: BTreeMap<u16, Shadowed>,
+    /// `sp->unsync`, once KVM noticed it (see [`Machine::sp_unsync`]): set until
+    /// `mmu_sync_children` syncs the page, whatever its SPTEs look like meanwhile (an INVLPG's
+    /// rebuild or `kvm_mmu_get_page`'s transient sync leave it set, as the kernel does).
+    pub unsync: bool,
 }
 
 /// KVM's software view of a VM's shadow page tables.
@@ -85,6 +95,13 @@ pub struct ShadowMmu {
     pub by_huge: BTreeMap<(MmId, PtIndex), SpId>,
 }
 
+/// `KVM_MMU_NUM_PREV_ROOTS`: the roots a vCPU keeps for CR3 switches.
+const KVM_MMU_NUM_PREV_ROOTS: usize = 3;
+
+/// The TLB tag of every vCPU with shadow paging: VPID tags guest translations by VPID and
+/// PCID only, not by the shadow root (and each vCPU's TLB is its own already).
+pub(crate) const SHADOW_TLB_TAG: shootdown_hw::tlb::EptTag = shootdown_hw::tlb::EptTag::MAX;
+
 /// The first page an entry of a level-`level` page covering `vpn` maps.
 fn span_base(level: u8, vpn: Vpn) -> Vpn {
     let span = shootdown_hw::ept::gfns_per_entry(level) * shootdown_hw::ept::EPT_ENTRIES;
@@ -99,17 +116,31 @@ impl Machine {
 
     /// Is the level-1 page `sp` unsync? A page shadowing a guest table is, as soon as a PTE
     /// it shadows differs from what KVM read (the guest's first write to the table took the
-    /// write-protection fault that unsyncs it: see the module documentation).
-    pub(crate) fn sp_unsync(&self, vm: usize, sp: SpId) -> bool {
+    /// write-protection fault that unsyncs it: see the module documentation), and stays so
+    /// until `mmu_sync_children` syncs it. `latch`: record it (`sp->unsync = 1`).
+    pub(crate) fn sp_unsync(&mut self, vm: usize, sp: SpId) -> bool {
         let l = &self.kvm(vm).shadow.leaves[&sp];
         if l.table.is_none() {
             return false;
         }
+        if l.unsync {
+            return true;
+        }
         let space = &self.mms[l.mm as usize].space;
-        l.gptes.iter().any(|(&i, s)| {
+        let changed = l.gptes.iter().any(|(&i, s)| {
             let pte = space.pte(l.pt * PTRS_PER_PT + i as u64);
             !pte.present || pte.version != s.version
-        })
+        });
+        if changed {
+            self.kvm_mut(vm)
+                .shadow
+                .leaves
+                .get_mut(&sp)
+                .expect("a level-1 shadow page")
+                .unsync = true;
+            self.perf.counters.inc(Counter::KvmMmuUnsync);
+        }
+        changed
     }
 
     /// `mmu_alloc_shadow_roots()` for the guest CR3 of vCPU `v` (its mm): the root page of
@@ -213,6 +244,7 @@ impl Machine {
                 pt,
                 table,
                 gptes: BTreeMap::new(),
+                unsync: false,
             },
         );
         match table {
@@ -232,17 +264,28 @@ impl Machine {
         let Some(root) = self.host_ref().vcpus[v].root else {
             return 0;
         };
-        let unsync: Vec<SpId> = self
+        let linked: Vec<SpId> = self
             .kvm(vm)
             .shadow
             .leaves
             .keys()
             .copied()
-            .filter(|&sp| self.linked_under(sp, root) && self.sp_unsync(vm, sp))
+            .filter(|&sp| self.linked_under(sp, root))
+            .collect();
+        let unsync: Vec<SpId> = linked
+            .into_iter()
+            .filter(|&sp| self.sp_unsync(vm, sp))
             .collect();
         let mut flush = false;
         for &sp in &unsync {
+            // kvm_unlink_unsync_page(): synced, write-protected again.
             flush |= self.fname_sync_page(vm, sp, env);
+            self.kvm_mut(vm)
+                .shadow
+                .leaves
+                .get_mut(&sp)
+                .expect("a level-1 shadow page")
+                .unsync = false;
         }
         if flush {
             self.kvm_shadow_flush_remote_tlbs(vm, env);
@@ -283,15 +326,29 @@ impl Machine {
             let Some(&pmd) = self.kvm(vm).shadow.uppers.get(&(mm, 2, span_base(2, vpn))) else {
                 continue;
             };
-            let idx = ept_index(2, vpn);
-            if !self.ept.spte(pmd, idx).is_present() {
-                continue;
-            }
+            // The PMD page is write-tracked: the write exits and is emulated. With no SPTE for
+            // the entry, the kernel's local flush request finds nothing of it to flush.
             self.vm_exit(env);
+            self.perf.counters.inc(Counter::KvmMmuPteWrite);
+            let idx = ept_index(2, vpn);
+            let SpteKind::Table(child) = self.ept.spte(pmd, idx).kind else {
+                continue;
+            };
             let e = self.oracle.tick();
             self.ept.set(pmd, idx, SpteKind::None, e);
+            // A guest 2 MiB page's direct page is not found again: the kernel's hash would
+            // find it for the same frame and role, whose SPTEs map the same frames; the model
+            // builds a new one, so that its records are of the new PMD entry.
+            if self
+                .kvm(vm)
+                .shadow
+                .leaves
+                .get(&child)
+                .is_some_and(|l| l.table.is_none())
+            {
+                self.kvm_mut(vm).shadow.by_huge.remove(&(mm, pt));
+            }
             self.charge(env, |c| c.spte_zap);
-            self.perf.counters.inc(Counter::KvmMmuPteWrite);
             self.say(|| {
                 format!("guest PMD write (mm{mm} pages {vpn:#x}+512): write-protected: kvm_mmu_pte_write zaps the shadow PMD entry; kvm_flush_remote_tlbs")
             });
@@ -315,43 +372,70 @@ impl Machine {
 
 impl Machine {
     /// A guest CR3 load on vCPU `v` with shadow paging (CR3-load exiting: `handle_cr` →
-    /// `kvm_set_cr3`), after the CPU-side effect the caller modelled: a table of another mm
-    /// switches the root to that role's (`kvm_mmu_new_pgd`); unless NOFLUSH (`flush`),
-    /// `kvm_invalidate_pcid` raises `KVM_REQ_MMU_SYNC` and `KVM_REQ_TLB_FLUSH_CURRENT`,
-    /// serviced before the entry: `kvm_mmu_sync_roots`, INVVPID. Nothing to do otherwise.
+    /// `kvm_set_cr3`, v5.15), after the CPU-side effect the caller modelled (CR3 now names
+    /// the new mm and PCID). A new CR3 goes through `kvm_mmu_new_pgd`: `fast_pgd_switch` keeps
+    /// the current root among `prev_roots` and reuses a cached root of the new CR3 as it is
+    /// (no sync: its unsync pages stay unsync, which the guest allows until it flushes);
+    /// without one the root is freed and `kvm_mmu_load` gets the new CR3's (found in the
+    /// hash), syncs it and flushes. Unless NOFLUSH (`flush`), `kvm_invalidate_pcid` then raises
+    /// `KVM_REQ_MMU_SYNC` and `KVM_REQ_TLB_FLUSH_CURRENT` (serviced before the entry:
+    /// `kvm_mmu_sync_roots`, INVVPID) and frees the cached roots of that PCID (with PCIDs
+    /// off, every one: every CR3 load flushes then).
     pub(crate) fn kvm_shadow_cr3_load<E: Env>(&mut self, v: CpuId, flush: bool, env: &mut E) {
         if !self.shadow_paging(v) {
             return;
         }
         self.vm_exit(env);
-        let old = self.host_ref().vcpus[v].root;
-        let root = self.mmu_alloc_shadow_roots(v, env);
-        if old != Some(root) {
+        let pgd = (self.cpus[v].cr3_mm, self.cpus[v].cr3_pcid);
+        let cur = self.host_ref().vcpus[v].shadow_pgd;
+        let mut how = String::new();
+        if cur != Some(pgd) {
+            let vc = &mut self.host_mut().vcpus[v];
+            let hit = vc.prev_roots.iter().position(|&p| p == pgd);
+            if let Some(c) = cur {
+                vc.prev_roots.insert(0, c);
+            }
+            if let Some(i) = hit {
+                vc.prev_roots.remove(i + usize::from(cur.is_some()));
+            }
+            vc.prev_roots.truncate(KVM_MMU_NUM_PREV_ROOTS);
+            vc.shadow_pgd = Some(pgd);
+            let root = self.mmu_alloc_shadow_roots(v, env);
             self.host_mut().vcpus[v].root = Some(root);
-            self.cpus[v]
-                .tlb
-                .set_ept_tag(shootdown_hw::tlb::ept_tag(root));
             self.charge(env, |c| c.mmu_root_load);
+            if hit.is_some() {
+                how = format!("fast_pgd_switch: cached root #{root}; ");
+            } else {
+                let synced = self.kvm_mmu_sync_roots(v, env);
+                self.cpus[v].tlb.flush_all();
+                self.charge(env, |c| c.invvpid_single);
+                how = format!("no cached root: kvm_mmu_load of root #{root} ({synced} unsync page(s) synced, INVVPID); ");
+            }
         }
         if !flush {
-            self.say(|| format!("CR3 load (NOFLUSH): VM exit, kvm_set_cr3: shadow root #{root}"));
+            self.say(|| format!("CR3 load (NOFLUSH): VM exit, kvm_set_cr3: {how}no flush"));
             return;
         }
+        let pcid = pgd.1;
+        self.host_mut().vcpus[v]
+            .prev_roots
+            .retain(|&(_, p)| p != pcid);
         let synced = self.kvm_mmu_sync_roots(v, env);
         self.cpus[v].tlb.flush_all();
         self.charge(env, |c| c.invvpid_single);
         self.say(|| {
-            format!("CR3 load: VM exit, kvm_set_cr3 → kvm_invalidate_pcid: KVM_REQ_MMU_SYNC (kvm_mmu_sync_roots of shadow root #{root}: {synced} unsync page(s) synced), KVM_REQ_TLB_FLUSH_CURRENT (INVVPID)")
+            format!("CR3 load: VM exit, kvm_set_cr3: {how}kvm_invalidate_pcid: KVM_REQ_MMU_SYNC (kvm_mmu_sync_roots: {synced} unsync page(s) synced), KVM_REQ_TLB_FLUSH_CURRENT (INVVPID), cached roots of PCID {pcid} freed")
         });
     }
 
     /// `kvm_vcpu_flush_tlb_guest()` with shadow paging: the guest asked for its TLB to be
     /// flushed (`KVM_VCPU_FLUSH_TLB` in its steal-time area, the PV flush; or
     /// `KVM_REQ_TLB_FLUSH_GUEST`), which from the guest's side makes every change to its
-    /// PTEs visible, so the unsync pages are synced first: `kvm_mmu_sync_roots` of the
-    /// current root (v5.16+, 61b05a9fd4ae, which also drops the unsync cached roots the model
-    /// does not keep; v5.13–v5.15 unloaded the MMU instead, b53e84eed08b, and the next
-    /// `kvm_mmu_load` synced the same pages before the entry). The
+    /// PTEs visible, so the unsync pages are synced first: v5.13–v5.15 unload the MMU
+    /// (b53e84eed08b: the roots and every cached root go, and the next `kvm_mmu_load` syncs
+    /// the current CR3's before the entry), v5.16+ `kvm_mmu_sync_roots` and
+    /// `kvm_mmu_sync_prev_roots` (61b05a9fd4ae, which frees the cached roots with unsync
+    /// pages). Modelled: the sync of the current root, and every cached root dropped. The
     /// `flush_tlb_guest_skips_sync` mutant (A6) is the form before b53e84eed08b: only the
     /// hardware flush. Returns a description for the step's text.
     pub(crate) fn kvm_vcpu_flush_tlb_guest_shadow<E: Env>(
@@ -362,7 +446,8 @@ impl Machine {
         if self.opts.mutants.flush_tlb_guest_skips_sync() {
             return "no kvm_mmu_sync_roots (before b53e84eed08b)".into();
         }
+        self.host_mut().vcpus[v].prev_roots.clear();
         let synced = self.kvm_mmu_sync_roots(v, env);
-        format!("kvm_mmu_sync_roots: {synced} unsync page(s) synced")
+        format!("kvm_mmu_unload, then kvm_mmu_load: {synced} unsync page(s) synced")
     }
 }
