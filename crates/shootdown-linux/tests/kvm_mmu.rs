@@ -48,6 +48,12 @@ fn run(m: &mut Machine, ms: u64) -> (Stop, u64) {
     (s.stop, s.steps)
 }
 
+/// A memslot over the frames the guest's page allocator hands out (`page_alloc.rs` starts at
+/// 2^24), so that pages the guest faults in are RAM, not MMIO.
+fn allocator_ram() -> Memslot {
+    ram(1, 1 << 24, 1 << 20, false)
+}
+
 /// Two vCPUs each writing their 32 of 64 guest pages (0x200…) `loops` times over, in a VM whose
 /// slot 0 has 0x400 pages (`logged`: `KVM_MEM_LOG_DIRTY_PAGES` from the start), and the VMM
 /// thread `qemu` running `host`.
@@ -878,7 +884,7 @@ fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
         ept: false,
         ..Options::default()
     };
-    let mut m = vm(2, o, vec![ram(0, 0, 0x800, false)]);
+    let mut m = vm(2, o, vec![ram(0, 0, 0x800, false), allocator_ram()]);
     let mm = m.add_mm("g");
     m.map_pages(mm, 0x200, 64, true);
     m.map_pages(mm, 0x400, 8, true);
@@ -943,4 +949,66 @@ fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
     assert_eq!(c.get(Counter::KvmMmuPteWrite), 1);
     assert_eq!(c.get(Counter::KvmEptViolations), 0);
     assert!(m.perf.uses_checked > 0);
+}
+
+/// Shadow paging with guest THP: a guest 2 MiB page is shadowed by 4 KiB SPTEs in a direct
+/// page, and its zap and refault (emulated PMD writes) give it a new one, beside a second
+/// process on vcpu0, with PCIDs and without. Every use is checked.
+#[test]
+fn shadow_paging_maps_guest_huge_pages() {
+    for pcid in [true, false] {
+        let o = Options {
+            ept: false,
+            pcid,
+            transparent_hugepage: options::Thp::Always,
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x800, false), allocator_ram()]);
+        let a = m.add_mm("a");
+        let b = m.add_mm("b");
+        m.map_pages(b, 0x200, 16, true);
+        let huge = vec![
+            UserOp::TouchRange {
+                start: 0x400,
+                npages: 64,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x400,
+                npages: 512,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(100),
+            },
+            UserOp::Exit,
+        ];
+        let small = vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 16,
+                write: true,
+            },
+            UserOp::Compute { ns: 100_000 },
+            UserOp::Loop {
+                to: 0,
+                times: Some(100),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("huge", a, 0, huge.clone());
+        m.add_task("small", b, 0, small);
+        m.add_task("huge2", a, 1, huge);
+        let (stop, _) = run(&mut m, 500);
+        assert_eq!(stop, Stop::Finished, "pcid={pcid}");
+        let c = m.counters();
+        assert!(c.get(Counter::ThpFaultAlloc) >= 200, "pcid={pcid}: {c:?}");
+        // Each zap and each refault of the huge page is a guest PMD write KVM emulates.
+        assert!(c.get(Counter::KvmMmuPteWrite) >= 400, "pcid={pcid}: {c:?}");
+        // One shadow fault per huge fault at least: the 2 MiB TLB entry it fills covers the
+        // rest of the group (shadow.rs: the model's TLB caches the guest leaf's size).
+        assert!(c.get(Counter::KvmShadowFaults) >= 200, "pcid={pcid}: {c:?}");
+        assert_eq!(c.get(Counter::KvmMmioExits), 0, "pcid={pcid}");
+        assert_eq!(c.get(Counter::KvmMmioEmulated), 0, "pcid={pcid}");
+    }
 }
