@@ -300,10 +300,7 @@ impl Machine {
                 continue;
             }
             let SpteKind::Leaf {
-                pfn,
-                writable,
-                mmu_writable,
-                ..
+                pfn, mmu_writable, ..
             } = self.ept.spte(sp, idx).kind
             else {
                 continue;
@@ -313,7 +310,6 @@ impl Machine {
             // (every SPTE here was used: a fault that needed it installed it).
             let w = pte.writable && mmu_writable;
             flush = true;
-            let _ = writable;
             self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn, env);
         }
         self.say(|| {
