@@ -338,18 +338,7 @@ impl Machine {
             MmuLoadPc::Lock if !self.opts.ept => {
                 // Shadow paging, one mmu_lock section (`shadow.rs`): mmu_alloc_shadow_roots()
                 // for the guest's CR3, kvm_mmu_sync_roots(), the CR3 write and a VPID flush.
-                let root = self.mmu_alloc_shadow_roots(v, env);
-                self.charge(env, |c| c.mmu_root_load);
-                let pgd = (self.cpus[v].cr3_mm, self.cpus[v].cr3_pcid);
-                let vc = &mut self.host_mut().vcpus[v];
-                vc.root = Some(root);
-                vc.shadow_pgd = Some(pgd);
-                self.cpus[v]
-                    .tlb
-                    .set_ept_tag(crate::kvm::mmu::shadow::SHADOW_TLB_TAG);
-                let synced = self.kvm_mmu_sync_roots(v, env);
-                self.cpus[v].tlb.flush_all();
-                self.charge(env, |c| c.invvpid_single);
+                let (root, synced) = self.kvm_mmu_load_shadow(v, env);
                 let mm = self.cpus[v].cr3_mm;
                 self.say(|| {
                     format!("kvm_mmu_load: shadow root #{root} for the guest's CR3 (mm{mm}); kvm_mmu_sync_roots: {synced} unsync page(s) synced; INVVPID")

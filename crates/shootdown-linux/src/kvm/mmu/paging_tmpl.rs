@@ -187,17 +187,7 @@ impl Machine {
                 // W updated, each with a remote flush.
                 let old = self.ept.spte(sp, idx).kind;
                 let flush = matches!(old, SpteKind::Leaf { pfn: p, writable: ow, .. } if p != pfn || (ow && !writable));
-                self.shadow_set_leaf(
-                    vm,
-                    sp,
-                    idx,
-                    pfn,
-                    !slot.readonly,
-                    writable,
-                    w.version,
-                    w.gfn,
-                    env,
-                );
+                self.shadow_set_leaf(vm, sp, idx, pfn, !slot.readonly, writable, w.version, w.gfn);
                 if flush {
                     self.kvm_shadow_flush_remote_tlbs(vm, env);
                 }
@@ -220,7 +210,7 @@ impl Machine {
     /// PTE version `version` mapping `gfn`. Writing the same translation again changes no SPTE
     /// (`mmu_spte_update` of an identical value); KVM's record of the guest PTE moves on.
     #[allow(clippy::too_many_arguments)]
-    fn shadow_set_leaf<E: Env>(
+    fn shadow_set_leaf(
         &mut self,
         vm: usize,
         sp: SpId,
@@ -230,7 +220,6 @@ impl Machine {
         writable: bool,
         version: u32,
         gfn: u64,
-        env: &mut E,
     ) {
         let kind = SpteKind::Leaf {
             pfn,
@@ -245,32 +234,19 @@ impl Machine {
             let e = self.oracle.tick();
             self.ept.set(sp, idx, kind, e);
         }
-        let _ = env;
-        self.kvm_mut(vm)
-            .shadow
-            .leaves
-            .get_mut(&sp)
-            .expect("a level-1 shadow page")
-            .gptes
-            .insert(
-                idx,
-                Shadowed {
-                    version,
-                    gfn,
-                    writable,
-                },
-            );
+        self.leaf_sp_mut(vm, sp).gptes.insert(
+            idx,
+            Shadowed {
+                version,
+                gfn,
+                writable,
+            },
+        );
     }
 
     /// Drop leaf `idx` of `sp` (`drop_spte` / `mmu_page_zap_pte`). Whether it was present.
     fn shadow_drop_leaf<E: Env>(&mut self, vm: usize, sp: SpId, idx: u16, env: &mut E) -> bool {
-        self.kvm_mut(vm)
-            .shadow
-            .leaves
-            .get_mut(&sp)
-            .expect("a level-1 shadow page")
-            .gptes
-            .remove(&idx);
+        self.leaf_sp_mut(vm, sp).gptes.remove(&idx);
         if !self.ept.spte(sp, idx).is_present() {
             return false;
         }
@@ -310,7 +286,7 @@ impl Machine {
             // (every SPTE here was used: a fault that needed it installed it).
             let w = pte.writable && mmu_writable;
             flush = true;
-            self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn, env);
+            self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn);
         }
         self.say(|| {
             format!(
@@ -393,7 +369,6 @@ impl Machine {
                             w,
                             pte.version,
                             gfn,
-                            env,
                         );
                         format!("shadow page #{sp} is unsync: zap entry {idx}, kvm_flush_remote_tlbs, FNAME(update_pte) from guest PTE version {}", pte.version)
                     }

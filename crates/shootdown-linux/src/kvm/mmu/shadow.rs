@@ -114,6 +114,15 @@ impl Machine {
         !self.opts.ept && self.has_kvm_mmu(v)
     }
 
+    /// KVM's record of level-1 page `sp`.
+    pub(crate) fn leaf_sp_mut(&mut self, vm: usize, sp: SpId) -> &mut LeafSp {
+        self.kvm_mut(vm)
+            .shadow
+            .leaves
+            .get_mut(&sp)
+            .expect("a level-1 shadow page")
+    }
+
     /// Is the level-1 page `sp` unsync? A page shadowing a guest table is, as soon as a PTE
     /// it shadows differs from what KVM read (the guest's first write to the table took the
     /// write-protection fault that unsyncs it: see the module documentation), and stays so
@@ -132,12 +141,7 @@ impl Machine {
             !pte.present || pte.version != s.version
         });
         if changed {
-            self.kvm_mut(vm)
-                .shadow
-                .leaves
-                .get_mut(&sp)
-                .expect("a level-1 shadow page")
-                .unsync = true;
+            self.leaf_sp_mut(vm, sp).unsync = true;
             self.perf.counters.inc(Counter::KvmMmuUnsync);
         }
         changed
@@ -156,6 +160,30 @@ impl Machine {
         self.charge(env, |c| c.sp_alloc);
         self.kvm_mut(vm).shadow.roots.insert(mm, root);
         root
+    }
+
+    /// Point vCPU `v` at the shadow root of its guest CR3 (`mmu_alloc_shadow_roots`, the root
+    /// loaded as the hardware's CR3). Returns it.
+    fn shadow_use_root<E: Env>(&mut self, v: CpuId, env: &mut E) -> SpId {
+        let root = self.mmu_alloc_shadow_roots(v, env);
+        self.charge(env, |c| c.mmu_root_load);
+        let pgd = (self.cpus[v].cr3_mm, self.cpus[v].cr3_pcid);
+        let vc = &mut self.host_mut().vcpus[v];
+        vc.root = Some(root);
+        vc.shadow_pgd = Some(pgd);
+        self.cpus[v].tlb.set_ept_tag(SHADOW_TLB_TAG);
+        root
+    }
+
+    /// `kvm_mmu_load()` with shadow paging, one `mmu_lock` section: the root of the guest's
+    /// CR3, `kvm_mmu_sync_roots`, and `tlb_flush_current` (INVVPID). Returns the root and how
+    /// many unsync pages it synced.
+    pub(crate) fn kvm_mmu_load_shadow<E: Env>(&mut self, v: CpuId, env: &mut E) -> (SpId, u64) {
+        let root = self.shadow_use_root(v, env);
+        let synced = self.kvm_mmu_sync_roots(v, env);
+        self.cpus[v].tlb.flush_all();
+        self.charge(env, |c| c.invvpid_single);
+        (root, synced)
     }
 
     /// The level-2 shadow page covering `vpn` under `root` (mm `mm`), allocating and linking
@@ -280,12 +308,7 @@ impl Machine {
         for &sp in &unsync {
             // kvm_unlink_unsync_page(): synced, write-protected again.
             flush |= self.fname_sync_page(vm, sp, env);
-            self.kvm_mut(vm)
-                .shadow
-                .leaves
-                .get_mut(&sp)
-                .expect("a level-1 shadow page")
-                .unsync = false;
+            self.leaf_sp_mut(vm, sp).unsync = false;
         }
         if flush {
             self.kvm_shadow_flush_remote_tlbs(vm, env);
@@ -399,18 +422,13 @@ impl Machine {
                 vc.prev_roots.remove(i + usize::from(cur.is_some()));
             }
             vc.prev_roots.truncate(KVM_MMU_NUM_PREV_ROOTS);
-            vc.shadow_pgd = Some(pgd);
-            let root = self.mmu_alloc_shadow_roots(v, env);
-            self.host_mut().vcpus[v].root = Some(root);
-            self.charge(env, |c| c.mmu_root_load);
-            if hit.is_some() {
-                how = format!("fast_pgd_switch: cached root #{root}; ");
+            how = if hit.is_some() {
+                let root = self.shadow_use_root(v, env);
+                format!("fast_pgd_switch: cached root #{root}; ")
             } else {
-                let synced = self.kvm_mmu_sync_roots(v, env);
-                self.cpus[v].tlb.flush_all();
-                self.charge(env, |c| c.invvpid_single);
-                how = format!("no cached root: kvm_mmu_load of root #{root} ({synced} unsync page(s) synced, INVVPID); ");
-            }
+                let (root, synced) = self.kvm_mmu_load_shadow(v, env);
+                format!("no cached root: kvm_mmu_load of root #{root} ({synced} unsync page(s) synced, INVVPID); ")
+            };
         }
         if !flush {
             self.say(|| format!("CR3 load (NOFLUSH): VM exit, kvm_set_cr3: {how}no flush"));
