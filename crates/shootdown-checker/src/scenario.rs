@@ -1287,9 +1287,9 @@ impl Scenario {
                 ));
             }
             if !options.ept {
-                // Shadow paging is modelled for guest faults, PTE changes and flushes; the
-                // host-side paths (notifiers, memslot and dirty-log ioctls), the TDP MMU, PML
-                // and SMM are not (yet) written for shadow pages.
+                // Shadow paging is modelled for guest faults, PTE changes and flushes, and MMU
+                // notifiers; the memslot and dirty-log ioctls, the TDP MMU, PML and SMM are
+                // not (yet) written for shadow pages.
                 let reject = if options.tdp_mmu {
                     Some(("options.tdp_mmu", "the TDP MMU needs EPT (tdp_enabled)"))
                 } else if options.kvm != KvmVersion::Mainline {
@@ -1314,10 +1314,14 @@ impl Scenario {
                     ))
                 } else if options.pml {
                     Some(("options.pml", "PML needs EPT"))
-                } else if !k.threads.is_empty() {
+                } else if k.threads.iter().any(|t| {
+                    t.program.iter().any(|op| {
+                        !matches!(op, HostOpSpec::InvalidateGfns { .. } | HostOpSpec::Exit)
+                    })
+                }) {
                     Some((
                         "kvm.threads",
-                        "host threads are not modelled with shadow paging yet",
+                        "with shadow paging a host thread may only run invalidate_gfns (MMU notifiers); memslot and dirty-log ioctls are not modelled for shadow pages yet",
                     ))
                 } else if !k.prefault.is_empty() {
                     Some((

@@ -32,6 +32,11 @@ impl Machine {
     /// not lazy, conditional `is_lazy` write); `flush_tlb_func`'s `Guards` unless they trim the
     /// cpumask; the CALL_FUNCTION handler returning after its last entry.
     pub fn step_is_local(&self, cpu: CpuId) -> bool {
+        if cpu < self.cpus.len() && self.shadow_paging(cpu) && !self.host_ref().threads.is_empty() {
+            // A host thread may take `mmu_lock`, which makes a vCPU step that would enter a
+            // shadow-paging section wait (`Machine::enabled`): no step of it is persistent.
+            return false;
+        }
         if cpu >= self.cpus.len() || self.in_host_code(cpu) {
             return self.host_step_is_local(cpu);
         }

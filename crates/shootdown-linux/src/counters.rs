@@ -152,6 +152,14 @@ counters! {
     KvmMmuUnsync = "kvm.mmu_unsync",
     /// Shadow paging: unsync pages synced (`kvm_sync_page` from `mmu_sync_children`).
     KvmSyncPage = "kvm.sync_page",
+    /// Shadow paging: SPTEs `FNAME(pte_prefetch)` installed beside a fault's.
+    KvmPtePrefetch = "kvm.pte_prefetch",
+    /// Shadow paging, `shadow_sync_flush = "tlbs_dirty"`: SPTEs a sync dropped without a flush
+    /// (`kvm->tlbs_dirty++`).
+    KvmTlbsDirty = "kvm.tlbs_dirty",
+    /// Shadow paging: synced pages left with no SPTE, zapped (`kvm_mmu_prepare_zap_page` from
+    /// `kvm_sync_page`).
+    KvmSyncZap = "kvm.sync_zap",
     /// Shadow paging: guest INVLPGs handled (`kvm_mmu_invlpg`; KVM stat `invlpg`).
     KvmInvlpg = "kvm.invlpg",
     /// Shadow paging: emulated writes to a write-protected guest page table

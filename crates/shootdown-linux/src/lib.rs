@@ -73,7 +73,7 @@ pub use host::HostConfig;
 pub use machine::{Action, Machine};
 pub use mem::MemoryModel;
 pub use options::{
-    Count, HvTlbFlush, Idle, LazyTlb, Mutants, OptValue, Options, Sched, SmpCall, SpinlockKind,
-    StealTimeMap,
+    Count, HvTlbFlush, Idle, LazyTlb, Mutants, OptValue, Options, Sched, ShadowSyncFlush, SmpCall,
+    SpinlockKind, StealTimeMap,
 };
 pub use state::{DaxFile, FileioGen, MmId, TaskId, UserOp, INIT_MM};

@@ -168,33 +168,21 @@ impl Model for Machine {
 
     fn enabled(&self, out: &mut Vec<Action>) {
         for cpu in 0..self.cpus.len() {
-            let c = cpu as u32;
-            if self.host.is_some() && !self.vcpu_enabled(cpu, out) {
-                if !self.cpus[cpu].sb.is_empty() {
-                    out.push(Action::Drain(c));
-                }
-                continue;
-            }
-            if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
-                out.push(Action::Interrupt(c));
-            }
-            if self.cpus[cpu].nmis_left > 0 {
-                out.push(Action::Nmi(c));
-            }
-            if self.latr_tick_enabled(cpu) {
-                out.push(Action::Tick(c));
-            }
-            if !self.step_blocked(cpu) {
-                out.push(Action::Step(c));
-            }
-            if !self.cpus[cpu].sb.is_empty() {
-                out.push(Action::Drain(c));
-            }
-            let cr3 = self.cpus[cpu].cr3_mm;
-            if cr3 != INIT_MM {
-                for (i, &(mm, vpn)) in self.spec_pages.iter().enumerate() {
-                    if mm == cr3 && self.fill_would_change(cpu, vpn) {
-                        out.push(Action::Fill(c, i as u32));
+            let first = out.len();
+            self.cpu_enabled(cpu, out);
+            if self.host.is_some()
+                && self.shadow_paging(cpu)
+                && self.shadow_lock_busy(self.vm_of(cpu))
+            {
+                // Shadow paging: a step that would take `mmu_lock` while a host thread holds
+                // or waits for it spins instead (`shadow.rs`); the kick IPI still exits.
+                let mut i = first;
+                while i < out.len() {
+                    let a = out[i];
+                    if !matches!(a, Action::HostIrq(_)) && self.shadow_step_waits(a) {
+                        out.remove(i);
+                    } else {
+                        i += 1;
                     }
                 }
             }
@@ -370,6 +358,42 @@ impl Machine {
             park,
             kind,
             violation: self.perf.violation.take(),
+        }
+    }
+}
+
+impl Machine {
+    /// The actions of CPU (vCPU) `cpu` in this state.
+    fn cpu_enabled(&self, cpu: usize, out: &mut Vec<Action>) {
+        let c = cpu as u32;
+        if self.host.is_some() && !self.vcpu_enabled(cpu, out) {
+            if !self.cpus[cpu].sb.is_empty() {
+                out.push(Action::Drain(c));
+            }
+            return;
+        }
+        if self.cpus[cpu].ipi_pending && self.irqs_enabled(cpu) {
+            out.push(Action::Interrupt(c));
+        }
+        if self.cpus[cpu].nmis_left > 0 {
+            out.push(Action::Nmi(c));
+        }
+        if self.latr_tick_enabled(cpu) {
+            out.push(Action::Tick(c));
+        }
+        if !self.step_blocked(cpu) {
+            out.push(Action::Step(c));
+        }
+        if !self.cpus[cpu].sb.is_empty() {
+            out.push(Action::Drain(c));
+        }
+        let cr3 = self.cpus[cpu].cr3_mm;
+        if cr3 != INIT_MM {
+            for (i, &(mm, vpn)) in self.spec_pages.iter().enumerate() {
+                if mm == cr3 && self.fill_would_change(cpu, vpn) {
+                    out.push(Action::Fill(c, i as u32));
+                }
+            }
         }
     }
 }

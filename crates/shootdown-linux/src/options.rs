@@ -458,6 +458,22 @@ named_enum! {
 }
 
 named_enum! {
+    /// How `FNAME(sync_page)` pays for the SPTEs it drops (shadow paging; `kvm/mmu/shadow.rs`).
+    /// A dropped SPTE may still be cached in another vCPU's TLB: the guest will flush it, but
+    /// the host must not free the page behind it before then.
+    pub enum ShadowSyncFlush {
+        /// a4ee1ca4a36e (2011) until f81602958c11: only `kvm->tlbs_dirty++`; the flush is left
+        /// to the next `kvm_flush_remote_tlbs()` (which zeroes the count) and to the MMU
+        /// notifier, whose `invalidate_range_start` flushes while the count is non-zero.
+        TlbsDirty = "tlbs_dirty",
+        /// f81602958c11 (v5.15) on: the sync flushes every vCPU before it returns
+        /// (`SET_SPTE_NEED_REMOTE_TLB_FLUSH`), as rmap-based write protection, which finds no
+        /// SPTE to protect, relies on.
+        Remote = "remote",
+    }
+}
+
+named_enum! {
     /// What `kvm_arch_flush_shadow_memslot()` zaps when a memslot is deleted or moved
     /// (docs/design/kernel-model.md §4.5; the form of each follows `kvm`).
     pub enum MemslotZap {
@@ -856,6 +872,11 @@ mutants! {
     /// flushes the address from the vCPU's TLB: the next access refills it from the SPTE
     /// built before the guest changed its PTE.
     shadow_invlpg_skips_sync = "",
+    /// Seeded (shadow paging, `shadow_sync_flush = "tlbs_dirty"`): `invalidate_range_start`
+    /// flushes only when its own unmap zapped an SPTE, not while `kvm->tlbs_dirty` counts SPTEs
+    /// a sync dropped without a flush: a vCPU that still caches one uses the host page after
+    /// the notifier returned (the hazard a4ee1ca4a36e's comment in `FNAME(sync_page)` names).
+    notifier_ignores_tlbs_dirty = "",
     /// Seeded (`dirty_log_initially_set`): turning logging on skips the write-protect, as
     /// initially-all-set allows, but leaves the new bitmap clear: a page written through its
     /// still-writable SPTE is in no bitmap, and no `KVM_CLEAR_DIRTY_LOG` protects it.
@@ -1199,6 +1220,9 @@ options! {
     /// Host: what a memslot deletion zaps.
     memslot_zap: MemslotZap = MemslotZap::FastInvalidate,
         accepts = format!("{} (what deleting a memslot zaps)", names(MemslotZap::NAMES));
+    /// Host, shadow paging (`ept = false`): what `FNAME(sync_page)` does for an SPTE it drops.
+    shadow_sync_flush: ShadowSyncFlush = ShadowSyncFlush::Remote,
+        accepts = format!("{} (FNAME(sync_page)'s flush for a dropped SPTE, by kernel era)", names(ShadowSyncFlush::NAMES));
     /// Host: the TDP MMU (`kvm.tdp_mmu`, on by default since v5.15): EPT managed per root
     /// under `mmu_lock` as a rwlock, faults under the read lock. Off here so that seed 003's
     /// legacy-MMU experiments keep their v5.x MMU; seed 004 turns it on.
@@ -1251,7 +1275,8 @@ options! {
     /// (`kvm/mmu/shadow.rs`): KVM builds the page tables the CPU walks from the guest's own,
     /// write-protecting them or letting level-1 tables go unsync until the guest flushes
     /// (INVLPG, a CR3 load, a PV flush). Turns `ept_ad` off, as vmx's `hardware_setup()`
-    /// does; needs the legacy MMU and no host threads, PML or SMM.
+    /// does; needs the legacy MMU and no PML or SMM; host threads may only run MMU-notifier
+    /// invalidations.
     ept: bool = true,
         accepts = "true | false (kvm_intel.ept; false: shadow paging of the guest's page tables)";
     /// Host: EPT accessed/dirty bits (`kvm_intel.enable_ept_ad_bits`, on by default where the

@@ -82,6 +82,10 @@ pub struct Perf {
     pub summary: Option<String>,
     /// Host scheduling timers (machines with a host only).
     pub host: HostPerf,
+    /// The running step entered a shadow-paging `mmu_lock` section while another agent held
+    /// or waited for the lock ([`Machine::shadow_mmu_lock`]): the explorer's probe of whether
+    /// a vCPU's step must wait for the lock.
+    pub shadow_lock_wanted: bool,
     /// Per core: which of its hardware threads execute after their last step — running a
     /// task or handler, or parked for interruptible work; not idle, not busy-waiting (bit `t`
     /// for thread `t`, smt.rs). One byte per core, so that a step learns whether its siblings
@@ -169,6 +173,7 @@ perf_parts!(arrays {
     user_tasks_alive,
     uses_checked,
     violation,
+    shadow_lock_wanted,
     labels_on,
     labels,
     summary,
@@ -344,6 +349,7 @@ impl Perf {
             user_tasks_alive: 0,
             uses_checked: 0,
             violation: None,
+            shadow_lock_wanted: false,
             labels_on: false,
             labels: Vec::new(),
             summary: None,

@@ -338,6 +338,15 @@ impl Machine {
                 let l = &self.kvm(vm).shadow.leaves[&sp];
                 let sh = l.gptes[&idx];
                 let huge = l.table.is_none();
+                if !sh.accessed {
+                    // The walk sets the SPTE's accessed bit (a locked write of the entry; its
+                    // translation stays, so a TLB entry from it is as current as before).
+                    self.leaf_sp_mut(vm, sp)
+                        .gptes
+                        .get_mut(&idx)
+                        .expect("a record of the SPTE")
+                        .accessed = true;
+                }
                 let pfn = if huge {
                     sh.gfn - vpn % PTRS_PER_PT
                 } else {

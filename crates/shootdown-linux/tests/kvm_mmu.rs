@@ -938,8 +938,20 @@ fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
     let (stop, _) = run(&mut m, 50);
     assert_eq!(stop, Stop::Finished);
     let c = m.counters();
-    // Each zap of a page both vCPUs read is faulted in again by both.
-    assert!(c.get(Counter::KvmShadowFaults) >= 64 + 8 + 20 * 16, "{c:?}");
+    // Each zap of a page both vCPUs read is faulted in again, or prefetched beside a fault
+    // (FNAME(pte_prefetch): the aligned group of 8 around it).
+    let (faults, prefetched) = (
+        c.get(Counter::KvmShadowFaults),
+        c.get(Counter::KvmPtePrefetch),
+    );
+    assert!(
+        faults + prefetched >= 64 + 8 + 20 * 16,
+        "{faults} + {prefetched}"
+    );
+    assert!(
+        prefetched > 0 && faults < 64 + 8 + 20 * 16,
+        "{faults} + {prefetched}"
+    );
     // One shadow page per guest page table (0x200 and 0x400 groups).
     assert_eq!(c.get(Counter::KvmShadowPages), 2);
     // The madvise flushes 16 pages with INVLPGs on both vCPUs (the reader's when it runs the
@@ -949,6 +961,64 @@ fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
     assert_eq!(c.get(Counter::KvmMmuPteWrite), 1);
     assert_eq!(c.get(Counter::KvmEptViolations), 0);
     assert!(m.perf.uses_checked > 0);
+}
+
+/// Shadow paging's sync in both eras (`shadow_sync_flush`): with a flush ceiling of one page a
+/// `madvise` is a full flush, whose CR3 reload syncs the unsync page. The dropped SPTEs count
+/// in `kvm->tlbs_dirty` (before f81602958c11) or not at all (v5.15, which flushes at once);
+/// the kept ones were accessed, so either era flushes remotely. A page the sync empties is
+/// zapped (`munmap` of the whole 8-page group).
+#[test]
+fn shadow_paging_sync_counts_tlbs_dirty_in_its_era() {
+    for era in [
+        options::ShadowSyncFlush::TlbsDirty,
+        options::ShadowSyncFlush::Remote,
+    ] {
+        let o = Options {
+            ept: false,
+            shadow_sync_flush: era,
+            tlb_single_page_flush_ceiling: options::AtLeastOne(1),
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x800, false), allocator_ram()]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 64, true);
+        m.map_pages(mm, 0x400, 8, true);
+        let ops = vec![
+            UserOp::TouchRange {
+                start: 0x200,
+                npages: 64,
+                write: true,
+            },
+            UserOp::MadviseDontneed {
+                start: 0x200,
+                npages: 16,
+            },
+            UserOp::TouchRange {
+                start: 0x400,
+                npages: 8,
+                write: true,
+            },
+            UserOp::Munmap {
+                start: 0x400,
+                npages: 8,
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("zapper", mm, 0, ops);
+        let (stop, _) = run(&mut m, 50);
+        assert_eq!(stop, Stop::Finished);
+        let c = m.counters();
+        let dirty = c.get(Counter::KvmTlbsDirty);
+        match era {
+            options::ShadowSyncFlush::TlbsDirty => assert!(dirty >= 16, "{dirty}"),
+            options::ShadowSyncFlush::Remote => assert_eq!(dirty, 0),
+        }
+        assert!(c.get(Counter::KvmSyncPage) >= 2, "{c:?}");
+        assert!(c.get(Counter::KvmSyncZap) >= 1, "{c:?}");
+        assert!(c.get(Counter::KvmRemoteTlbFlush) >= 2, "{c:?}");
+        assert!(m.perf.uses_checked > 0);
+    }
 }
 
 /// Shadow paging with guest THP: a guest 2 MiB page is shadowed by 4 KiB SPTEs in a direct

@@ -11,7 +11,7 @@ use crate::kvm::mmu::zap::ZapMemslot;
 use crate::kvm::{mode, Kvm, Request, ThreadState, VcpuRun};
 use crate::machine::Machine;
 use crate::mem::{spin_key, Loc};
-use crate::options::KvmVersion;
+use crate::options::{KvmVersion, ShadowSyncFlush};
 use shootdown_engine::trace::TraceEvent;
 use shootdown_engine::{Env, Park};
 use shootdown_hw::ept::Gfn;
@@ -304,6 +304,8 @@ pub struct FlushRemoteTlbs {
     pub pc: FlushRemoteTlbsPc,
     /// Oracle: the epoch the flush began at.
     pub begin: u64,
+    /// `dirty_count`: `kvm->tlbs_dirty` as the flush read it first (shadow paging).
+    pub dirty_count: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -319,6 +321,7 @@ impl FlushRemoteTlbs {
         Frame::FlushRemoteTlbs(FlushRemoteTlbs {
             pc: FlushRemoteTlbsPc::Request,
             begin: 0,
+            dirty_count: 0,
         })
     }
 }
@@ -653,6 +656,8 @@ impl Machine {
         let vm = self.vm_of(me);
         match s.pc {
             FlushRemoteTlbsPc::Request => {
+                // smp_load_acquire(&kvm->tlbs_dirty) before the request.
+                s.dirty_count = self.kvm(vm).shadow.tlbs_dirty;
                 s.begin = self.oracle.flush_begin();
                 self.kvm_mut(vm).mmu.last_flush_begin = s.begin;
                 self.perf.counters.inc(Counter::KvmRemoteTlbFlush);
@@ -662,6 +667,12 @@ impl Machine {
             }
             FlushRemoteTlbsPc::Done => {
                 self.oracle.ept_flush_returned(vm, s.begin);
+                // cmpxchg(&kvm->tlbs_dirty, dirty_count, 0): SPTEs dropped since the read
+                // still count.
+                let k = &mut self.kvm_mut(vm).shadow;
+                if k.tlbs_dirty == s.dirty_count {
+                    k.tlbs_dirty = 0;
+                }
                 self.summary(|| "remote TLB flush complete: return".into());
                 Flow::Return
             }
@@ -1049,13 +1060,28 @@ impl Machine {
             }
             Unmap => {
                 self.rmw(env, me, Loc::MmuNotifierCount(vm as u32), |c| c + 1);
-                let zapped = self.unmap_gfn_range(vm, s.gfn, s.gfn + s.npages, env);
-                s.flush = zapped > 0;
+                let zapped = if self.opts.ept {
+                    self.unmap_gfn_range(vm, s.gfn, s.gfn + s.npages, env)
+                } else {
+                    self.shadow_unmap_gfn_range(vm, s.gfn, s.gfn + s.npages, env)
+                };
+                // ..v5.14 with shadow paging: `if (need_tlb_flush || kvm->tlbs_dirty)`.
+                let dirty = self.kvm(vm).shadow.tlbs_dirty;
+                let owed = !self.opts.ept
+                    && self.opts.shadow_sync_flush == ShadowSyncFlush::TlbsDirty
+                    && dirty > 0
+                    && !self.opts.mutants.notifier_ignores_tlbs_dirty();
+                s.flush = zapped > 0 || owed;
                 let (g, n) = (s.gfn, s.npages);
                 self.say(|| {
                     format!(
-                        "invalidate_range_start(gfns {g:#x}..{:#x}): mmu_notifier_count++, kvm_unmap_hva_range zaps {zapped} SPTE(s)",
-                        g + n
+                        "invalidate_range_start(gfns {g:#x}..{:#x}): mmu_notifier_count++, kvm_unmap_hva_range zaps {zapped} SPTE(s){}",
+                        g + n,
+                        match (owed, dirty) {
+                            (true, _) => format!("; kvm->tlbs_dirty = {dirty}: a flush is owed"),
+                            (false, 0) => String::new(),
+                            (false, _) => format!("; kvm->tlbs_dirty = {dirty} is not looked at"),
+                        }
                     )
                 });
                 s.pc = Flush;

@@ -274,6 +274,9 @@ impl Machine {
     /// space may map the same gfns to other pages, e.g. SMRAM).
     pub(crate) fn check_gfns_unmapped(&mut self, vm: usize, gfn: Gfn, npages: u64) {
         use shootdown_hw::ept::{EptWalk, SpteKind, EPT_ROOT_LEVEL};
+        if !self.opts.ept {
+            return self.check_shadow_gfns_unmapped(vm, gfn, npages);
+        }
         let k = self.kvm(vm);
         let host_pfn = |g: Gfn| {
             k.address_spaces[0]
@@ -316,6 +319,40 @@ impl Machine {
                 invariant: "INV-STALE",
                 detail: format!(
                     "invalidate_range_start returned while EPT page #{sp} entry {idx} still maps gfn {g:#x}: the host may free its page"
+                ),
+            });
+        }
+    }
+
+    /// [`Machine::check_gfns_unmapped`] with shadow paging: `INV-STALE` if a level-1 shadow
+    /// page still linked under a root has a present leaf onto the host page of a guest frame of
+    /// the range (found by the leaves' host frames, not the rmaps the notifier walked).
+    fn check_shadow_gfns_unmapped(&mut self, vm: usize, gfn: Gfn, npages: u64) {
+        use shootdown_hw::ept::SpteKind;
+        let k = self.kvm(vm);
+        let slots = k.address_spaces[0].active_set();
+        let pfns: Vec<u64> = (gfn..gfn + npages)
+            .filter_map(|g| slots.lookup(g).map(|sl| sl.pfn_of(g)))
+            .collect();
+        let roots: Vec<shootdown_hw::ept::SpId> = k.shadow.roots.values().copied().collect();
+        let found = k.shadow.leaves.keys().find_map(|&sp| {
+            if !roots.iter().any(|&r| self.linked_under(sp, r)) {
+                return None;
+            }
+            self.ept
+                .page(sp)
+                .entries
+                .iter()
+                .find_map(|(&idx, e)| match e.kind {
+                    SpteKind::Leaf { pfn, .. } if pfns.contains(&pfn) => Some((sp, idx, pfn)),
+                    _ => None,
+                })
+        });
+        if let Some((sp, idx, pfn)) = found {
+            self.violate(Violation {
+                invariant: "INV-STALE",
+                detail: format!(
+                    "invalidate_range_start returned while shadow page #{sp} entry {idx} still maps host frame {pfn:#x}: the host may free it"
                 ),
             });
         }

@@ -14,7 +14,11 @@ use shootdown_hw::ept::{ept_index, SpId, SpteKind, MT_WB_IPAT};
 use shootdown_hw::pagetable::{pt_index, Pte, Vpn, Walk, PTRS_PER_PT};
 use shootdown_hw::CpuId;
 
-use super::shadow::Shadowed;
+use super::shadow::{remove_rmap, Shadowed};
+use crate::options::ShadowSyncFlush;
+
+/// `PTE_PREFETCH_NUM`: the aligned group of guest PTEs a shadow fault prefetches from.
+const PTE_PREFETCH_NUM: u16 = 8;
 
 /// What `FNAME(walk_addr)` found for a guest-virtual page.
 pub(crate) enum GuestWalk {
@@ -35,9 +39,9 @@ pub(crate) enum GuestWalk {
 /// effect; a frame without a memslot: emulated MMIO); then the `mmu_lock` section (one step):
 /// `FNAME(gpte_changed)` re-reads the guest's entries and retries the fault if they changed
 /// since the walk, else `FNAME(fetch)` gets the shadow pages (`kvm_mmu_get_page`, which syncs a
-/// page it finds unsync) and installs the leaf built from what the walk read
-/// (`mmu_set_spte`). Simplified: no prefetch of the neighbouring PTEs (`FNAME(pte_prefetch)`),
-/// no `mmu_notifier_retry` (no notifiers with shadow paging yet).
+/// page it finds unsync), installs the leaf built from what the walk read (`mmu_set_spte`)
+/// and prefetches its neighbours (`FNAME(pte_prefetch)`). Simplified: no `mmu_notifier_retry`
+/// (the model's pfn lookup happens under `mmu_lock`, where no invalidation can be in flight).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ShadowPageFault {
     pub pc: ShadowPageFaultPc,
@@ -140,10 +144,7 @@ impl Machine {
             }
             ShadowPageFaultPc::Fetch => {
                 let w = s.walked.expect("walked before the fetch");
-                debug_assert!(
-                    self.kvm(vm).mmu_lock.val == 0,
-                    "no multi-step mmu_lock holder with shadow paging"
-                );
+                self.shadow_mmu_lock(vm);
                 // FNAME(gpte_changed): the guest's entries as the walk read them?
                 let now = match self.fname_walk_addr(mm, vpn, access) {
                     GuestWalk::Mapped { table, pte, gfn } => Some(Walked {
@@ -187,17 +188,32 @@ impl Machine {
                 // W updated, each with a remote flush.
                 let old = self.ept.spte(sp, idx).kind;
                 let flush = matches!(old, SpteKind::Leaf { pfn: p, writable: ow, .. } if p != pfn || (ow && !writable));
-                self.shadow_set_leaf(vm, sp, idx, pfn, !slot.readonly, writable, w.version, w.gfn);
+                let leaf = Shadowed {
+                    version: w.version,
+                    gfn: w.gfn,
+                    writable,
+                    accessed: true,
+                };
+                self.shadow_set_leaf(vm, sp, idx, pfn, !slot.readonly, leaf);
                 if flush {
                     self.kvm_shadow_flush_remote_tlbs(vm, env);
                 }
                 self.perf.counters.inc(Counter::KvmMmuPfFixed);
                 self.charge(env, |c| c.spte_install);
+                let prefetched = if w.table.is_some() {
+                    self.fname_pte_prefetch(vm, mm, sp, idx, env)
+                } else {
+                    0
+                };
                 self.say(|| {
                     format!(
-                        "mmu_lock; FNAME(fetch) mm{mm} page {vpn:#x}: shadow page #{sp} entry {idx} = pfn {pfn:#x} ({}, from guest PTE version {}); unlock",
+                        "mmu_lock; FNAME(fetch) mm{mm} page {vpn:#x}: shadow page #{sp} entry {idx} = pfn {pfn:#x} ({}, from guest PTE version {}){}; unlock",
                         if writable { "writable" } else { "read-only" },
-                        w.version
+                        w.version,
+                        match prefetched {
+                            0 => String::new(),
+                            n => format!("; FNAME(pte_prefetch): {n} neighbour(s), not accessed"),
+                        }
                     )
                 });
                 Flow::Return
@@ -206,10 +222,10 @@ impl Machine {
     }
 
     /// `mmu_set_spte()` of leaf `idx` of level-1 page `sp`: host frame `pfn` (`host_writable`:
-    /// the memslot lets the host page be written, `shadow_host_writable_mask`), built from guest
-    /// PTE version `version` mapping `gfn`. Writing the same translation again changes no SPTE
-    /// (`mmu_spte_update` of an identical value); KVM's record of the guest PTE moves on.
-    #[allow(clippy::too_many_arguments)]
+    /// the memslot lets the host page be written, `shadow_host_writable_mask`), built from the
+    /// guest PTE `leaf` records (`rmap_add`: the SPTE joins its frame's rmap). Writing the same
+    /// translation again changes no SPTE (`mmu_spte_update` of an identical value); KVM's
+    /// record of the guest PTE moves on.
     fn shadow_set_leaf(
         &mut self,
         vm: usize,
@@ -217,13 +233,11 @@ impl Machine {
         idx: u16,
         pfn: u64,
         host_writable: bool,
-        writable: bool,
-        version: u32,
-        gfn: u64,
+        leaf: Shadowed,
     ) {
         let kind = SpteKind::Leaf {
             pfn,
-            writable,
+            writable: leaf.writable,
             mmu_writable: host_writable,
             memtype: MT_WB_IPAT,
             exec: true,
@@ -234,19 +248,26 @@ impl Machine {
             let e = self.oracle.tick();
             self.ept.set(sp, idx, kind, e);
         }
-        self.leaf_sp_mut(vm, sp).gptes.insert(
-            idx,
-            Shadowed {
-                version,
-                gfn,
-                writable,
-            },
-        );
+        let old = self.leaf_sp_mut(vm, sp).gptes.insert(idx, leaf);
+        let rmap = &mut self.kvm_mut(vm).shadow.rmap;
+        if let Some(o) = old.filter(|o| o.gfn != leaf.gfn) {
+            remove_rmap(rmap, o.gfn, sp, idx);
+        }
+        rmap.entry(leaf.gfn).or_default().insert((sp, idx));
     }
 
-    /// Drop leaf `idx` of `sp` (`drop_spte` / `mmu_page_zap_pte`). Whether it was present.
-    fn shadow_drop_leaf<E: Env>(&mut self, vm: usize, sp: SpId, idx: u16, env: &mut E) -> bool {
-        self.leaf_sp_mut(vm, sp).gptes.remove(&idx);
+    /// Drop leaf `idx` of `sp` (`drop_spte` / `mmu_page_zap_pte`, with `rmap_remove`). Whether
+    /// it was present.
+    pub(crate) fn shadow_drop_leaf<E: Env>(
+        &mut self,
+        vm: usize,
+        sp: SpId,
+        idx: u16,
+        env: &mut E,
+    ) -> bool {
+        if let Some(o) = self.leaf_sp_mut(vm, sp).gptes.remove(&idx) {
+            remove_rmap(&mut self.kvm_mut(vm).shadow.rmap, o.gfn, sp, idx);
+        }
         if !self.ept.spte(sp, idx).is_present() {
             return false;
         }
@@ -256,50 +277,130 @@ impl Machine {
         true
     }
 
-    /// `FNAME(sync_page)(vcpu, sp)` (v5.15; `kvm_sync_page` around it clears `sp->unsync`,
-    /// here derived): each SPTE is compared with its guest PTE as it is now — one no longer
-    /// present, or mapping another frame, is dropped; one whose write permission changed is
-    /// rebuilt (`set_spte` with `can_unsync = false`, speculative). Returns whether a remote
-    /// flush is owed: an SPTE dropped, or one kept, which loses its accessed bit. (v5.15's
-    /// `sync_page` flushes itself once per page, since f81602958c11 replaced `tlbs_dirty`;
-    /// v5.16 returns the flag to the caller, as here: the same flush, once per sync.)
-    pub(crate) fn fname_sync_page<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) -> bool {
+    /// `FNAME(prefetch_gpte)(vcpu, sp, spte, gpte, no_dirty_log)`: leaf `idx` of `sp` built
+    /// speculatively (no accessed bit) from guest PTE `pte`, unless it is not present or maps
+    /// a frame without a memslot. Whether it installed one.
+    fn fname_prefetch_gpte(&mut self, vm: usize, sp: SpId, idx: u16, pte: Pte) -> bool {
+        let gfn = pte.pfn as u64;
+        let slot = match self.kvm(vm).address_spaces[0].active_set().lookup(gfn) {
+            Some(sl) if pte.present => sl.clone(),
+            _ => return false,
+        };
+        let leaf = Shadowed {
+            version: pte.version,
+            gfn,
+            writable: pte.writable && !slot.readonly,
+            accessed: false,
+        };
+        self.shadow_set_leaf(vm, sp, idx, slot.pfn_of(gfn), !slot.readonly, leaf);
+        true
+    }
+
+    /// `FNAME(pte_prefetch)(vcpu, gw, sptep)` after a fault installed leaf `idx` of the
+    /// indirect page `sp` (mm `mm`): the other entries of its aligned group of
+    /// `PTE_PREFETCH_NUM` (8) get speculative SPTEs from their guest PTEs
+    /// (`FNAME(prefetch_gpte)`, `mmu_set_spte` with `speculative`: no accessed bit), skipping
+    /// those already present and stopping at the first guest PTE that is not present or maps
+    /// a frame without a memslot. Returns how many it installed. Simplified: the guest PTEs
+    /// are read here, under `mmu_lock`, not by the lockless walk (`gw->prefetch_ptes`), so
+    /// they are never older than the faulting one's recheck; a direct page (a guest 2 MiB
+    /// page) prefetches nothing (`__direct_pte_prefetch` is not modelled).
+    fn fname_pte_prefetch<E: Env>(
+        &mut self,
+        vm: usize,
+        mm: crate::state::MmId,
+        sp: SpId,
+        idx: u16,
+        env: &mut E,
+    ) -> u64 {
+        let pt = self.kvm(vm).shadow.leaves[&sp].pt;
+        let first = idx & !(PTE_PREFETCH_NUM - 1);
+        let mut n = 0;
+        for i in first..first + PTE_PREFETCH_NUM {
+            if i == idx || self.ept.spte(sp, i).is_present() {
+                continue;
+            }
+            let pte = self.mms[mm as usize].space.pte(pt * PTRS_PER_PT + i as u64);
+            if !self.fname_prefetch_gpte(vm, sp, i, pte) {
+                break;
+            }
+            self.charge(env, |c| c.spte_install);
+            n += 1;
+        }
+        self.perf.counters.add(Counter::KvmPtePrefetch, n);
+        n
+    }
+
+    /// `FNAME(sync_page)(vcpu, sp)` (v5.10–v5.15; `kvm_sync_page` around it clears
+    /// `sp->unsync`, here derived): each SPTE is compared with its guest PTE as it is now. One
+    /// no longer present, or mapping another frame, is dropped: with `shadow_sync_flush =
+    /// "remote"` (f81602958c11) a remote flush is owed, with `"tlbs_dirty"` only
+    /// `kvm->tlbs_dirty++`. One kept is rebuilt (`set_spte` with `can_unsync = false`,
+    /// speculative: no accessed bit), and `mmu_spte_update` owes a flush if it loses its
+    /// accessed bit or its write permission. Returns the flush owed and how many SPTEs are
+    /// left (`nr_present`: with none, `kvm_sync_page` zaps the page). v5.15 flushes in
+    /// `sync_page`, once per page; v5.16 returns the flag to the caller, as here: the same
+    /// flush, once per sync.
+    pub(crate) fn fname_sync_page<E: Env>(
+        &mut self,
+        vm: usize,
+        sp: SpId,
+        env: &mut E,
+    ) -> (bool, u64) {
         let l = &self.kvm(vm).shadow.leaves[&sp];
         let (mm, pt) = (l.mm, l.pt);
         let entries: Vec<(u16, Shadowed)> = l.gptes.iter().map(|(&i, &s)| (i, s)).collect();
-        let mut flush = false;
+        let (mut flush, mut dirty, mut present) = (false, 0, 0);
         for (idx, old) in entries {
             let vpn = pt * PTRS_PER_PT + idx as u64;
             let pte = self.mms[mm as usize].space.pte(vpn);
             if !pte.present || pte.pfn as u64 != old.gfn {
-                flush |= self.shadow_drop_leaf(vm, sp, idx, env);
+                if self.shadow_drop_leaf(vm, sp, idx, env) {
+                    match self.opts.shadow_sync_flush {
+                        ShadowSyncFlush::Remote => flush = true,
+                        ShadowSyncFlush::TlbsDirty => dirty += 1,
+                    }
+                }
                 continue;
             }
             let SpteKind::Leaf {
-                pfn, mmu_writable, ..
+                pfn,
+                mmu_writable,
+                writable: was_writable,
+                ..
             } = self.ept.spte(sp, idx).kind
             else {
                 continue;
             };
-            // make_spte() with the old SPTE's host-writable bit and the guest's permission,
-            // speculative: without the accessed bit, whose loss `mmu_spte_update` flushes for
-            // (every SPTE here was used: a fault that needed it installed it).
-            let w = pte.writable && mmu_writable;
-            flush = true;
-            self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, w, pte.version, old.gfn);
+            present += 1;
+            // make_spte() with the old SPTE's host-writable bit and the guest's permission.
+            let writable = pte.writable && mmu_writable;
+            flush |= old.accessed || (was_writable && !writable);
+            let leaf = Shadowed {
+                version: pte.version,
+                gfn: old.gfn,
+                writable,
+                accessed: false,
+            };
+            self.shadow_set_leaf(vm, sp, idx, pfn, mmu_writable, leaf);
+        }
+        if dirty > 0 {
+            self.kvm_mut(vm).shadow.tlbs_dirty += dirty;
+            self.perf.counters.add(Counter::KvmTlbsDirty, dirty);
         }
         self.say(|| {
             format!(
-                "FNAME(sync_page) shadow page #{sp} (mm{mm} pages {:#x}+512){}",
+                "FNAME(sync_page) shadow page #{sp} (mm{mm} pages {:#x}+512): {present} SPTE(s) kept{}{}",
                 pt * PTRS_PER_PT,
-                if flush {
-                    ": SPTEs dropped or made read-only"
+                if dirty > 0 {
+                    format!(", {dirty} dropped: kvm->tlbs_dirty += {dirty}, no flush")
                 } else {
-                    ""
-                }
+                    String::new()
+                },
+                if flush { "; a remote flush is owed" } else { "" }
             )
         });
-        flush
+        (flush, present)
     }
 
     /// `kvm_mmu_invlpg(vcpu, gva)` for a guest INVLPG (an exit with shadow paging):
@@ -337,6 +438,7 @@ impl Machine {
         let Some(root) = self.host_ref().vcpus[v].root else {
             return "no root".into();
         };
+        self.shadow_mmu_lock(vm);
         let leaf = match self.ept.walk_from(root, vpn) {
             shootdown_hw::ept::EptWalk::Leaf {
                 sp, idx, level: 1, ..
@@ -352,24 +454,8 @@ impl Machine {
                     self.kvm_shadow_flush_remote_tlbs(vm, env);
                 }
                 let pte = self.mms[mm as usize].space.pte(vpn);
-                let slot = self.kvm(vm).address_spaces[0]
-                    .active_set()
-                    .lookup(pte.pfn as u64)
-                    .cloned();
-                match (old, slot) {
-                    (Some(_), Some(sl)) if pte.present => {
-                        let gfn = pte.pfn as u64;
-                        let w = pte.writable && !sl.readonly;
-                        self.shadow_set_leaf(
-                            vm,
-                            sp,
-                            idx,
-                            sl.pfn_of(gfn),
-                            !sl.readonly,
-                            w,
-                            pte.version,
-                            gfn,
-                        );
+                match old {
+                    Some(_) if self.fname_prefetch_gpte(vm, sp, idx, pte) => {
                         format!("shadow page #{sp} is unsync: zap entry {idx}, kvm_flush_remote_tlbs, FNAME(update_pte) from guest PTE version {}", pte.version)
                     }
                     _ => format!(

@@ -18,6 +18,10 @@
 //! a guest 2 MiB page is mapped by a level-1 page with no guest table (`role.direct = 1` for a
 //! guest large page), which is never unsync.
 //!
+//! `FNAME(sync_page)` pays for a dropped SPTE in its era's way (option `shadow_sync_flush`):
+//! `kvm->tlbs_dirty++`, a debt the next `kvm_flush_remote_tlbs` or MMU-notifier invalidation
+//! settles (a4ee1ca4a36e), or a remote flush at once (f81602958c11, v5.15).
+//!
 //! Where the model differs from v5.15 (`docs/checker-kvm.md` lists the same):
 //! * **write tracking is exact and immediate** (safer). A guest write to a shadowed page
 //!   table is the trap the kernel takes: for a level-1 table the first write unsyncs it
@@ -28,15 +32,22 @@
 //!   kernel's own direct-map translations of its page tables are not modelled, so the remote
 //!   flush that write-protecting a table owes (`rmap_write_protect`, f81602958c11) cannot be
 //!   missed, and a write to a PTE KVM never shadowed unsyncs nothing;
-//! * every `mmu_lock` section of shadow paging is one step (the model runs no multi-step
-//!   holder of the lock with shadow paging: no host thread, no zap; the fault's lockless
-//!   guest walk is a step of its own), and `kvm_flush_remote_tlbs` from it flushes every vCPU
-//!   of the VM at once, as if the request, the kicks and the wait were instantaneous (safer);
+//! * a vCPU's `mmu_lock` sections are one step each (the fault's lockless guest walk is a step
+//!   of its own), and `kvm_flush_remote_tlbs` from one flushes every vCPU of the VM at once, as
+//!   if the request, the kicks and the wait were instantaneous (safer). The lock's multi-step
+//!   holder is a host thread's MMU-notifier invalidation (`kvm_unmap_rmapp` over the SPTEs'
+//!   rmaps, [`ShadowMmu::rmap`]); while it holds or waits for the lock, a vCPU step that
+//!   would enter a section waits whole ([`Machine::shadow_step_waits`]), so what the step
+//!   does before its section (a CR3 write, the INVLPG's own flush) waits too — the vCPU's
+//!   own state, which no other agent reads;
 //! * the guest's A/D bits are not set by KVM's walk (the native model's CPU does not set them
 //!   either), so a writable guest PTE makes a writable SPTE at once (no `protect_clean_gpte`);
-//!   every SPTE counts as accessed (its fault used it), so a sync that keeps it flushes;
-//! * no PTE prefetch (`FNAME(pte_prefetch)`); a synced page left without SPTEs is not zapped;
-//!   a guest 2 MiB page is always mapped by a new direct page after its PMD entry changed;
+//!   the SPTEs' own accessed bit is modelled ([`Shadowed::accessed`]);
+//! * `FNAME(pte_prefetch)` reads the neighbouring guest PTEs under `mmu_lock`, not during
+//!   the lockless walk; a direct page prefetches nothing; a guest 2 MiB page is always mapped
+//!   by a new direct page after its PMD entry changed;
+//! * the sync of an emptied page zaps it (`kvm_sync_page`, v5.10–v5.15; v6.4's
+//!   `kvm_sync_spte` keeps it);
 //! * one role per guest table (no `role.access` / CR0.WP / SMEP variants, no PAE quadrants),
 //!   one root per guest mm (`prev_roots` keyed by mm and PCID), no INVPCID of a single or all
 //!   contexts, no CR4.PGE toggles (the model's guest uses neither with shadow paging);
@@ -61,6 +72,10 @@ pub struct Shadowed {
     pub gfn: u64,
     /// Its write permission then.
     pub writable: bool,
+    /// The SPTE's accessed bit (`shadow_accessed_mask`, the guest-format A bit): set when a
+    /// fault installs it and when the CPU walks through it; clear in an SPTE built
+    /// speculatively (`FNAME(pte_prefetch)`, `FNAME(sync_page)`'s rebuild).
+    pub accessed: bool,
 }
 
 /// A level-1 shadow page (`struct kvm_mmu_page` with `role.level = 1`).
@@ -93,6 +108,15 @@ pub struct ShadowMmu {
     /// gfn and role), and of each guest 2 MiB page by (mm, group).
     pub by_table: BTreeMap<PtPageId, SpId>,
     pub by_huge: BTreeMap<(MmId, PtIndex), SpId>,
+    /// The rmaps of the level-1 SPTEs (`slot->arch.rmap[0]`): by guest frame, every SPTE
+    /// that maps it, as (page, index). The MMU notifier finds a frame's SPTEs here.
+    pub rmap: BTreeMap<u64, std::collections::BTreeSet<(SpId, u16)>>,
+    /// `kvm->tlbs_dirty` (`shadow_sync_flush = "tlbs_dirty"`): SPTEs syncs dropped since the
+    /// last `kvm_flush_remote_tlbs()`, which zeroes it.
+    pub tlbs_dirty: u64,
+    /// Zapped level-1 pages not yet freed (`invalid_list`): freed once the zap's remote flush
+    /// is done, within the same `mmu_lock` section.
+    pub invalid: Vec<SpId>,
 }
 
 /// `KVM_MMU_NUM_PREV_ROOTS`: the roots a vCPU keeps for CR3 switches.
@@ -101,6 +125,21 @@ const KVM_MMU_NUM_PREV_ROOTS: usize = 3;
 /// The TLB tag of every vCPU with shadow paging: VPID tags guest translations by VPID and
 /// PCID only, not by the shadow root (and each vCPU's TLB is its own already).
 pub(crate) const SHADOW_TLB_TAG: shootdown_hw::tlb::EptTag = shootdown_hw::tlb::EptTag::MAX;
+
+/// `rmap_remove()`: SPTE `(sp, idx)` leaves the rmap of guest frame `gfn`.
+pub(crate) fn remove_rmap(
+    rmap: &mut BTreeMap<u64, std::collections::BTreeSet<(SpId, u16)>>,
+    gfn: u64,
+    sp: SpId,
+    idx: u16,
+) {
+    if let Some(r) = rmap.get_mut(&gfn) {
+        r.remove(&(sp, idx));
+        if r.is_empty() {
+            rmap.remove(&gfn);
+        }
+    }
+}
 
 /// The first page an entry of a level-`level` page covering `vpn` maps.
 fn span_base(level: u8, vpn: Vpn) -> Vpn {
@@ -112,6 +151,36 @@ impl Machine {
     /// Does vCPU `v` run on shadow paging (a VM with a modelled MMU, EPT off)?
     pub(crate) fn shadow_paging(&self, v: CpuId) -> bool {
         !self.opts.ept && self.has_kvm_mmu(v)
+    }
+
+    /// Is VM `vm`'s `mmu_lock` held, or waited for, by an agent? (A vCPU never holds it past
+    /// a step with shadow paging; a host thread's MMU-notifier invalidation does.)
+    pub(crate) fn shadow_lock_busy(&self, vm: usize) -> bool {
+        let l = &self.kvm(vm).mmu_lock;
+        l.val != 0 || !l.queue.is_empty()
+    }
+
+    /// `spin_lock(&kvm->mmu_lock)` at the start of a vCPU's one-step shadow-paging section.
+    /// The section runs whole in the step, so the lock word is not written; while another
+    /// agent holds or waits for the lock the explorer does not offer the step at all (the
+    /// vCPU spins before it: [`Machine::shadow_step_waits`] probes a copy for this mark).
+    pub(crate) fn shadow_mmu_lock(&mut self, vm: usize) {
+        if self.shadow_lock_busy(vm) {
+            self.perf.shadow_lock_wanted = true;
+        }
+    }
+
+    /// Would vCPU `v`'s action `a` enter a shadow-paging `mmu_lock` section while another
+    /// agent holds or waits for the lock? Probed on a copy of the machine: the step must
+    /// wait then (the kernel's vCPU spins in `spin_lock` after its exit, outside the guest:
+    /// it still takes kick IPIs, which the host-side `HostIrq` action delivers). Only asked
+    /// while the lock is busy.
+    pub(crate) fn shadow_step_waits(&self, a: crate::machine::Action) -> bool {
+        use shootdown_engine::Model;
+        let mut m = self.clone();
+        m.perf.shadow_lock_wanted = false;
+        let _ = m.apply(a, &mut crate::describe::NullEnv);
+        m.perf.shadow_lock_wanted
     }
 
     /// KVM's record of level-1 page `sp`.
@@ -179,6 +248,7 @@ impl Machine {
     /// CR3, `kvm_mmu_sync_roots`, and `tlb_flush_current` (INVVPID). Returns the root and how
     /// many unsync pages it synced.
     pub(crate) fn kvm_mmu_load_shadow<E: Env>(&mut self, v: CpuId, env: &mut E) -> (SpId, u64) {
+        self.shadow_mmu_lock(self.vm_of(v));
         let root = self.shadow_use_root(v, env);
         let synced = self.kvm_mmu_sync_roots(v, env);
         self.cpus[v].tlb.flush_all();
@@ -244,21 +314,26 @@ impl Machine {
             }
         };
         if let Some(sp) = found {
-            if self.sp_unsync(vm, sp) {
-                let flush = self.fname_sync_page(vm, sp, env);
+            if !self.sp_unsync(vm, sp) {
+                return sp;
+            }
+            let (flush, zapped) = self.kvm_sync_page(vm, sp, env);
+            if flush {
+                self.kvm_shadow_flush_remote_tlbs(vm, env);
+            }
+            if !zapped {
                 self.cpus[v].tlb.flush_all();
                 self.charge(env, |c| c.invvpid_single);
                 self.say(|| {
-                    format!(
-                        "kvm_mmu_get_page: shadow page #{sp} is unsync: kvm_sync_page{}; KVM_REQ_TLB_FLUSH_CURRENT",
-                        if flush { " (SPTEs dropped)" } else { "" }
-                    )
+                    format!("kvm_mmu_get_page: shadow page #{sp} is unsync: kvm_sync_page; KVM_REQ_TLB_FLUSH_CURRENT")
                 });
-                if flush {
-                    self.kvm_shadow_flush_remote_tlbs(vm, env);
-                }
+                return sp;
             }
-            return sp;
+            // Zapped: the kernel breaks out of the hash walk to build the page anew.
+            self.free_zapped_shadow_pages(vm);
+            self.say(|| {
+                format!("kvm_mmu_get_page: shadow page #{sp} is unsync; kvm_sync_page left it empty: zapped, a new page is built")
+            });
         }
         let sp = self.ept.alloc(1, pt * PTRS_PER_PT);
         self.perf.counters.inc(Counter::KvmMmuCacheMiss);
@@ -289,6 +364,7 @@ impl Machine {
     /// Returns how many pages it synced.
     pub(crate) fn kvm_mmu_sync_roots<E: Env>(&mut self, v: CpuId, env: &mut E) -> u64 {
         let vm = self.vm_of(v);
+        self.shadow_mmu_lock(vm);
         let Some(root) = self.host_ref().vcpus[v].root else {
             return 0;
         };
@@ -306,21 +382,79 @@ impl Machine {
             .collect();
         let mut flush = false;
         for &sp in &unsync {
-            // kvm_unlink_unsync_page(): synced, write-protected again.
-            flush |= self.fname_sync_page(vm, sp, env);
-            self.leaf_sp_mut(vm, sp).unsync = false;
+            // kvm_unlink_unsync_page(): synced, write-protected again (or zapped).
+            let (f, zapped) = self.kvm_sync_page(vm, sp, env);
+            flush |= f;
+            if !zapped {
+                self.leaf_sp_mut(vm, sp).unsync = false;
+            }
         }
         if flush {
             self.kvm_shadow_flush_remote_tlbs(vm, env);
         }
+        self.free_zapped_shadow_pages(vm);
         self.perf
             .counters
             .add(Counter::KvmSyncPage, unsync.len() as u64);
         unsync.len() as u64
     }
 
+    /// `kvm_sync_page(vcpu, sp, invalid_list)` (v5.10–v5.15): `FNAME(sync_page)`, and a page
+    /// it leaves with no SPTE is zapped (`kvm_mmu_prepare_zap_page`; its commit flushes every
+    /// vCPU before the page is freed, [`Machine::free_zapped_shadow_pages`]). Returns the flush
+    /// owed (a zap owes one) and whether the page was zapped.
+    pub(crate) fn kvm_sync_page<E: Env>(
+        &mut self,
+        vm: usize,
+        sp: SpId,
+        env: &mut E,
+    ) -> (bool, bool) {
+        let (flush, present) = self.fname_sync_page(vm, sp, env);
+        if present > 0 {
+            return (flush, false);
+        }
+        self.shadow_prepare_zap_leaf_page(vm, sp, env);
+        self.perf.counters.inc(Counter::KvmSyncZap);
+        self.say(|| format!("kvm_sync_page: shadow page #{sp} has no SPTE left: kvm_mmu_prepare_zap_page (unlinked; freed after the remote flush)"));
+        (true, true)
+    }
+
+    /// `kvm_mmu_prepare_zap_page()` of level-1 page `sp`: its SPTEs dropped, its parent's
+    /// entry cleared, KVM's records of it gone (`unaccount_shadowed`: its guest table is no
+    /// longer write-tracked), the page kept on `invalid_list` until the caller has flushed.
+    fn shadow_prepare_zap_leaf_page<E: Env>(&mut self, vm: usize, sp: SpId, env: &mut E) {
+        let idxs: Vec<u16> = self.kvm(vm).shadow.leaves[&sp]
+            .gptes
+            .keys()
+            .copied()
+            .collect();
+        for idx in idxs {
+            self.shadow_drop_leaf(vm, sp, idx, env);
+        }
+        if let Some((parent, pidx)) = self.ept.page(sp).parent {
+            let e = self.oracle.tick();
+            self.ept.set(parent, pidx, SpteKind::None, e);
+        }
+        let s = &mut self.kvm_mut(vm).shadow;
+        let l = s.leaves.remove(&sp).expect("a level-1 shadow page");
+        match l.table {
+            Some(t) => s.by_table.remove(&t),
+            None => s.by_huge.remove(&(l.mm, l.pt)),
+        };
+        s.invalid.push(sp);
+        self.charge(env, |c| c.spte_zap);
+    }
+
+    /// `kvm_mmu_commit_zap_page()`'s free, after its `kvm_flush_remote_tlbs()`: the pages
+    /// zapped since are freed.
+    pub(crate) fn free_zapped_shadow_pages(&mut self, vm: usize) {
+        for sp in std::mem::take(&mut self.kvm_mut(vm).shadow.invalid) {
+            self.ept.free(sp);
+        }
+    }
+
     /// Is shadow page `sp` linked, through its parents, under `root`?
-    fn linked_under(&self, mut sp: SpId, root: SpId) -> bool {
+    pub(crate) fn linked_under(&self, mut sp: SpId, root: SpId) -> bool {
         loop {
             if sp == root {
                 return true;
@@ -349,6 +483,7 @@ impl Machine {
             let Some(&pmd) = self.kvm(vm).shadow.uppers.get(&(mm, 2, span_base(2, vpn))) else {
                 continue;
             };
+            self.shadow_mmu_lock(vm);
             // The PMD page is write-tracked: the write exits and is emulated. With no SPTE for
             // the entry, the kernel's local flush request finds nothing of it to flush.
             self.vm_exit(env);
@@ -379,6 +514,30 @@ impl Machine {
         }
     }
 
+    /// `kvm_unmap_hva_range()` with shadow paging, under the notifier's `mmu_lock`:
+    /// `kvm_unmap_rmapp` of each guest frame in `[start, end)` — every SPTE its rmap holds is
+    /// dropped. Returns how many (the flush the caller owes if any).
+    pub(crate) fn shadow_unmap_gfn_range<E: Env>(
+        &mut self,
+        vm: usize,
+        start: u64,
+        end: u64,
+        env: &mut E,
+    ) -> u64 {
+        let sptes: Vec<(SpId, u16)> = self
+            .kvm(vm)
+            .shadow
+            .rmap
+            .range(start..end)
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        let mut n = 0;
+        for (sp, idx) in sptes {
+            n += u64::from(self.shadow_drop_leaf(vm, sp, idx, env));
+        }
+        n
+    }
+
     /// `kvm_flush_remote_tlbs(kvm)` from a shadow-paging `mmu_lock` section, in one step: every
     /// vCPU of the VM loses its guest translations (the request, the kicks and the wait for
     /// guest mode to be left are not modelled separately).
@@ -388,6 +547,8 @@ impl Machine {
             self.cpus[c].tlb.flush_all();
         }
         self.oracle.ept_flush_returned(vm, begin);
+        // The cmpxchg of the count read before the request: nothing syncs meanwhile here.
+        self.kvm_mut(vm).shadow.tlbs_dirty = 0;
         self.perf.counters.inc(Counter::KvmRemoteTlbFlush);
         self.charge(env, |c| c.invvpid_single);
     }
