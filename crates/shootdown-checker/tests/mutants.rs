@@ -393,6 +393,15 @@ const MUTANTS: &[Pinned] = &[
         6664,
     ),
     (
+        "kvm_shadow_notifier",
+        "notifier_ignores_tlbs_dirty",
+        None,
+        "sc",
+        "INV-STALE",
+        21,
+        7588,
+    ),
+    (
         "kvm_tdp_zap_all_yield",
         "tdp_iter_advances_after_restart",
         Some("K15"),

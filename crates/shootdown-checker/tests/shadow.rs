@@ -1,8 +1,10 @@
 //! Shadow paging (`options.ept = false`; `scenarios/kvm_shadow.toml`,
-//! `scenarios/kvm_shadow_pv_flush.toml`): unsync guest page tables synced by the guest's INVLPG,
-//! and by the host's flush on the guest's behalf after a PV flush (A6, b53e84eed08b). The
-//! verdicts and state counts are pinned in `verify.rs` and `mutants.rs`; here what the
-//! counterexamples show, what hides A6, and the options shadow paging rejects.
+//! `scenarios/kvm_shadow_pv_flush.toml`, `scenarios/kvm_shadow_notifier.toml`): unsync guest
+//! page tables synced by the guest's INVLPG, by the host's flush on the guest's behalf after a
+//! PV flush (A6, b53e84eed08b), and by a CR3 reload while an MMU notifier reclaims a frame
+//! (`tlbs_dirty`). The verdicts and state counts are pinned in `verify.rs` and `mutants.rs`;
+//! here what the counterexamples show, what hides A6, v5.15's form of the sync, and the options
+//! shadow paging rejects.
 
 mod common;
 use common::run_set as run;
@@ -70,6 +72,79 @@ fn an_invlpg_that_leaves_the_unsync_page_is_found_after_mprotect_returns() {
 }
 
 #[test]
+fn the_notifier_that_ignores_tlbs_dirty_frees_a_page_vcpu1_still_translates() {
+    for mm in ["sc", "tso"] {
+        let r = run(
+            "kvm_shadow_notifier",
+            Some("notifier_ignores_tlbs_dirty"),
+            mm,
+            &[],
+        );
+        assert_eq!(r.invariant.as_deref(), Some("INV-STALE"), "{mm}");
+        let t: Vec<&str> = r.counterexample.iter().map(|s| s.text.as_str()).collect();
+        // vcpu0's CR3 reload syncs the page: the SPTE of 0x10 is dropped with only
+        // tlbs_dirty++, and the prefetched, never-accessed 0x12 is kept without a flush; the
+        // notifier's rmap walk then finds nothing, and vcpu1 hits its old TLB entry.
+        let sync = t
+            .iter()
+            .position(|s| s.contains("1 SPTE(s) kept, 2 dropped: kvm->tlbs_dirty += 2, no flush"));
+        let ignored = t
+            .iter()
+            .position(|s| s.contains("zaps 0 SPTE(s); kvm->tlbs_dirty = 2 is not looked at"));
+        let returned = t
+            .iter()
+            .position(|s| s.contains("invalidate_range_start returns"));
+        assert!(
+            sync.is_some() && ignored > sync && returned > ignored,
+            "{mm}: {t:?}"
+        );
+        assert!(t.last().unwrap().contains("TLB hit"), "{mm}: {t:?}");
+    }
+}
+
+#[test]
+fn v5_15s_sync_flushes_the_dropped_spte_itself() {
+    // f81602958c11: FNAME(sync_page) flushes every vCPU for a dropped SPTE, so the notifier
+    // has nothing left to settle (and the tlbs_dirty mutant never runs).
+    for (mm, states, transitions) in [("sc", 792011, 2261208), ("tso", 1247909, 3941419)] {
+        let r = run(
+            "kvm_shadow_notifier",
+            None,
+            mm,
+            &["options.shadow_sync_flush=remote"],
+        );
+        assert_eq!(
+            (r.verdict.as_str(), r.states, r.transitions),
+            ("verified", states, transitions),
+            "{mm}"
+        );
+    }
+}
+
+#[test]
+fn a_fault_prefetches_its_present_neighbours_without_the_accessed_bit() {
+    let r = run(
+        "kvm_shadow_notifier",
+        Some("notifier_ignores_tlbs_dirty"),
+        "sc",
+        &[],
+    );
+    let all: Vec<&str> = r
+        .setup
+        .iter()
+        .chain(&r.counterexample)
+        .map(|s| s.text.as_str())
+        .collect();
+    // Pages 0x10..0x12 are mapped: the fault of 0x10 prefetches 0x11 and 0x12 and stops at
+    // 0x13, which is not present.
+    assert!(
+        all.iter()
+            .any(|s| s.contains("FNAME(pte_prefetch): 2 neighbour(s), not accessed")),
+        "{all:?}"
+    );
+}
+
+#[test]
 fn options_that_need_ept_are_one_line_errors() {
     for (set, key) in [
         ("options.tdp_mmu=true", "options.tdp_mmu"),
@@ -78,6 +153,10 @@ fn options_that_need_ept_are_one_line_errors() {
         (
             "kvm.prefault=[{ start = 0x10, npages = 1 }]",
             "kvm.prefault",
+        ),
+        (
+            r#"kvm.threads=[{ name = "qemu", program = [{ memslot_delete = { id = 0 } }, "exit"] }]"#,
+            "kvm.threads",
         ),
     ] {
         let e = common::set_error("kvm_shadow", set);

@@ -123,6 +123,12 @@ const SHADOW: &[(&str, &str, u64, u64)] = &[
     ("kvm_shadow_pv_flush", "sc", 14955, 30596),
     ("kvm_shadow_pv_flush", "tso", 18253, 41412),
 ];
+/// Shadow paging and an MMU notifier, in the `tlbs_dirty` era: the reclaim of a frame a sync
+/// dropped without a flush (`kvm_shadow_notifier`; v5.15's form in `tests/shadow.rs`).
+const SHADOW_NOTIFIER: &[(&str, &str, u64, u64)] = &[
+    ("kvm_shadow_notifier", "sc", 1063706, 3040799),
+    ("kvm_shadow_notifier", "tso", 1651107, 5206511),
+];
 /// NX huge pages with the TDP MMU: the recovery worker against a fetch's split and a reader
 /// (`kvm_nx_recovery`), and the split's flush against a reclaim of the frame beside it
 /// (`kvm_nx_split`). The shadow MMU's forms: `tests/nx_huge_pages.rs`.
@@ -207,6 +213,7 @@ const ALL: &[&[(&str, &str, u64, u64)]] = &[
     KVM_MMU_TSO,
     TDP_MMU,
     SHADOW,
+    SHADOW_NOTIFIER,
     NX_HUGE_PAGES,
     SMM,
     STEAL_TIME_CACHE,
@@ -288,6 +295,11 @@ fn fixed_nx_huge_pages_verify() {
 #[test]
 fn fixed_shadow_paging_verifies() {
     verify(SHADOW);
+}
+
+#[test]
+fn fixed_shadow_paging_under_an_mmu_notifier_verifies() {
+    verify(SHADOW_NOTIFIER);
 }
 
 #[test]
