@@ -960,6 +960,7 @@ fn shadow_paging_faults_unsyncs_and_syncs_on_guest_flushes() {
     // free_pgtables() clears the PMD entry of 0x400's table: one emulated write.
     assert_eq!(c.get(Counter::KvmMmuPteWrite), 1);
     assert_eq!(c.get(Counter::KvmEptViolations), 0);
+    assert_eq!(m.shadow_rmap_mismatch(), None);
     assert!(m.perf.uses_checked > 0);
 }
 
@@ -1017,6 +1018,7 @@ fn shadow_paging_sync_counts_tlbs_dirty_in_its_era() {
         assert!(c.get(Counter::KvmSyncPage) >= 2, "{c:?}");
         assert!(c.get(Counter::KvmSyncZap) >= 1, "{c:?}");
         assert!(c.get(Counter::KvmRemoteTlbFlush) >= 2, "{c:?}");
+        assert_eq!(m.shadow_rmap_mismatch(), None);
         assert!(m.perf.uses_checked > 0);
     }
 }
@@ -1080,5 +1082,6 @@ fn shadow_paging_maps_guest_huge_pages() {
         assert!(c.get(Counter::KvmShadowFaults) >= 200, "pcid={pcid}: {c:?}");
         assert_eq!(c.get(Counter::KvmMmioExits), 0, "pcid={pcid}");
         assert_eq!(c.get(Counter::KvmMmioEmulated), 0, "pcid={pcid}");
+        assert_eq!(m.shadow_rmap_mismatch(), None, "pcid={pcid}");
     }
 }

@@ -183,6 +183,41 @@ impl Machine {
         m.perf.shadow_lock_wanted
     }
 
+    /// The shadow rmaps agree with KVM's records of its level-1 SPTEs, VM by VM: every record
+    /// (page, index, guest frame) is in its frame's rmap, every rmap entry has its record, and
+    /// every recorded SPTE is present. The first disagreement, for tests.
+    pub fn shadow_rmap_mismatch(&self) -> Option<String> {
+        let h = self.host.as_ref()?;
+        for (vm, k) in h.kvms.iter().enumerate() {
+            let Some(k) = &**k else { continue };
+            let s = &k.shadow;
+            for (&sp, l) in &s.leaves {
+                for (&idx, r) in &l.gptes {
+                    if !s.rmap.get(&r.gfn).is_some_and(|m| m.contains(&(sp, idx))) {
+                        return Some(format!(
+                            "vm{vm}: page #{sp} entry {idx} (gfn {:#x}) is in no rmap",
+                            r.gfn
+                        ));
+                    }
+                    if !self.ept.spte(sp, idx).is_present() {
+                        return Some(format!(
+                            "vm{vm}: page #{sp} entry {idx} is recorded but not present"
+                        ));
+                    }
+                }
+            }
+            for (&gfn, m) in &s.rmap {
+                for &(sp, idx) in m {
+                    let rec = s.leaves.get(&sp).and_then(|l| l.gptes.get(&idx));
+                    if rec.map(|r| r.gfn) != Some(gfn) {
+                        return Some(format!("vm{vm}: rmap of gfn {gfn:#x} holds page #{sp} entry {idx}, recorded as {rec:?}"));
+                    }
+                }
+            }
+        }
+        None
+    }
+
     /// KVM's record of level-1 page `sp`.
     pub(crate) fn leaf_sp_mut(&mut self, vm: usize, sp: SpId) -> &mut LeafSp {
         self.kvm_mut(vm)
