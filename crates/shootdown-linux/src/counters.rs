@@ -152,6 +152,9 @@ counters! {
     KvmMmuUnsync = "kvm.mmu_unsync",
     /// Shadow paging: unsync pages synced (`kvm_sync_page` from `mmu_sync_children`).
     KvmSyncPage = "kvm.sync_page",
+    /// Shadow paging (timed driver): vCPU steps that waited for `mmu_lock`, which a host
+    /// thread's MMU-notifier invalidation held or waited for.
+    KvmShadowLockWaits = "kvm.shadow_lock_waits",
     /// Shadow paging: SPTEs `FNAME(pte_prefetch)` installed beside a fault's.
     KvmPtePrefetch = "kvm.pte_prefetch",
     /// Shadow paging, `shadow_sync_flush = "tlbs_dirty"`: SPTEs a sync dropped without a flush

@@ -1023,6 +1023,82 @@ fn shadow_paging_sync_counts_tlbs_dirty_in_its_era() {
     }
 }
 
+/// Shadow paging under MMU notifiers in the timed driver: a host thread invalidates the frames
+/// two vCPUs keep touching, in both eras of the sync. Its rmap walks zap their SPTEs, a vCPU
+/// that needs `mmu_lock` meanwhile spins, every use is checked, and the rmaps stay in step.
+#[test]
+fn shadow_paging_runs_under_mmu_notifier_invalidations() {
+    let mut waits = 0;
+    for era in [
+        options::ShadowSyncFlush::TlbsDirty,
+        options::ShadowSyncFlush::Remote,
+    ] {
+        let o = Options {
+            ept: false,
+            shadow_sync_flush: era,
+            tlb_single_page_flush_ceiling: options::AtLeastOne(1),
+            ..Options::default()
+        };
+        let mut m = vm(2, o, vec![ram(0, 0, 0x800, false), allocator_ram()]);
+        let mm = m.add_mm("g");
+        m.map_pages(mm, 0x200, 32, true);
+        let touch = |write| UserOp::TouchRange {
+            start: 0x200,
+            npages: 32,
+            write,
+        };
+        let zapper = vec![
+            touch(true),
+            UserOp::MadviseDontneed {
+                start: 0x200,
+                npages: 4,
+            },
+            UserOp::Loop {
+                to: 0,
+                times: Some(20),
+            },
+            UserOp::Exit,
+        ];
+        let reader = vec![
+            touch(false),
+            UserOp::Loop {
+                to: 0,
+                times: Some(40),
+            },
+            UserOp::Exit,
+        ];
+        m.add_task("zapper", mm, 0, zapper);
+        m.add_task("reader", mm, 1, reader);
+        m.add_host_thread(
+            "reclaim",
+            0,
+            2,
+            vec![
+                HostOp::Compute { ns: 20_000 },
+                HostOp::InvalidateGfns {
+                    gfn: 0,
+                    npages: 0x800,
+                },
+                HostOp::Loop {
+                    to: 0,
+                    times: Some(20),
+                },
+                HostOp::Exit,
+            ],
+        );
+        let (stop, _) = run(&mut m, 100);
+        assert_eq!(stop, Stop::Finished, "{era:?}: {}", m.dump());
+        let c = m.counters();
+        assert!(c.get(Counter::KvmMmuNotifierInvalidations) >= 20, "{c:?}");
+        assert!(c.get(Counter::KvmShadowFaults) > 0, "{c:?}");
+        assert_eq!(m.shadow_rmap_mismatch(), None, "{era:?}");
+        assert!(m.perf.uses_checked > 0);
+        waits += c.get(Counter::KvmShadowLockWaits);
+    }
+    // Some vCPU step found the lock taken by the invalidation and spun.
+    assert!(waits > 0);
+}
+
 /// Shadow paging with guest THP: a guest 2 MiB page is shadowed by 4 KiB SPTEs in a direct
 /// page, and its zap and refault (emulated PMD writes) give it a new one, beside a second
 /// process on vcpu0, with PCIDs and without. Every use is checked.

@@ -331,7 +331,7 @@ impl Machine {
         use shootdown_hw::ept::SpteKind;
         let k = self.kvm(vm);
         let slots = k.address_spaces[0].active_set();
-        let pfns: Vec<u64> = (gfn..gfn + npages)
+        let pfns: std::collections::BTreeSet<u64> = (gfn..gfn + npages)
             .filter_map(|g| slots.lookup(g).map(|sl| sl.pfn_of(g)))
             .collect();
         let roots: Vec<shootdown_hw::ept::SpId> = k.shadow.roots.values().copied().collect();
