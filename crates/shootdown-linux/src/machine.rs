@@ -170,16 +170,12 @@ impl Model for Machine {
         for cpu in 0..self.cpus.len() {
             let first = out.len();
             self.cpu_enabled(cpu, out);
-            if self.host.is_some()
-                && self.shadow_paging(cpu)
-                && self.shadow_lock_busy(self.vm_of(cpu))
-            {
-                // Shadow paging: a step that would take `mmu_lock` while a host thread holds
-                // or waits for it spins instead (`shadow.rs`); the kick IPI still exits.
+            if self.shadow_paging(cpu) {
+                // A step that would take `mmu_lock` while a host thread holds or waits for it
+                // spins instead (`shadow.rs`).
                 let mut i = first;
                 while i < out.len() {
-                    let a = out[i];
-                    if !matches!(a, Action::HostIrq(_)) && self.shadow_step_waits(a) {
+                    if self.shadow_step_waits(out[i]) {
                         out.remove(i);
                     } else {
                         i += 1;

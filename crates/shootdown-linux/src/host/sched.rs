@@ -42,14 +42,9 @@ impl Machine {
             _ => false,
         };
         let entering = matches!(a, Action::Step(_)) && self.in_host_code(v);
-        if v < self.cpus.len()
-            && !matches!(a, Action::HostIrq(_))
-            && self.shadow_paging(v)
-            && self.shadow_lock_busy(self.vm_of(v))
-            && self.shadow_step_waits(a)
-        {
-            // Shadow paging: the step would take `mmu_lock`, which a host thread holds or
-            // waits for: the vCPU spins until it is released (as `Machine::enabled` does).
+        if self.shadow_step_waits(a) {
+            // Shadow paging: the vCPU spins until `mmu_lock` is released (as the explorer's
+            // `Machine::enabled` leaves the step out).
             self.perf.counters.inc(crate::Counter::KvmShadowLockWaits);
             let lock = crate::mem::Loc::MmuLock(self.vm_of(v) as u32);
             return Outcome {

@@ -170,13 +170,21 @@ impl Machine {
         }
     }
 
-    /// Would vCPU `v`'s action `a` enter a shadow-paging `mmu_lock` section while another
-    /// agent holds or waits for the lock? Probed on a copy of the machine: the step must
-    /// wait then (the kernel's vCPU spins in `spin_lock` after its exit, outside the guest:
-    /// it still takes kick IPIs, which the host-side `HostIrq` action delivers). Only asked
-    /// while the lock is busy.
+    /// Must action `a` of a vCPU wait for `mmu_lock` before it runs? With shadow paging, while
+    /// another agent holds or waits for the lock, a step that would enter a one-step section
+    /// ([`Machine::shadow_mmu_lock`]) spins first, as the kernel's vCPU does in `spin_lock`
+    /// after its exit, outside the guest. Found by running `a` on a copy of the machine; a kick
+    /// IPI (`HostIrq`) never waits: it exits the vCPU, which the lock holder may be waiting for.
     pub(crate) fn shadow_step_waits(&self, a: crate::machine::Action) -> bool {
         use shootdown_engine::Model;
+        let v = self.agent_of(a);
+        if v >= self.cpus.len()
+            || matches!(a, crate::machine::Action::HostIrq(_))
+            || !self.shadow_paging(v)
+            || !self.shadow_lock_busy(self.vm_of(v))
+        {
+            return false;
+        }
         let mut m = self.clone();
         m.perf.shadow_lock_wanted = false;
         let _ = m.apply(a, &mut crate::describe::NullEnv);
